@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Pacer set-up: installs the Debian 12 packages Pacer needs (only when some are
+# missing), then configures and builds with CMake + Ninja.
+#
+#   deploy/setup.sh             Release build into build/
+#   deploy/setup.sh --debug     Debug build into build-debug/
+#   deploy/setup.sh --sanitize  ASan + UBSan build into build-sanitize/
+#   deploy/setup.sh --no-cuda   never build the CUDA backend
+#   deploy/setup.sh --deps-only install packages, do not build
+#
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_type=Release
+build_dir="$root/build"
+sanitize=OFF
+cuda=ON
+deps_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --debug) build_type=Debug; build_dir="$root/build-debug" ;;
+    --sanitize) build_type=RelWithDebInfo; sanitize=ON; build_dir="$root/build-sanitize" ;;
+    --no-cuda) cuda=OFF ;;
+    --deps-only) deps_only=1 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+# Why each package is here:
+#  build tools; ZeroMQ + cppzmq (transport); flatbuffers + flatc (wire schema);
+#  RocksDB (checkpoints); prometheus-cpp (metrics); zlib (CRC32, IDX .gz);
+#  Eigen + OpenBLAS (CPU compute: Eigen expressions, OpenBLAS GEMM, never the
+#  reference libblas3); CLI11 (flags); spdlog (logs); abseil (Status/StatusOr);
+#  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set.
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
+  librocksdb-dev prometheus-cpp-dev zlib1g-dev
+  libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${#missing[@]} missing Debian package(s): ${missing[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      SUDO=(sudo -n)
+    else
+      echo "setup: need root to install: ${missing[*]}" >&2
+      echo "setup: run as root, or: sudo apt-get install -y ${missing[*]}" >&2
+      exit 1
+    fi
+  else
+    SUDO=()
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update -q
+  "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present" >&2
+fi
+
+[ "$deps_only" -eq 1 ] && exit 0
+
+werror=OFF
+[ "${CI:-}" = "true" ] && werror=ON
+
+jobs=${PACER_BUILD_JOBS:-$(nproc)}
+cmake -S "$root" -B "$build_dir" -G Ninja \
+  -DCMAKE_BUILD_TYPE="$build_type" \
+  -DPACER_SANITIZE="$sanitize" \
+  -DPACER_WERROR="$werror" \
+  -DPACER_ENABLE_CUDA="$cuda" >&2
+cmake --build "$build_dir" -j "$jobs" >&2
+echo "setup: built into $build_dir" >&2

@@ -1,0 +1,123 @@
+// pacer-monitor: the control plane of one job.
+#include <csignal>
+#include <cstdio>
+#include <random>
+
+#include "monitor/monitor.h"
+#include "ps/cli.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+std::atomic<bool> g_signalled{false};
+void OnSignal(int) { g_signalled = true; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  pacer::MonitorOptions opts;
+  std::string log_level = "info";
+  std::string metrics_addr;
+  std::string mode = "bsp";
+  double lease_s = 3;
+  double report_threshold = 0.85;
+  opts.job_id = 0;
+
+  CLI::App app{"pacer-monitor: the control plane of a Pacer job. Shards and workers register "
+               "with it; it builds the shard map, tracks leases and ends the run.",
+               "pacer-monitor"};
+  app.add_option("--listen", opts.listen, "Address to bind, tcp://HOST:PORT (port 0: ephemeral; "
+                 "the bound address is printed on stdout as 'listening ADDRESS')")
+      ->capture_default_str();
+  app.add_option("--metrics-addr", metrics_addr,
+                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
+                 "'metrics ADDRESS'); off when empty");
+  app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
+  app.add_option("--mode", mode, "Consistency mode")
+      ->check(CLI::IsMember({"bsp", "asp"}))->capture_default_str();
+  app.add_option("--lr", opts.learning_rate, "SGD learning rate")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--momentum", opts.momentum, "SGD momentum")->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9999));
+  app.add_option("--global-batch", opts.global_batch,
+                 "Global batch B, split evenly across the workers present at the start")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", opts.epochs, "Epochs each worker runs over its partition (0: no cap)")
+      ->capture_default_str();
+  app.add_option("--time-cap", opts.time_cap_seconds, "Stop after this many seconds of training "
+                 "(0: no cap)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--target-accuracy", opts.target_accuracy,
+                 "Stop once rank 0 reports this test accuracy (0: never)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--report-accuracy", report_threshold,
+                 "Accuracy whose first crossing is timed and printed as 'time to ACC: S s'")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", opts.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  app.add_option("--min-shards", opts.min_shards, "Shards that must register before the run starts")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--min-workers", opts.min_workers, "Workers that must register before the run starts")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-ms", opts.heartbeat_interval_ms,
+                 "Milliseconds between worker heartbeats (sent to workers)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--eval-interval", opts.eval_interval_seconds,
+                 "Seconds between rank 0's test-set evaluations")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  pacer::AddLogLevelFlag(app, &log_level);
+  if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+
+  pacer::SetupLogging("monitor", log_level);
+  if (opts.job_id == 0) {
+    std::random_device rd;
+    opts.job_id = (uint64_t{rd()} << 32 | rd()) | 1;
+  }
+  opts.mode = mode == "asp" ? pacer::wire::Mode::Asp : pacer::wire::Mode::Bsp;
+  opts.lease = pacer::FromSeconds(lease_s);
+  opts.registry = std::make_shared<prometheus::Registry>();
+
+  std::unique_ptr<pacer::MetricsServer> metrics;
+  if (!metrics_addr.empty()) {
+    auto m = pacer::MetricsServer::Start(metrics_addr, opts.registry);
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      return pacer::kExitFailure;
+    }
+    metrics = std::move(*m);
+    pacer::PrintAddress("metrics", metrics->address());
+  }
+  pacer::TransportOptions topts;
+  topts.max_message_bytes = opts.max_message_bytes * 2;
+  auto transport = pacer::MakeZmqTransport(topts);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  auto server = pacer::MonitorServer::Start(transport.get(), opts);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return pacer::kExitFailure;
+  }
+  (*server)->set_report_threshold(report_threshold);
+  pacer::PrintAddress("listening", (*server)->address());
+  spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", opts.job_id, opts.min_shards,
+               opts.min_workers);
+  while (!(*server)->done()) {
+    if (g_signalled) {
+      spdlog::info("signal received, shutting down");
+      (*server)->Shutdown();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  (*server)->Wait();
+  auto acc = (*server)->last_accuracy();
+  auto ttt = (*server)->time_to_target();
+  std::printf("stop reason: %s\n", (*server)->stop_reason().c_str());
+  if (acc) std::printf("final test accuracy: %.4f\n", *acc);
+  if (ttt) {
+    std::printf("time to %.2f: %.2f s\n", report_threshold, *ttt);
+  } else {
+    std::printf("time to %.2f: not reached\n", report_threshold);
+  }
+  std::fflush(stdout);
+  return pacer::kExitOk;
+}

@@ -1,0 +1,507 @@
+#include "monitor/monitor.h"
+
+#include <algorithm>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "ps/partition.h"
+#include "spdlog/spdlog.h"
+
+namespace pacer {
+
+MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
+    : options_(options),
+      clock_(clock),
+      registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
+      rejects_(*registry_, "monitor"),
+      created_at_(clock->Now()) {
+  m_live_workers_ = &prometheus::BuildGauge()
+                         .Name("pacer_monitor_live_workers")
+                         .Help("Workers in the current membership")
+                         .Register(*registry_)
+                         .Add({});
+  m_shards_ = &prometheus::BuildGauge()
+                   .Name("pacer_monitor_shards")
+                   .Help("Registered shards")
+                   .Register(*registry_)
+                   .Add({});
+  m_membership_ = &prometheus::BuildGauge()
+                       .Name("pacer_monitor_membership_version")
+                       .Help("Version of the live-worker set")
+                       .Register(*registry_)
+                       .Add({});
+  m_accuracy_ = &prometheus::BuildGauge()
+                     .Name("pacer_training_test_accuracy_ratio")
+                     .Help("Last test accuracy reported by rank 0")
+                     .Register(*registry_)
+                     .Add({});
+  m_dead_ = &prometheus::BuildCounter()
+                 .Name("pacer_monitor_workers_lost_total")
+                 .Help("Workers declared dead after missing their lease")
+                 .Register(*registry_)
+                 .Add({});
+}
+
+bool MonitorCore::finished() const {
+  return state_ == wire::JobState::Stopped && clock_->Now() >= stopped_at_ + options_.stop_grace;
+}
+
+std::optional<double> MonitorCore::seconds_running() const {
+  if (started_at_ == TimePoint{}) return std::nullopt;
+  return ToSeconds(clock_->Now() - started_at_);
+}
+
+std::vector<uint32_t> MonitorCore::LiveWorkers() const {
+  std::vector<uint32_t> ids;
+  for (const auto& [id, w] : workers_) {
+    if (w.alive && !w.done) ids.push_back(id);
+  }
+  return ids;
+}
+
+Envelope MonitorCore::ReplyEnvelope(const Envelope& to) const {
+  Envelope env;
+  env.job_id = options_.job_id;
+  env.sender = 0;
+  env.request_id = to.request_id;
+  return env;
+}
+
+void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
+                             const std::string& reason, std::vector<Outgoing>* out) {
+  rejects_.Inc(code);
+  spdlog::warn("refused request {} from sender {}: {}", to.request_id, to.sender, reason);
+  out->push_back({peer, -1, EncodeError(to, 0, code, reason)});
+}
+
+flatbuffers::Offset<wire::JobConfig> MonitorCore::BuildJob(flatbuffers::FlatBufferBuilder& fbb) const {
+  return wire::CreateJobConfig(fbb, options_.mode, options_.learning_rate, options_.momentum,
+                               options_.global_batch, options_.epochs, options_.time_cap_seconds,
+                               options_.target_accuracy, options_.seed,
+                               options_.eval_interval_seconds, options_.heartbeat_interval_ms);
+}
+
+flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
+    flatbuffers::FlatBufferBuilder& fbb) const {
+  std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    infos.push_back(wire::CreateShardInfoDirect(fbb, shards_[i].id, shards_[i].address.c_str(),
+                                                ranges_[i].first, ranges_[i].second));
+  }
+  return wire::CreateShardMapDirect(fbb, map_version_, &infos);
+}
+
+void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
+  if (frames.empty()) return;
+  Frame peer = frames[0];
+  frames.erase(frames.begin());
+  DecodeOptions dopts;
+  dopts.job_id = options_.job_id;
+  dopts.max_message_bytes = options_.max_message_bytes;
+  dopts.allow_unbound_register = true;
+  Decoded d;
+  DecodeError err;
+  if (!Decode(frames, dopts, &d, &err)) {
+    rejects_.Inc(err.code);
+    spdlog::warn("rejected message: {} ({})", err.reason, ErrorCodeName(err.code));
+    if (err.env) out->push_back({peer, -1, EncodeError(*err.env, 0, err.code, err.reason)});
+    return;
+  }
+  switch (d.type()) {
+    case wire::Body::Register: return OnRegister(peer, d, out);
+    case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
+    case wire::Body::Heartbeat: return OnHeartbeat(peer, d, out);
+    case wire::Body::AccuracyReport: return OnAccuracy(peer, d, out);
+    default:
+      return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
+                        std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
+                        out);
+  }
+}
+
+void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* r = d.As<wire::Register>();
+  if (state_ == wire::JobState::Stopped) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "the job has stopped", out);
+  }
+  flatbuffers::FlatBufferBuilder fbb(256);
+  if (r->role() == wire::Role::Shard) {
+    std::string address = r->address() ? r->address()->str() : "";
+    if (address.empty()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::BadHeader, "a shard must give its address", out);
+    }
+    for (const auto& s : shards_) {
+      if (s.address == address) {  // a retried registration
+        auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
+        out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+        return;
+      }
+    }
+    if (map_built_) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                        "the shard map is already built; adding shards to a running job is not "
+                        "supported yet",
+                        out);
+    }
+    ShardState s;
+    s.id = next_id_++;
+    s.address = address;
+    shards_.push_back(s);
+    m_shards_->Set(static_cast<double>(shards_.size()));
+    spdlog::info("shard {} registered at {}", s.id, address);
+    auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
+    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+    return;
+  }
+  if (r->role() != wire::Role::Worker) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only workers and shards register", out);
+  }
+  WorkerState w;
+  w.id = next_id_++;
+  w.rank = next_rank_++;
+  w.last_seen = clock_->Now();
+  if (state_ == wire::JobState::Running) {
+    w.batch = worker_batch_;
+    uint64_t min_clock = UINT64_MAX;
+    for (uint32_t id : LiveWorkers()) min_clock = std::min(min_clock, workers_[id].clock);
+    w.clock = min_clock == UINT64_MAX ? 0 : min_clock;
+  }
+  workers_[w.id] = w;
+  spdlog::info("worker {} registered as rank {}", w.id, w.rank);
+  ChangeMembership("worker " + std::to_string(w.id) + " joined");
+  workers_[w.id].joined_version = membership_version_;
+  auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::DeclareModel>();
+  std::vector<wire::KeyLen> keys;
+  if (m->keys() != nullptr) {
+    for (const wire::KeyLen* k : *m->keys()) keys.push_back(*k);
+  }
+  std::sort(keys.begin(), keys.end(), [](auto& a, auto& b) { return a.key() < b.key(); });
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i].key() == keys[i - 1].key()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "duplicate key in model", out);
+    }
+  }
+  if (keys.empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "a model needs at least one key", out);
+  }
+  if (model_.empty()) {
+    model_ = keys;
+    uint64_t total = 0;
+    for (const auto& k : keys) total += k.length();
+    spdlog::info("model declared by sender {}: {} keys, {} parameters", d.env.sender, keys.size(),
+                 total);
+  } else {
+    bool same = keys.size() == model_.size() &&
+                std::equal(keys.begin(), keys.end(), model_.begin(), [](auto& a, auto& b) {
+                  return a.key() == b.key() && a.length() == b.length();
+                });
+    if (!same) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "model declaration differs from the one already declared", out);
+    }
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+}
+
+void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* hb = d.As<wire::Heartbeat>();
+  flatbuffers::FlatBufferBuilder fbb(512);
+  if (hb->role() == wire::Role::Shard) {
+    auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
+                                                 stop_reason_.c_str());
+    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+    return;
+  }
+  auto it = workers_.find(d.env.sender);
+  if (it == workers_.end() || !it->second.alive) {
+    if (state_ == wire::JobState::Stopped) {
+      auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
+                                                   stop_reason_.c_str());
+      out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+      return;
+    }
+    return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
+                      "worker " + std::to_string(d.env.sender) +
+                          " is not a live member (its lease expired?)",
+                      out);
+  }
+  WorkerState& w = it->second;
+  w.last_seen = clock_->Now();
+  w.clock = std::max(w.clock, hb->clock());
+  if (hb->done() && !w.done) {
+    w.done = true;
+    spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
+    ChangeMembership("worker " + std::to_string(w.id) + " finished");
+  }
+  // A worker runs once the job runs and every shard knows it is a member.
+  wire::JobState state = state_;
+  if (state == wire::JobState::Running && MinAckedMembership() < w.joined_version) {
+    state = wire::JobState::Waiting;
+  }
+  flatbuffers::Offset<wire::ShardMap> map = 0;
+  if (state == wire::JobState::Running) map = BuildShardMap(fbb);
+  auto assignment = wire::CreateAssignment(fbb, w.batch, 0);
+  auto reason = fbb.CreateString(stop_reason_);
+  uint32_t partition = partition_count_ ? w.rank % partition_count_ : 0;
+  auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
+                                         partition_count_, assignment, reason);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* a = d.As<wire::AccuracyReport>();
+  last_accuracy_ = a->accuracy();
+  m_accuracy_->Set(a->accuracy());
+  auto running = seconds_running();
+  spdlog::info("clock {}: test accuracy {:.4f}, loss {:.4f} ({} samples) after {:.1f} s",
+               a->clock(), a->accuracy(), a->loss(), a->samples(), running.value_or(0));
+  if (!time_to_target_ && a->accuracy() >= report_threshold_ && running) {
+    time_to_target_ = *running;
+    spdlog::info("reached test accuracy {:.2f} after {:.2f} s", report_threshold_, *running);
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  if (options_.target_accuracy > 0 && a->accuracy() >= options_.target_accuracy &&
+      state_ == wire::JobState::Running) {
+    StopJob("target accuracy " + std::to_string(options_.target_accuracy) + " reached", out);
+  }
+}
+
+void MonitorCore::ChangeMembership(const std::string& why) {
+  ++membership_version_;
+  m_membership_->Set(static_cast<double>(membership_version_));
+  m_live_workers_->Set(static_cast<double>(LiveWorkers().size()));
+  SPDLOG_DEBUG("membership v{}: {}", membership_version_, why);
+  (void)why;
+}
+
+uint64_t MonitorCore::MinAckedMembership() const {
+  uint64_t v = UINT64_MAX;
+  for (const auto& s : shards_) v = std::min(v, s.acked_membership);
+  return shards_.empty() ? 0 : v;
+}
+
+void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
+  if (!map_built_) return;
+  const TimePoint now = clock_->Now();
+  std::vector<uint32_t> live = LiveWorkers();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    ShardState& s = shards_[i];
+    bool need_model = !s.acked_model;
+    bool need_members = s.acked_membership < membership_version_;
+    if (!need_model && !need_members) continue;
+    if (!force && now < s.last_sent + options_.shard_resend) continue;
+    s.last_sent = now;
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.sender = 0;
+    if (need_model) {
+      std::vector<wire::KeyLen> owned;
+      for (const auto& k : model_) {
+        if (k.key() >= ranges_[i].first && k.key() < ranges_[i].second) owned.push_back(k);
+      }
+      flatbuffers::FlatBufferBuilder fbb(256);
+      auto kv = fbb.CreateVectorOfStructs(owned);
+      env.request_id = s.model_request = ++next_shard_request_;
+      out->push_back({Frame(), static_cast<int>(i),
+                      EncodeBody(env, fbb, wire::CreateDeclareModel(fbb, kv, map_version_))});
+    }
+    flatbuffers::FlatBufferBuilder fbb(256);
+    std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
+    for (uint32_t id : live) {
+      const WorkerState& w = workers_.at(id);
+      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
+    }
+    env.request_id = s.membership_request = ++next_shard_request_;
+    out->push_back({Frame(), static_cast<int>(i),
+                    EncodeBody(env, fbb,
+                               wire::CreateMembershipDirect(fbb, membership_version_, &infos))});
+  }
+}
+
+void MonitorCore::HandleShardReply(size_t index, const Decoded& reply) {
+  if (index >= shards_.size()) return;
+  ShardState& s = shards_[index];
+  if (reply.type() == wire::Body::Error) {
+    const auto* e = reply.As<wire::Error>();
+    spdlog::warn("shard {} refused an update: {}", s.id, e->reason() ? e->reason()->str() : "");
+    return;
+  }
+  if (reply.env.request_id == s.model_request) s.acked_model = true;
+  if (reply.env.request_id == s.membership_request) {
+    // The reply confirms the version that request carried: the current one
+    // unless membership changed since; then the next send corrects it.
+    s.acked_membership = std::max(s.acked_membership, membership_version_);
+  }
+}
+
+void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out) {
+  if (state_ == wire::JobState::Stopped) return;
+  state_ = wire::JobState::Stopped;
+  stop_reason_ = reason;
+  stopped_at_ = clock_->Now();
+  spdlog::info("stopping the job: {}", reason);
+  Envelope env;
+  env.job_id = options_.job_id;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    env.request_id = ++next_shard_request_;
+    out->push_back({Frame(), static_cast<int>(i),
+                    EncodeBody(env, fbb, wire::CreateStopDirect(fbb, reason.c_str()))});
+  }
+}
+
+void MonitorCore::Tick(std::vector<Outgoing>* out) {
+  const TimePoint now = clock_->Now();
+  // Leases.
+  for (auto& [id, w] : workers_) {
+    if (w.alive && !w.done && now - w.last_seen > options_.lease) {
+      w.alive = false;
+      m_dead_->Increment();
+      spdlog::warn("worker {} (rank {}) missed its lease ({:.1f} s without a heartbeat); declared dead",
+                   id, w.rank, ToSeconds(now - w.last_seen));
+      ChangeMembership("worker " + std::to_string(id) + " lost");
+    }
+  }
+  if (state_ == wire::JobState::Stopped) return;
+
+  // Start: enough shards and workers, and a model.
+  if (!map_built_ && shards_.size() >= options_.min_shards &&
+      LiveWorkers().size() >= options_.min_workers && !model_.empty()) {
+    std::vector<KeyRange> ranges = PartitionByBytes(model_, shards_.size());
+    ranges_.clear();
+    for (const auto& r : ranges) ranges_.emplace_back(r.begin, r.end);
+    map_built_ = true;
+    map_version_ = 1;
+    std::vector<uint32_t> live = LiveWorkers();
+    partition_count_ = static_cast<uint32_t>(live.size());
+    worker_batch_ = std::max<uint32_t>(1, options_.global_batch / partition_count_);
+    for (uint32_t id : live) workers_[id].batch = worker_batch_;
+    ChangeMembership("batch sizes assigned");
+    for (auto& [id, w] : workers_) w.joined_version = std::min(w.joined_version, membership_version_);
+    spdlog::info("shard map v{} built over {} shards; {} workers, batch {} each", map_version_,
+                 shards_.size(), partition_count_, worker_batch_);
+    SendToShards(true, out);
+  }
+  if (map_built_ && state_ == wire::JobState::Waiting) {
+    bool all = std::all_of(shards_.begin(), shards_.end(), [&](const ShardState& s) {
+      return s.acked_model && s.acked_membership >= 1;
+    });
+    if (all) {
+      state_ = wire::JobState::Running;
+      started_at_ = now;
+      spdlog::info("job {} running ({}, lr {}, momentum {}, global batch {})", options_.job_id,
+                   wire::EnumNameMode(options_.mode), options_.learning_rate, options_.momentum,
+                   options_.global_batch);
+    }
+  }
+  SendToShards(false, out);
+
+  if (state_ == wire::JobState::Running) {
+    if (options_.time_cap_seconds > 0 && ToSeconds(now - started_at_) >= options_.time_cap_seconds) {
+      StopJob("time cap of " + std::to_string(options_.time_cap_seconds) + " s reached", out);
+    } else {
+      bool any_done = false;
+      for (const auto& [id, w] : workers_) any_done |= w.done;
+      if (any_done && LiveWorkers().empty()) StopJob("all workers finished", out);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MonitorServer>> MonitorServer::Start(Transport* transport,
+                                                                    const MonitorOptions& options) {
+  if (options.job_id == 0) return absl::InvalidArgumentError("job id 0 is reserved");
+  std::unique_ptr<MonitorServer> s(new MonitorServer());
+  s->transport_ = transport;
+  s->options_ = options;
+  s->registry_ = options.registry ? options.registry : std::make_shared<prometheus::Registry>();
+  s->options_.registry = s->registry_;
+  auto router = transport->Bind(options.listen);
+  if (!router.ok()) return router.status();
+  s->router_ = std::move(*router);
+  s->address_ = s->router_->address();
+  s->core_ = std::make_unique<MonitorCore>(s->options_, transport->clock());
+  s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  return s;
+}
+
+MonitorServer::~MonitorServer() {
+  Shutdown();
+  Wait();
+}
+
+void MonitorServer::Wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void MonitorServer::Run() {
+  const Clock* clock = transport_->clock();
+  std::vector<MonitorCore::Outgoing> out;
+  std::vector<Socket*> sockets;
+  TimePoint next_tick = clock->Now();
+  while (!shutdown_ && !core_->finished()) {
+    sockets.assign({router_.get()});
+    for (auto& ch : shard_channels_) sockets.push_back(ch->socket());
+    auto ready = transport_->Poll(sockets, next_tick);
+    if (!ready.ok()) {
+      spdlog::error("poll failed: {}", ready.status().ToString());
+      break;
+    }
+    for (int i = 0; i < 256; ++i) {
+      Frames frames;
+      auto got = router_->TryRecv(&frames);
+      if (!got.ok() || !*got) break;
+      core_->Handle(std::move(frames), &out);
+    }
+    for (size_t i = 0; i < shard_channels_.size(); ++i) {
+      Frames frames;
+      while (true) {
+        auto got = shard_channels_[i]->socket()->TryRecv(&frames);
+        if (!got.ok() || !*got) break;
+        DecodeOptions dopts;
+        dopts.job_id = options_.job_id;
+        Decoded d;
+        DecodeError err;
+        if (Decode(frames, dopts, &d, &err)) core_->HandleShardReply(i, d);
+      }
+    }
+    if (clock->Now() >= next_tick) {
+      core_->Tick(&out);
+      next_tick = clock->Now() + std::chrono::milliseconds(20);
+    }
+    for (auto& o : out) {
+      if (o.shard_index >= 0) {
+        size_t idx = static_cast<size_t>(o.shard_index);
+        while (shard_channels_.size() <= idx) {
+          RpcOptions ropts;
+          ropts.job_id = options_.job_id;
+          auto ch = RpcChannel::Connect(transport_, core_->shard_address(shard_channels_.size()), ropts);
+          if (!ch.ok()) {
+            spdlog::error("cannot reach shard: {}", ch.status().ToString());
+            break;
+          }
+          shard_channels_.push_back(std::move(*ch));
+        }
+        if (idx < shard_channels_.size()) (void)shard_channels_[idx]->socket()->Send(std::move(o.frames));
+      } else {
+        o.frames.insert(o.frames.begin(), o.peer);
+        (void)router_->Send(std::move(o.frames));
+      }
+    }
+    out.clear();
+  }
+  last_accuracy_ = core_->last_accuracy();
+  time_to_target_ = core_->time_to_target();
+  stop_reason_ = core_->stop_reason();
+  done_ = true;
+}
+
+}  // namespace pacer

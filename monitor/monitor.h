@@ -1,0 +1,217 @@
+// The monitor: the control plane of one job. It owns the job's settings,
+// registers shards and workers, builds the shard map, tracks worker leases,
+// tells the shards who is alive, and decides when the run ends.
+//
+// MonitorCore is the logic, with no sockets and an injected clock.
+// MonitorServer runs it on a transport.
+#ifndef PACER_MONITOR_MONITOR_H_
+#define PACER_MONITOR_MONITOR_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/registry.h"
+#include "ps/clock.h"
+#include "ps/metrics.h"
+#include "ps/rpc.h"
+#include "ps/transport.h"
+#include "ps/wire.h"
+
+namespace pacer {
+
+struct MonitorOptions {
+  // Address to bind (--listen); port 0 picks an ephemeral port.
+  std::string listen = "tcp://127.0.0.1:0";
+  // The job's id; every message carries it (--job-id). 0 is not allowed.
+  uint64_t job_id = 1;
+  // Consistency mode (--mode): bsp or asp.
+  wire::Mode mode = wire::Mode::Bsp;
+  // Server-side SGD (--lr, --momentum).
+  float learning_rate = 0.1f;
+  float momentum = 0.9f;
+  // Global batch B (--global-batch): split evenly over the workers present
+  // when the run starts; a later worker gets the same share.
+  uint32_t global_batch = 192;
+  // Epochs each worker runs over its partition (--epochs); 0: no cap.
+  uint32_t epochs = 0;
+  // Stop after this many seconds of training (--time-cap); 0: no cap.
+  double time_cap_seconds = 0;
+  // Stop once the reported test accuracy reaches this (--target-accuracy); 0: never.
+  float target_accuracy = 0;
+  // Seed for parameter initialisation and data shuffling (--seed).
+  uint64_t seed = 1;
+  // The run starts once this many shards and workers have registered.
+  uint32_t min_shards = 1;
+  uint32_t min_workers = 1;
+  // A worker silent for longer than this is declared dead (--lease).
+  Duration lease = std::chrono::seconds(3);
+  // How often workers and shards should heartbeat (--heartbeat-ms).
+  uint32_t heartbeat_interval_ms = 100;
+  // How often rank 0 evaluates the test set (--eval-interval).
+  double eval_interval_seconds = 1.0;
+  // Unacknowledged updates to a shard are re-sent after this long.
+  Duration shard_resend = std::chrono::milliseconds(300);
+  // After the job stops, keep answering for this long so every process hears.
+  Duration stop_grace = std::chrono::seconds(2);
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Where metrics go; a private registry when null.
+  std::shared_ptr<prometheus::Registry> registry;
+};
+
+// What the monitor knows of one worker.
+struct WorkerState {
+  uint32_t id = 0;
+  uint32_t rank = 0;
+  uint32_t batch = 0;
+  uint64_t clock = 0;
+  uint64_t joined_version = 0;  // membership version that first included it
+  TimePoint last_seen{};
+  bool alive = true;
+  bool done = false;
+};
+
+// Single-threaded: one thread calls every method.
+class MonitorCore {
+ public:
+  // A message for the ROUTER socket (peer set) or for shard `shard_index`.
+  struct Outgoing {
+    Frame peer;
+    int shard_index = -1;
+    Frames frames;
+  };
+
+  MonitorCore(const MonitorOptions& options, const Clock* clock);
+
+  // One message from the ROUTER socket; frames[0] is the peer's routing id.
+  void Handle(Frames frames, std::vector<Outgoing>* out);
+  // A reply from shard `index` on the monitor's connection to it.
+  void HandleShardReply(size_t index, const Decoded& reply);
+  // Leases, start and stop decisions, re-sends to shards.
+  void Tick(std::vector<Outgoing>* out);
+
+  wire::JobState state() const { return state_; }
+  const std::string& stop_reason() const { return stop_reason_; }
+  // True once the job stopped and the grace period has passed.
+  bool finished() const;
+  uint64_t membership_version() const { return membership_version_; }
+  std::vector<uint32_t> LiveWorkers() const;
+  const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
+  size_t num_shards() const { return shards_.size(); }
+  const std::string& shard_address(size_t i) const { return shards_[i].address; }
+  std::optional<double> last_accuracy() const { return last_accuracy_; }
+  std::optional<double> time_to_target() const { return time_to_target_; }
+  std::optional<double> seconds_running() const;
+  prometheus::Registry& registry() { return *registry_; }
+  double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }
+
+  // The accuracy whose first crossing is timed (quickstart: 0.85).
+  void set_report_threshold(double t) { report_threshold_ = t; }
+
+ private:
+  struct ShardState {
+    uint32_t id = 0;
+    std::string address;
+    uint64_t acked_membership = 0;
+    bool acked_model = false;
+    uint64_t membership_request = 0;
+    uint64_t model_request = 0;
+    TimePoint last_sent{};
+  };
+
+  void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
+  void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
+                  const std::string& reason, std::vector<Outgoing>* out);
+  Envelope ReplyEnvelope(const Envelope& to) const;
+  void OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void ChangeMembership(const std::string& why);
+  void SendToShards(bool force, std::vector<Outgoing>* out);
+  void StopJob(const std::string& reason, std::vector<Outgoing>* out);
+  uint64_t MinAckedMembership() const;
+  flatbuffers::Offset<wire::JobConfig> BuildJob(flatbuffers::FlatBufferBuilder& fbb) const;
+  flatbuffers::Offset<wire::ShardMap> BuildShardMap(flatbuffers::FlatBufferBuilder& fbb) const;
+
+  // Constant after construction.
+  const MonitorOptions options_;
+  const Clock* const clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  RejectCounters rejects_;
+
+  wire::JobState state_ = wire::JobState::Waiting;
+  std::string stop_reason_;
+  TimePoint started_at_{};
+  TimePoint stopped_at_{};
+  TimePoint created_at_{};
+
+  uint32_t next_id_ = 1;  // 0 is the monitor itself
+  uint32_t next_rank_ = 0;
+  uint32_t worker_batch_ = 0;
+  uint32_t partition_count_ = 0;
+  std::map<uint32_t, WorkerState> workers_;
+  std::vector<ShardState> shards_;
+  uint64_t membership_version_ = 0;
+  uint64_t next_shard_request_ = 0;
+
+  std::vector<wire::KeyLen> model_;  // declared by the first worker
+  bool map_built_ = false;
+  uint64_t map_version_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard
+
+  std::optional<double> last_accuracy_;
+  std::optional<double> time_to_target_;
+  double report_threshold_ = 0.85;
+
+  prometheus::Gauge* m_live_workers_ = nullptr;
+  prometheus::Gauge* m_shards_ = nullptr;
+  prometheus::Gauge* m_membership_ = nullptr;
+  prometheus::Gauge* m_accuracy_ = nullptr;
+  prometheus::Counter* m_dead_ = nullptr;
+};
+
+class MonitorServer {
+ public:
+  // Binds and starts serving on its own thread. `transport` must outlive it.
+  static absl::StatusOr<std::unique_ptr<MonitorServer>> Start(Transport* transport,
+                                                              const MonitorOptions& options);
+  ~MonitorServer();
+  const std::string& address() const { return address_; }
+  void Shutdown() { shutdown_ = true; }
+  void Wait();
+  bool done() const { return done_; }
+  prometheus::Registry& registry() { return *registry_; }
+  // Valid after done(): the final figures.
+  std::optional<double> last_accuracy() const { return last_accuracy_; }
+  std::optional<double> time_to_target() const { return time_to_target_; }
+  std::string stop_reason() const { return stop_reason_; }
+  void set_report_threshold(double t) { core_->set_report_threshold(t); }
+
+ private:
+  MonitorServer() = default;
+  void Run();
+
+  Transport* transport_ = nullptr;
+  MonitorOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<MonitorCore> core_;
+  std::unique_ptr<Socket> router_;
+  std::vector<std::unique_ptr<RpcChannel>> shard_channels_;
+  std::string address_;
+  std::atomic<bool> shutdown_{false};
+  std::atomic<bool> done_{false};
+  std::optional<double> last_accuracy_;
+  std::optional<double> time_to_target_;
+  std::string stop_reason_;
+  std::thread thread_;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_MONITOR_MONITOR_H_

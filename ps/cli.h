@@ -1,0 +1,44 @@
+// Helpers every binary's main() shares: flag parsing with usage errors mapped
+// to exit code 2, logging set-up, and the one parseable "listening" line.
+// Libraries never call these; only main() does.
+#ifndef PACER_PS_CLI_H_
+#define PACER_PS_CLI_H_
+
+#include <optional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace pacer {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// Text appended to every --help.
+inline constexpr char kExitCodesHelp[] =
+    "Exit codes: 0 success, 1 failure, 2 usage error (bad flag or value).";
+
+// Parses flags. Returns an exit code when main() should return now (after
+// --help: 0; after a bad flag, with the error printed to stderr: 2), or
+// nullopt to carry on.
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv);
+
+// Adds --log-level (trace|debug|info|warn|error|off) bound to `level`.
+void AddLogLevelFlag(CLI::App& app, std::string* level);
+
+// Logs to stderr as "[role id] level message"; `level` as for --log-level.
+void SetupLogging(const std::string& role, const std::string& level);
+
+// Prints "<what> <address>" on stdout and flushes: the one line a script
+// parses to find a port bound as 0, e.g. "listening tcp://127.0.0.1:40123".
+void PrintAddress(const std::string& what, const std::string& address);
+
+// Process-wide allocator tuning for large message buffers: keeps freed
+// multi-megabyte blocks in the heap for reuse instead of unmapping them, so
+// a 64 MiB payload does not page-fault afresh on every message.
+void TuneAllocatorForLargeBuffers();
+
+}  // namespace pacer
+
+#endif  // PACER_PS_CLI_H_

@@ -1,0 +1,192 @@
+#include "ps/client.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pacer {
+
+ShardMapInfo ShardMapFromWire(const wire::ShardMap* map) {
+  ShardMapInfo info;
+  if (map == nullptr) return info;
+  info.version = map->version();
+  if (map->shards() != nullptr) {
+    for (const wire::ShardInfo* s : *map->shards()) {
+      ShardEntry e;
+      e.id = s->id();
+      e.address = s->address() ? s->address()->str() : "";
+      e.range = {s->key_begin(), s->key_end()};
+      info.shards.push_back(std::move(e));
+    }
+  }
+  return info;
+}
+
+absl::StatusOr<std::vector<Slice>> SplitByShard(std::span<const wire::KeyLen> keys,
+                                                const ShardMapInfo& map) {
+  std::vector<Slice> slices(map.shards.size());
+  for (size_t s = 0; s < slices.size(); ++s) slices[s].shard = s;
+  size_t offset = 0;
+  size_t last_shard = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    size_t s = 0;
+    while (s < map.shards.size() && !map.shards[s].range.Contains(keys[i].key())) ++s;
+    if (s == map.shards.size()) {
+      return absl::FailedPreconditionError("key " + std::to_string(keys[i].key()) +
+                                           " has no shard in map v" + std::to_string(map.version));
+    }
+    if (s < last_shard || (slices[s].num_keys > 0 && slices[s].first_key + slices[s].num_keys != i)) {
+      return absl::InvalidArgumentError("shard ranges are not contiguous in key order");
+    }
+    last_shard = s;
+    if (slices[s].num_keys == 0) {
+      slices[s].first_key = i;
+      slices[s].offset = offset;
+    }
+    ++slices[s].num_keys;
+    slices[s].length += keys[i].length();
+    offset += keys[i].length();
+  }
+  for (auto& sl : slices) {
+    if (sl.num_keys == 0) sl.offset = offset;  // empty slices point past the end
+  }
+  return slices;
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
+                                                          const ClientOptions& options,
+                                                          const ShardMapInfo& map,
+                                                          std::vector<wire::KeyLen> keys) {
+  if (map.shards.empty()) return absl::FailedPreconditionError("shard map has no shards");
+  std::sort(keys.begin(), keys.end(), [](auto& a, auto& b) { return a.key() < b.key(); });
+  auto slices = SplitByShard(keys, map);
+  if (!slices.ok()) return slices.status();
+  std::unique_ptr<PsClient> c(new PsClient());
+  c->transport_ = transport;
+  c->options_ = options;
+  c->map_ = map;
+  c->keys_ = std::move(keys);
+  c->slices_ = std::move(*slices);
+  size_t total = 0;
+  for (const auto& k : c->keys_) total += k.length();
+  c->params_ = std::make_shared<std::vector<float>>(total, 0.0f);
+  c->grads_ = std::make_shared<std::vector<float>>(total, 0.0f);
+  for (const auto& shard : map.shards) {
+    auto ch = RpcChannel::Connect(transport, shard.address, options.rpc);
+    if (!ch.ok()) return ch.status();
+    c->channels_.push_back(std::move(*ch));
+  }
+  return c;
+}
+
+template <class Build, class OnReply>
+absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
+  const size_t n = channels_.size();
+  const TimePoint deadline = transport_->clock()->Now() + options_.request_timeout;
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) {
+    absl::StatusOr<uint64_t> id = build(i, *channels_[i]);
+    if (!id.ok()) return id.status();
+    ids[i] = *id;
+  }
+  std::vector<size_t> pending(n);
+  for (size_t i = 0; i < n; ++i) pending[i] = i;
+  std::vector<Socket*> sockets;
+  while (!pending.empty()) {
+    // Take whatever has arrived, then wait on the shards still owing a reply.
+    for (size_t p = 0; p < pending.size();) {
+      size_t i = pending[p];
+      auto r = channels_[i]->TryTake(ids[i]);
+      if (!r.ok()) {
+        absl::Status err(r.status().code(), "shard " + std::to_string(map_.shards[i].id) + " (" +
+                                                map_.shards[i].address +
+                                                "): " + std::string(r.status().message()));
+        r.status().ForEachPayload(
+            [&](absl::string_view url, const absl::Cord& p) { err.SetPayload(url, p); });
+        return err;
+      }
+      if (r->has_value()) {
+        absl::Status s = on_reply(i, **r);
+        if (!s.ok()) return s;
+        pending.erase(pending.begin() + static_cast<long>(p));
+      } else {
+        ++p;
+      }
+    }
+    if (pending.empty()) break;
+    sockets.clear();
+    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      return absl::CancelledError("request cancelled");
+    }
+    const TimePoint now = transport_->clock()->Now();
+    const TimePoint wait_until =
+        options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+    auto ready = transport_->Poll(sockets, wait_until);
+    if (!ready.ok()) return ready.status();
+    if (ready->empty() && transport_->clock()->Now() >= deadline) {
+      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
+                                         " shard(s), first " + map_.shards[pending[0]].address);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::Init() {
+  return Broadcast(
+      [&](size_t i, RpcChannel& ch) {
+        const Slice& sl = slices_[i];
+        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
+        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
+        Frame payload(params_, params_->data() + sl.offset, sl.length * sizeof(float));
+        return ch.Send(fbb, wire::CreateInit(fbb, kv), sl.length ? payload : Frame());
+      },
+      [](size_t, const Decoded&) { return absl::OkStatus(); });
+}
+
+absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
+  return Broadcast(
+      [&](size_t i, RpcChannel& ch) {
+        const Slice& sl = slices_[i];
+        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
+        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
+        Frame payload(grads_, grads_->data() + sl.offset, sl.length * sizeof(float));
+        return ch.Send(fbb, wire::CreatePush(fbb, clock, batch, kv), sl.length ? payload : Frame());
+      },
+      [](size_t, const Decoded&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
+  int64_t applied = std::numeric_limits<int64_t>::max();
+  absl::Status s = Broadcast(
+      [&](size_t i, RpcChannel& ch) {
+        const Slice& sl = slices_[i];
+        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
+        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
+        return ch.Send(fbb, wire::CreatePull(fbb, clock, kv, latest));
+      },
+      [&](size_t i, const Decoded& d) -> absl::Status {
+        if (d.type() != wire::Body::PullReply) {
+          return absl::DataLossError(std::string("pull answered with ") +
+                                     wire::EnumNameBody(d.type()));
+        }
+        const Slice& sl = slices_[i];
+        const auto* r = d.As<wire::PullReply>();
+        const auto* keys = r->keys();
+        size_t nkeys = keys ? keys->size() : 0;
+        if (nkeys != sl.num_keys || d.payload.size() != sl.length * sizeof(float)) {
+          return absl::DataLossError("pull reply does not match the request");
+        }
+        for (size_t k = 0; k < nkeys; ++k) {
+          if (keys->Get(static_cast<flatbuffers::uoffset_t>(k))->key() != keys_[sl.first_key + k].key()) {
+            return absl::DataLossError("pull reply keys out of order");
+          }
+        }
+        if (sl.length) std::memcpy(params_->data() + sl.offset, d.payload.data(), d.payload.size());
+        applied = std::min(applied, r->applied_clock());
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  return applied;
+}
+
+}  // namespace pacer

@@ -1,0 +1,80 @@
+#include "ps/rpc.h"
+
+#include "absl/strings/cord.h"
+
+namespace pacer {
+namespace {
+constexpr char kCodeUrl[] = "pacer.wire.ErrorCode";
+
+absl::StatusCode CanonicalCode(wire::ErrorCode code) {
+  switch (code) {
+    case wire::ErrorCode::NotReady: return absl::StatusCode::kUnavailable;
+    case wire::ErrorCode::DeadlineExceeded: return absl::StatusCode::kDeadlineExceeded;
+    case wire::ErrorCode::Stale:
+    case wire::ErrorCode::NotMember:
+    case wire::ErrorCode::Refused: return absl::StatusCode::kFailedPrecondition;
+    case wire::ErrorCode::BadCrc: return absl::StatusCode::kDataLoss;
+    default: return absl::StatusCode::kInvalidArgument;
+  }
+}
+}  // namespace
+
+absl::Status StatusFromError(const wire::Error* error) {
+  wire::ErrorCode code = error->code();
+  std::string reason = error->reason() ? error->reason()->str() : "";
+  absl::Status s(CanonicalCode(code), std::string(ErrorCodeName(code)) + ": " + reason);
+  s.SetPayload(kCodeUrl, absl::Cord(std::to_string(static_cast<int>(code))));
+  return s;
+}
+
+wire::ErrorCode WireCode(const absl::Status& status) {
+  auto p = status.GetPayload(kCodeUrl);
+  if (!p) return wire::ErrorCode::Unknown;
+  return static_cast<wire::ErrorCode>(std::stoi(std::string(*p)));
+}
+
+absl::StatusOr<std::unique_ptr<RpcChannel>> RpcChannel::Connect(Transport* transport,
+                                                                const std::string& address,
+                                                                const RpcOptions& options) {
+  auto s = transport->Connect(address);
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<RpcChannel>(new RpcChannel(transport, std::move(*s), address, options));
+}
+
+absl::StatusOr<std::optional<Decoded>> RpcChannel::TryTake(uint64_t request_id) {
+  Frames frames;
+  absl::StatusOr<bool> got = socket_->TryRecv(&frames);
+  if (!got.ok()) return got.status();
+  if (!*got) return std::optional<Decoded>();
+  DecodeOptions dopts;
+  dopts.job_id = options_.job_id;
+  dopts.check_job = options_.check_job;
+  dopts.max_message_bytes = options_.max_message_bytes;
+  dopts.check_crc = options_.check_crc;
+  Decoded d;
+  DecodeError err;
+  if (!Decode(frames, dopts, &d, &err)) {
+    if (err.env && err.env->request_id != request_id) return std::optional<Decoded>();
+    return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
+  }
+  if (d.env.request_id != request_id) return std::optional<Decoded>();  // late reply
+  if (d.type() == wire::Body::Error) return StatusFromError(d.As<wire::Error>());
+  return std::optional<Decoded>(std::move(d));
+}
+
+absl::StatusOr<Decoded> RpcChannel::Wait(uint64_t request_id, TimePoint deadline) {
+  Socket* one[] = {socket_.get()};
+  for (;;) {
+    absl::StatusOr<std::optional<Decoded>> r = TryTake(request_id);
+    if (!r.ok()) return r.status();
+    if (r->has_value()) return std::move(**r);
+    absl::StatusOr<std::vector<size_t>> ready = transport_->Poll(one, deadline);
+    if (!ready.ok()) return ready.status();
+    if (ready->empty()) {
+      return absl::DeadlineExceededError("no reply from " + address_ + " for request " +
+                                         std::to_string(request_id));
+    }
+  }
+}
+
+}  // namespace pacer

@@ -1,0 +1,88 @@
+// Request/reply over one connected (DEALER) socket: the request-tracking layer
+// between the transport and the roles. Replies are matched by request id;
+// a late reply to a request that already timed out is dropped.
+#ifndef PACER_PS_RPC_H_
+#define PACER_PS_RPC_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ps/transport.h"
+#include "ps/wire.h"
+
+namespace pacer {
+
+// An Error reply as a Status; the wire code rides along as a payload.
+absl::Status StatusFromError(const wire::Error* error);
+// The wire error code a Status came from, or Unknown.
+wire::ErrorCode WireCode(const absl::Status& status);
+
+struct RpcOptions {
+  uint64_t job_id = 0;
+  uint32_t sender = 0;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  bool check_crc = true;
+  // When false the job id of replies is not checked (before registration).
+  bool check_job = true;
+};
+
+// Used by one thread at a time.
+class RpcChannel {
+ public:
+  static absl::StatusOr<std::unique_ptr<RpcChannel>> Connect(Transport* transport,
+                                                             const std::string& address,
+                                                             const RpcOptions& options);
+
+  // Sends a message with body `body` (finished here) and a fresh request id,
+  // which it returns.
+  template <class T>
+  absl::StatusOr<uint64_t> Send(flatbuffers::FlatBufferBuilder& fbb, flatbuffers::Offset<T> body,
+                                Frame payload = {}) {
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.sender = options_.sender;
+    env.request_id = ++next_request_;
+    absl::Status s = socket_->Send(EncodeBody(env, fbb, body, std::move(payload), options_.check_crc));
+    if (!s.ok()) return s;
+    return env.request_id;
+  }
+
+  // Takes one ready message, if any, without waiting. Returns the reply to
+  // `request_id` when that is what arrived; other replies are dropped.
+  // An Error reply becomes its Status; a malformed reply DataLoss.
+  absl::StatusOr<std::optional<Decoded>> TryTake(uint64_t request_id);
+
+  // Waits until `deadline` for the reply to `request_id`.
+  absl::StatusOr<Decoded> Wait(uint64_t request_id, TimePoint deadline);
+
+  // Send, then Wait.
+  template <class T>
+  absl::StatusOr<Decoded> Call(flatbuffers::FlatBufferBuilder& fbb, flatbuffers::Offset<T> body,
+                               TimePoint deadline, Frame payload = {}) {
+    absl::StatusOr<uint64_t> id = Send(fbb, body, std::move(payload));
+    if (!id.ok()) return id.status();
+    return Wait(*id, deadline);
+  }
+
+  Socket* socket() { return socket_.get(); }
+  Transport* transport() { return transport_; }
+  const std::string& address() const { return address_; }
+  RpcOptions& options() { return options_; }
+
+ private:
+  RpcChannel(Transport* t, std::unique_ptr<Socket> s, std::string address, const RpcOptions& o)
+      : transport_(t), socket_(std::move(s)), address_(std::move(address)), options_(o) {}
+
+  Transport* transport_;
+  std::unique_ptr<Socket> socket_;
+  std::string address_;
+  RpcOptions options_;
+  uint64_t next_request_ = 0;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_PS_RPC_H_

@@ -1,0 +1,90 @@
+// pacer-server: one parameter-server shard.
+#include <csignal>
+#include <iostream>
+
+#include "ps/cli.h"
+#include "ps/shard_server.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+std::atomic<bool> g_signalled{false};
+void OnSignal(int) { g_signalled = true; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  pacer::ShardServerOptions opts;
+  std::string log_level = "info";
+  std::string metrics_addr;
+  double register_timeout_s = 30, heartbeat_ms = 200, pull_timeout_s = 60;
+  bool no_apply = false, no_crc = false;
+
+  CLI::App app{"pacer-server: a Pacer parameter-server shard. It registers with the monitor, "
+               "receives its key range, and serves pushes and pulls from workers.",
+               "pacer-server"};
+  app.add_option("--listen", opts.listen, "Address to bind, tcp://HOST:PORT (port 0: ephemeral; "
+                 "the bound address is printed on stdout as 'listening ADDRESS')")
+      ->capture_default_str();
+  app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
+  app.add_option("--metrics-addr", metrics_addr,
+                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
+                 "'metrics ADDRESS'); off when empty");
+  app.add_option("--max-message-bytes", opts.shard.max_message_bytes,
+                 "Largest accepted message, all frames, in bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--pull-timeout", pull_timeout_s,
+                 "Seconds a pull may wait on the barrier before it fails")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--register-timeout", register_timeout_s,
+                 "Seconds to keep trying to register with the monitor")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-ms", heartbeat_ms, "Milliseconds between heartbeats to the monitor")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-apply", no_apply,
+               "Benchmarks only: acknowledge pushes without applying them (transport-only figure)");
+  app.add_flag("--no-crc", no_crc, "Do not verify or send payload CRCs (headers are always checked)");
+  std::string* lvl = &log_level;
+  pacer::AddLogLevelFlag(app, lvl);
+  if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+
+  pacer::SetupLogging("server", log_level);
+  pacer::TuneAllocatorForLargeBuffers();
+  opts.shard.apply_updates = !no_apply;
+  opts.shard.check_crc = !no_crc;
+  opts.shard.pull_timeout = pacer::FromSeconds(pull_timeout_s);
+  opts.register_timeout = pacer::FromSeconds(register_timeout_s);
+  opts.heartbeat_interval = pacer::FromSeconds(heartbeat_ms / 1000.0);
+  opts.shard.registry = std::make_shared<prometheus::Registry>();
+
+  std::unique_ptr<pacer::MetricsServer> metrics;
+  if (!metrics_addr.empty()) {
+    auto m = pacer::MetricsServer::Start(metrics_addr, opts.shard.registry);
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      return pacer::kExitFailure;
+    }
+    metrics = std::move(*m);
+    pacer::PrintAddress("metrics", metrics->address());
+  }
+
+  pacer::TransportOptions topts;
+  topts.max_message_bytes = opts.shard.max_message_bytes * 2;
+  auto transport = pacer::MakeZmqTransport(topts);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  auto server = pacer::ShardServer::Start(transport.get(), opts);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return pacer::kExitFailure;
+  }
+  pacer::PrintAddress("listening", (*server)->address());
+  while (!(*server)->done()) {
+    if (g_signalled) {
+      spdlog::info("signal received, shutting down");
+      (*server)->Shutdown();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  (*server)->Wait();
+  return pacer::kExitOk;
+}

@@ -1,0 +1,436 @@
+#include "ps/shard.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "spdlog/spdlog.h"
+
+namespace pacer {
+namespace {
+
+std::vector<wire::KeyLen> CopyKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
+  std::vector<wire::KeyLen> out;
+  if (keys == nullptr) return out;
+  out.reserve(keys->size());
+  for (const wire::KeyLen* k : *keys) out.push_back(*k);
+  return out;
+}
+
+}  // namespace
+
+ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
+    : options_(options),
+      clock_(clock),
+      registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
+      rejects_(*registry_, "shard") {
+  auto& reqs = prometheus::BuildCounter()
+                   .Name("pacer_shard_requests_total")
+                   .Help("Push and pull requests served")
+                   .Register(*registry_);
+  m_push_ = &reqs.Add({{"op", "push"}});
+  m_pull_ = &reqs.Add({{"op", "pull"}});
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("pacer_shard_payload_bytes_total")
+                    .Help("Payload bytes received (push) and sent (pull)")
+                    .Register(*registry_);
+  m_push_bytes_ = &bytes.Add({{"op", "push"}});
+  m_pull_bytes_ = &bytes.Add({{"op", "pull"}});
+  m_steps_ = &prometheus::BuildCounter()
+                  .Name("pacer_shard_steps_total")
+                  .Help("Optimizer steps taken (one per closed clock in BSP)")
+                  .Register(*registry_)
+                  .Add({});
+  m_incomplete_ = &prometheus::BuildCounter()
+                       .Name("pacer_shard_incomplete_steps_total")
+                       .Help("BSP steps closed without a push from every live worker (should stay 0)")
+                       .Register(*registry_)
+                       .Add({});
+  m_updates_ = &prometheus::BuildCounter()
+                    .Name("pacer_shard_updates_applied_total")
+                    .Help("Worker pushes folded into the parameters")
+                    .Register(*registry_)
+                    .Add({});
+  m_clock_ = &prometheus::BuildGauge()
+                  .Name("pacer_shard_applied_clock")
+                  .Help("Highest clock whose step has been applied (-1: none)")
+                  .Register(*registry_)
+                  .Add({});
+  m_clock_->Set(-1);
+  m_keys_ = &prometheus::BuildGauge()
+                 .Name("pacer_shard_keys")
+                 .Help("Keys (tensor blocks) held by this shard")
+                 .Register(*registry_)
+                 .Add({});
+  m_live_ = &prometheus::BuildGauge()
+                 .Name("pacer_shard_live_workers")
+                 .Help("Live workers in the shard's current membership")
+                 .Register(*registry_)
+                 .Add({});
+  m_parked_ = &prometheus::BuildGauge()
+                   .Name("pacer_shard_parked_pulls")
+                   .Help("Pulls waiting on the barrier")
+                   .Register(*registry_)
+                   .Add({});
+}
+
+void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
+  job_ = job;
+  configured_ = true;
+  const_cast<ShardOptions&>(options_).shard_id = shard_id;
+}
+
+Envelope ShardCore::ReplyEnvelope(const Envelope& to) const {
+  Envelope env;
+  env.job_id = job_.job_id;
+  env.sender = options_.shard_id;
+  env.request_id = to.request_id;
+  return env;
+}
+
+void ShardCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
+                           const std::string& reason, std::vector<Outgoing>* out) {
+  if (code != wire::ErrorCode::DeadlineExceeded) rejects_.Inc(code);
+  SPDLOG_DEBUG("shard {}: refusing request {}: {}", options_.shard_id, to.request_id, reason);
+  Envelope from = to;
+  from.job_id = to.job_id;
+  out->push_back({peer, EncodeError(from, options_.shard_id, code, reason)});
+}
+
+void ShardCore::Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out) {
+  rejects_.Inc(err.code);
+  if (!err.env) {
+    // Nothing identifies the request: there is nobody to answer meaningfully.
+    SPDLOG_DEBUG("shard {}: dropped unreadable message: {}", options_.shard_id, err.reason);
+    return;
+  }
+  out->push_back({peer, EncodeError(*err.env, options_.shard_id, err.code, err.reason)});
+}
+
+void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
+  if (frames.empty()) return;
+  Frame peer = frames[0];
+  frames.erase(frames.begin());
+  DecodeOptions dopts;
+  dopts.job_id = job_.job_id;
+  dopts.check_job = configured_;
+  dopts.max_message_bytes = options_.max_message_bytes;
+  dopts.check_crc = options_.check_crc;
+  Decoded d;
+  DecodeError err;
+  if (!Decode(frames, dopts, &d, &err)) return Reject(peer, err, out);
+  if (!configured_) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "shard not registered yet", out);
+  }
+  switch (d.type()) {
+    case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
+    case wire::Body::Membership: return OnMembership(peer, d, out);
+    case wire::Body::Init: return OnInit(peer, d, out);
+    case wire::Body::Push: return OnPush(peer, d, out);
+    case wire::Body::Pull: return OnPull(peer, d, out);
+    case wire::Body::Stop: {
+      stop_requested_ = true;
+      flatbuffers::FlatBufferBuilder fbb(64);
+      out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+      return;
+    }
+    default:
+      return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
+                        std::string("a shard does not serve ") + wire::EnumNameBody(d.type()), out);
+  }
+}
+
+bool ShardCore::CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys,
+                          std::string* why) const {
+  if (keys == nullptr) return true;
+  for (const wire::KeyLen* k : *keys) {
+    auto it = slots_.find(k->key());
+    if (it == slots_.end()) {
+      *why = "key " + std::to_string(k->key()) + " is not owned by shard " +
+             std::to_string(options_.shard_id);
+      return false;
+    }
+    if (it->second.length != k->length()) {
+      *why = "key " + std::to_string(k->key()) + " has " + std::to_string(it->second.length) +
+             " values, request says " + std::to_string(k->length());
+      return false;
+    }
+  }
+  return true;
+}
+
+void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  if (d.env.sender != 0) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor assigns keys", out);
+  }
+  const auto* m = d.As<wire::DeclareModel>();
+  std::map<uint64_t, KeySlot> slots;
+  size_t total = 0;
+  if (m->keys() != nullptr) {
+    for (const wire::KeyLen* k : *m->keys()) {
+      if (!slots.emplace(k->key(), KeySlot{total, k->length()}).second) {
+        return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                          "duplicate key " + std::to_string(k->key()), out);
+      }
+      total += k->length();
+    }
+  }
+  bool same = slots.size() == slots_.size() &&
+              std::equal(slots.begin(), slots.end(), slots_.begin(), [](auto& a, auto& b) {
+                return a.first == b.first && a.second.length == b.second.length;
+              });
+  if (!same) {
+    if (!slots_.empty()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "this shard already holds a different model", out);
+    }
+    slots_ = std::move(slots);
+    params_.assign(total, 0.0f);
+    velocity_.assign(total, 0.0f);
+    m_keys_->Set(static_cast<double>(slots_.size()));
+    spdlog::info("shard {}: holds {} keys, {} values", options_.shard_id, slots_.size(), total);
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+}
+
+void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  if (d.env.sender != 0) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor sets membership",
+                      out);
+  }
+  const auto* m = d.As<wire::Membership>();
+  if (m->version() > membership_version_) {
+    membership_version_ = m->version();
+    live_.clear();
+    if (m->workers() != nullptr) {
+      for (const wire::WorkerInfo* w : *m->workers()) live_[w->id()] = w->batch();
+    }
+    m_live_->Set(static_cast<double>(live_.size()));
+    SPDLOG_DEBUG("shard {}: membership v{} with {} workers", options_.shard_id,
+                 membership_version_, live_.size());
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  // A parked pull is checked again whenever the live set changes.
+  Advance(out);
+}
+
+void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Init>();
+  std::string why;
+  if (slots_.empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
+  }
+  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (m->keys() == nullptr || m->keys()->size() != slots_.size()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "init must carry every key of the shard", out);
+  }
+  if (!initialized_) {
+    const float* src = d.floats().data();
+    for (const wire::KeyLen* k : *m->keys()) {
+      const KeySlot& s = slots_.at(k->key());
+      std::memcpy(params_.data() + s.offset, src, s.length * sizeof(float));
+      src += s.length;
+    }
+    initialized_ = true;
+    spdlog::info("shard {}: parameters initialised by sender {}", options_.shard_id, d.env.sender);
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  Advance(out);
+}
+
+std::vector<float> ShardCore::TakeBuffer() {
+  if (!spare_acc_.empty()) {
+    std::vector<float> b = std::move(spare_acc_.back());
+    spare_acc_.pop_back();
+    std::fill(b.begin(), b.end(), 0.0f);
+    return b;
+  }
+  return std::vector<float>(params_.size(), 0.0f);
+}
+
+void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Push>();
+  std::string why;
+  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (slots_.empty() || !initialized_) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
+  }
+  auto member = live_.find(d.env.sender);
+  if (member == live_.end()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
+                      "worker " + std::to_string(d.env.sender) + " is not in membership v" +
+                          std::to_string(membership_version_),
+                      out);
+  }
+  const uint64_t clock = m->clock();
+  m_push_->Increment();
+  m_push_bytes_->Increment(static_cast<double>(d.payload.size()));
+  std::span<const float> values = d.floats();
+
+  if (job_.mode == wire::Mode::Asp) {
+    // Each push is one optimizer step on its own batch-mean gradient.
+    if (options_.apply_updates && m->keys() != nullptr) {
+      const float* src = values.data();
+      for (const wire::KeyLen* k : *m->keys()) {
+        const KeySlot& s = slots_.at(k->key());
+        SgdMomentumStep({params_.data() + s.offset, s.length}, {velocity_.data() + s.offset, s.length},
+                        {src, s.length}, job_.sgd);
+        src += s.length;
+      }
+    }
+    m_updates_->Increment();
+    applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
+    m_clock_->Set(static_cast<double>(applied_clock_));
+  } else {
+    if (static_cast<int64_t>(clock) <= applied_clock_) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Stale,
+                        "clock " + std::to_string(clock) + " is already closed (applied through " +
+                            std::to_string(applied_clock_) + ")",
+                        out);
+    }
+    auto it = open_.find(clock);
+    if (it == open_.end()) it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0}).first;
+    OpenClock& oc = it->second;
+    if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
+      const float weight = static_cast<float>(m->batch());
+      if (options_.apply_updates && m->keys() != nullptr) {
+        const float* src = values.data();
+        for (const wire::KeyLen* k : *m->keys()) {
+          const KeySlot& s = slots_.at(k->key());
+          Accumulate({oc.acc.data() + s.offset, s.length}, {src, s.length}, weight);
+          src += s.length;
+        }
+      }
+      oc.batch_sum += m->batch();
+      m_updates_->Increment();
+    }
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
+  Advance(out);
+}
+
+bool ShardCore::PullReady(uint64_t clock) const {
+  if (!initialized_) return false;
+  if (job_.mode == wire::Mode::Asp) return true;
+  return static_cast<int64_t>(clock) <= applied_clock_ + 1;
+}
+
+void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Pull>();
+  std::string why;
+  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (slots_.empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
+  }
+  m_pull_->Increment();
+  std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
+  if ((m->latest() && initialized_) || PullReady(m->clock())) {
+    return AnswerPull(peer, d.env, m->clock(), keys, out);
+  }
+  parked_.push_back({peer, d.env, m->clock(), std::move(keys), clock_->Now() + options_.pull_timeout});
+  m_parked_->Set(static_cast<double>(parked_.size()));
+}
+
+std::shared_ptr<std::vector<float>> ShardCore::ReplyBuffer(size_t floats) {
+  for (auto& b : reply_pool_) {
+    if (b.use_count() == 1 && b->size() == floats) return b;
+  }
+  if (reply_pool_.size() >= 16) {
+    // Drop buffers ZeroMQ no longer holds that have the wrong size.
+    std::erase_if(reply_pool_, [](const auto& b) { return b.use_count() == 1; });
+  }
+  reply_pool_.push_back(std::make_shared<std::vector<float>>(floats));
+  return reply_pool_.back();
+}
+
+void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
+                           std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out) {
+  size_t total = 0;
+  for (const auto& k : keys) total += k.length();
+  Frame payload;
+  if (total > 0) {
+    auto buf = ReplyBuffer(total);
+    float* dst = buf->data();
+    for (const auto& k : keys) {
+      const KeySlot& s = slots_.at(k.key());
+      std::memcpy(dst, params_.data() + s.offset, s.length * sizeof(float));
+      dst += s.length;
+    }
+    payload = Frame(buf, buf->data(), total * sizeof(float));
+  }
+  m_pull_bytes_->Increment(static_cast<double>(total * sizeof(float)));
+  flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
+  auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
+  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(to), fbb, body, std::move(payload),
+                                   options_.check_crc)});
+}
+
+void ShardCore::Advance(std::vector<Outgoing>* out) {
+  if (job_.mode != wire::Mode::Asp) {
+    while (!open_.empty() && !live_.empty()) {
+      auto it = open_.begin();
+      if (static_cast<int64_t>(it->first) != applied_clock_ + 1) break;
+      OpenClock& oc = it->second;
+      bool all = std::all_of(live_.begin(), live_.end(),
+                             [&](const auto& w) { return oc.pushed.count(w.first) > 0; });
+      if (!all) break;
+      // One synchronous step: g = sum_i (b_i / B) g_i, B the batch of the pushes.
+      if (options_.apply_updates && oc.batch_sum > 0) {
+        SgdMomentumStep(params_, velocity_, oc.acc, job_.sgd,
+                        1.0f / static_cast<float>(oc.batch_sum));
+      }
+      if (oc.pushed.size() != live_.size()) {
+        ++incomplete_steps_;  // includes pushes from workers that have since left
+        m_incomplete_->Increment();
+      }
+      ++steps_;
+      m_steps_->Increment();
+      applied_clock_ = static_cast<int64_t>(it->first);
+      m_clock_->Set(static_cast<double>(applied_clock_));
+      spare_acc_.push_back(std::move(oc.acc));
+      open_.erase(it);
+    }
+  }
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (PullReady(it->clock)) {
+      AnswerPull(it->peer, it->env, it->clock, it->keys, out);
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  m_parked_->Set(static_cast<double>(parked_.size()));
+}
+
+void ShardCore::Tick(std::vector<Outgoing>* out) {
+  const TimePoint now = clock_->Now();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->deadline <= now) {
+      ReplyError(it->peer, it->env, wire::ErrorCode::DeadlineExceeded,
+                 "pull for clock " + std::to_string(it->clock) + " waited past its deadline", out);
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  m_parked_->Set(static_cast<double>(parked_.size()));
+}
+
+TimePoint ShardCore::NextDeadline() const {
+  TimePoint t = TimePoint::max();
+  for (const auto& p : parked_) t = std::min(t, p.deadline);
+  return t;
+}
+
+std::span<const float> ShardCore::Param(uint64_t key) const {
+  auto it = slots_.find(key);
+  if (it == slots_.end()) return {};
+  return {params_.data() + it->second.offset, it->second.length};
+}
+
+}  // namespace pacer

@@ -1,0 +1,172 @@
+// A parameter-server shard: the keys it owns, the optimizer, the per-clock
+// barrier. ShardCore is the logic with no sockets and an injected clock;
+// ShardServer (shard_server.h) runs it on a transport.
+#ifndef PACER_PS_SHARD_H_
+#define PACER_PS_SHARD_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "ps/clock.h"
+#include "ps/metrics.h"
+#include "ps/optimizer.h"
+#include "ps/wire.h"
+
+namespace pacer {
+
+struct ShardOptions {
+  // This shard's sender id (assigned by the monitor; 0 until registered).
+  uint32_t shard_id = 0;
+  // Largest accepted message, all frames (--max-message-bytes).
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Verify and send payload CRCs (the CRC covers the header either way).
+  bool check_crc = true;
+  // Apply pushes to the parameters. false only for transport benchmarks:
+  // pushes are accepted, verified and acknowledged, and nothing changes.
+  bool apply_updates = true;
+  // A pull parked on the barrier longer than this gets DeadlineExceeded.
+  Duration pull_timeout = std::chrono::seconds(60);
+  // Where metrics go; a private registry when null.
+  std::shared_ptr<prometheus::Registry> registry;
+};
+
+// The job-wide settings a shard needs, from the monitor's register reply.
+struct ShardJob {
+  uint64_t job_id = 0;
+  wire::Mode mode = wire::Mode::Bsp;
+  SgdOptions sgd;
+};
+
+// Single-threaded: one thread calls every method.
+class ShardCore {
+ public:
+  struct Outgoing {
+    Frame peer;  // routing id of the receiver
+    Frames frames;
+  };
+
+  ShardCore(const ShardOptions& options, const Clock* clock);
+
+  // Sets the job (from registration). Messages before this are NotReady.
+  void Configure(const ShardJob& job, uint32_t shard_id);
+
+  // Handles one message from the ROUTER socket: frames[0] is the peer's
+  // routing id. Every check runs before anything in it is used; a bad
+  // message gets an Error reply and a counter, and the shard keeps serving.
+  void Handle(Frames frames, std::vector<Outgoing>* out);
+
+  // Answers parked pulls whose deadline passed.
+  void Tick(std::vector<Outgoing>* out);
+  // Earliest parked-pull deadline, or TimePoint::max().
+  TimePoint NextDeadline() const;
+
+  // Observers, for the server loop and tests.
+  int64_t applied_clock() const { return applied_clock_; }
+  uint64_t steps() const { return steps_; }
+  uint64_t incomplete_steps() const { return incomplete_steps_; }
+  bool initialized() const { return initialized_; }
+  bool stop_requested() const { return stop_requested_; }
+  uint64_t membership_version() const { return membership_version_; }
+  size_t parked_pulls() const { return parked_.size(); }
+  double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }
+  prometheus::Registry& registry() { return *registry_; }
+  // Parameters of one owned key (tests).
+  std::span<const float> Param(uint64_t key) const;
+
+ private:
+  struct KeySlot {
+    size_t offset;
+    size_t length;
+  };
+  struct OpenClock {
+    std::vector<float> acc;        // sum of b_i * g_i over the pushes so far
+    std::set<uint32_t> pushed;     // workers whose push for this clock arrived
+    uint64_t batch_sum = 0;        // sum of b_i over those pushes
+  };
+  struct ParkedPull {
+    Frame peer;
+    Envelope env;
+    uint64_t clock;
+    std::vector<wire::KeyLen> keys;
+    TimePoint deadline;
+  };
+
+  void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
+  void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
+                  const std::string& reason, std::vector<Outgoing>* out);
+  // Checks that every key is owned and has the declared length.
+  bool CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why) const;
+
+  void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+
+  // Closes every clock that all live workers have pushed, then answers the
+  // pulls that became ready.
+  void Advance(std::vector<Outgoing>* out);
+  bool PullReady(uint64_t clock) const;
+  void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
+                  std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out);
+  Envelope ReplyEnvelope(const Envelope& to) const;
+  std::vector<float> TakeBuffer();
+  // A payload buffer from a pool: reused once ZeroMQ has let go of it.
+  std::shared_ptr<std::vector<float>> ReplyBuffer(size_t floats);
+
+  // Constant after construction.
+  const ShardOptions options_;
+  const Clock* const clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  RejectCounters rejects_;
+
+  ShardJob job_;
+  bool configured_ = false;
+  bool stop_requested_ = false;
+
+  // The model: owned keys, parameters and momentum, set by DeclareModel.
+  std::map<uint64_t, KeySlot> slots_;
+  std::vector<float> params_;
+  std::vector<float> velocity_;
+  std::vector<float> scratch_;
+  bool initialized_ = false;
+
+  // Membership: live worker id -> batch size.
+  uint64_t membership_version_ = 0;
+  std::map<uint32_t, uint32_t> live_;
+
+  // The barrier.
+  int64_t applied_clock_ = -1;
+  std::map<uint64_t, OpenClock> open_;
+  std::vector<std::vector<float>> spare_acc_;
+  std::deque<ParkedPull> parked_;
+  std::vector<std::shared_ptr<std::vector<float>>> reply_pool_;
+
+  uint64_t steps_ = 0;
+  uint64_t incomplete_steps_ = 0;
+
+  // Metrics.
+  prometheus::Counter* m_push_ = nullptr;
+  prometheus::Counter* m_pull_ = nullptr;
+  prometheus::Counter* m_push_bytes_ = nullptr;
+  prometheus::Counter* m_pull_bytes_ = nullptr;
+  prometheus::Counter* m_steps_ = nullptr;
+  prometheus::Counter* m_incomplete_ = nullptr;
+  prometheus::Counter* m_updates_ = nullptr;
+  prometheus::Gauge* m_clock_ = nullptr;
+  prometheus::Gauge* m_keys_ = nullptr;
+  prometheus::Gauge* m_live_ = nullptr;
+  prometheus::Gauge* m_parked_ = nullptr;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_PS_SHARD_H_

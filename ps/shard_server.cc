@@ -1,0 +1,143 @@
+#include "ps/shard_server.h"
+
+#include "ps/rpc.h"
+#include "spdlog/spdlog.h"
+
+namespace pacer {
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    Transport* transport, const ShardServerOptions& options) {
+  if (options.monitor.empty()) return absl::InvalidArgumentError("a shard needs --monitor");
+  std::unique_ptr<ShardServer> s(new ShardServer());
+  s->transport_ = transport;
+  s->options_ = options;
+  s->registry_ = options.shard.registry ? options.shard.registry
+                                        : std::make_shared<prometheus::Registry>();
+  auto router = transport->Bind(options.listen);
+  if (!router.ok()) return router.status();
+  s->router_ = std::move(*router);
+  s->address_ = s->router_->address();
+
+  RpcOptions ropts;
+  ropts.check_job = false;  // the job id comes with the reply
+  ropts.max_message_bytes = options.shard.max_message_bytes;
+  auto monitor = RpcChannel::Connect(transport, options.monitor, ropts);
+  if (!monitor.ok()) return monitor.status();
+  s->monitor_ = std::move(*monitor);
+
+  const Clock* clock = transport->clock();
+  const TimePoint give_up = clock->Now() + options.register_timeout;
+  absl::Status last = absl::DeadlineExceededError("no reply");
+  for (;;) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto body = wire::CreateRegisterDirect(fbb, wire::Role::Shard, s->address_.c_str());
+    auto reply = s->monitor_->Call(fbb, body, std::min(give_up, clock->Now() + options.request_timeout));
+    if (reply.ok()) {
+      if (reply->type() != wire::Body::RegisterReply) {
+        return absl::InternalError("monitor answered register with " +
+                                   std::string(wire::EnumNameBody(reply->type())));
+      }
+      const auto* r = reply->As<wire::RegisterReply>();
+      ShardJob job;
+      job.job_id = reply->env.job_id;
+      if (r->job() != nullptr) {
+        job.mode = r->job()->mode();
+        job.sgd.learning_rate = r->job()->learning_rate();
+        job.sgd.momentum = r->job()->momentum();
+      }
+      s->id_ = r->id();
+      ShardOptions sopts = options.shard;
+      sopts.shard_id = s->id_;
+      sopts.registry = s->registry_;
+      s->core_ = std::make_unique<ShardCore>(sopts, clock);
+      s->core_->Configure(job, s->id_);
+      s->monitor_->options().job_id = job.job_id;
+      s->monitor_->options().sender = s->id_;
+      s->monitor_->options().check_job = true;
+      spdlog::info("shard {}: registered with {} (job {}, mode {})", s->id_, options.monitor,
+                   job.job_id, wire::EnumNameMode(job.mode));
+      break;
+    }
+    last = reply.status();
+    if (WireCode(last) == wire::ErrorCode::Refused || WireCode(last) == wire::ErrorCode::WrongVersion) {
+      return absl::FailedPreconditionError("monitor refused this shard: " + std::string(last.message()));
+    }
+    if (clock->Now() >= give_up) {
+      return absl::DeadlineExceededError("could not register with monitor " + options.monitor +
+                                         ": " + std::string(last.message()));
+    }
+    clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
+  }
+  s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  return s;
+}
+
+ShardServer::~ShardServer() {
+  Shutdown();
+  Wait();
+}
+
+void ShardServer::Wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void ShardServer::Run() {
+  const Clock* clock = transport_->clock();
+  std::vector<ShardCore::Outgoing> out;
+  Socket* sockets[] = {router_.get(), monitor_->socket()};
+  TimePoint next_heartbeat = clock->Now();
+  uint64_t heartbeat_id = 0;
+  bool stopping = false;
+  while (!shutdown_ && !stopping) {
+    TimePoint now = clock->Now();
+    if (now >= next_heartbeat) {
+      flatbuffers::FlatBufferBuilder fbb(64);
+      auto body = wire::CreateHeartbeat(fbb, wire::Role::Shard,
+                                        static_cast<uint64_t>(std::max<int64_t>(0, core_->applied_clock())));
+      auto id = monitor_->Send(fbb, body);
+      if (id.ok()) heartbeat_id = *id;
+      next_heartbeat = now + options_.heartbeat_interval;
+    }
+    TimePoint deadline = std::min({next_heartbeat, core_->NextDeadline(),
+                                   now + std::chrono::milliseconds(100)});
+    auto ready = transport_->Poll(sockets, deadline);
+    if (!ready.ok()) {
+      spdlog::error("shard {}: poll failed: {}", id_, ready.status().ToString());
+      break;
+    }
+    // Drain the router: every ready message is handled before replies go out.
+    for (int i = 0; i < 256; ++i) {
+      Frames frames;
+      auto got = router_->TryRecv(&frames);
+      if (!got.ok() || !*got) break;
+      core_->Handle(std::move(frames), &out);
+    }
+    core_->Tick(&out);
+    for (auto& o : out) {
+      o.frames.insert(o.frames.begin(), o.peer);
+      absl::Status st = router_->Send(std::move(o.frames));
+      if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, st.ToString());
+    }
+    out.clear();
+    // Heartbeat replies: the monitor says when the job has stopped.
+    for (;;) {
+      auto r = monitor_->TryTake(heartbeat_id);
+      if (!r.ok() || !r->has_value()) break;
+      const Decoded& d = **r;
+      if (d.type() == wire::Body::HeartbeatReply &&
+          d.As<wire::HeartbeatReply>()->state() == wire::JobState::Stopped) {
+        spdlog::info("shard {}: job stopped", id_);
+        stopping = true;
+      }
+    }
+    if (core_->stop_requested()) {
+      spdlog::info("shard {}: stop received", id_);
+      stopping = true;
+    }
+  }
+  spdlog::info("shard {}: {} steps, applied through clock {}", id_, core_->steps(),
+               core_->applied_clock());
+  done_ = true;
+}
+
+}  // namespace pacer

@@ -1,0 +1,77 @@
+// The transport moves multipart messages between processes and nothing else:
+// it knows no message types. Two implementations: ZeroMQ (DEALER/ROUTER over
+// TCP or ipc) and an in-process one for tests that run a whole cluster in one
+// process.
+#ifndef PACER_PS_TRANSPORT_H_
+#define PACER_PS_TRANSPORT_H_
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ps/clock.h"
+#include "ps/frame.h"
+
+namespace pacer {
+
+// One endpoint. A bound socket (ROUTER) receives messages whose frame 0 is
+// the sending peer's routing id, and sends by putting that id in frame 0. A
+// connected socket (DEALER) sends and receives bare messages.
+// A socket is used by one thread at a time.
+class Socket {
+ public:
+  virtual ~Socket() = default;
+  // Queues `frames` for sending without blocking. Unavailable when the peer
+  // is unknown or the send queue is full; the message is then dropped.
+  virtual absl::Status Send(Frames frames) = 0;
+  // Receives one message if one is ready. Returns false when none is.
+  virtual absl::StatusOr<bool> TryRecv(Frames* frames) = 0;
+  // The address this socket is bound or connected to, with an ephemeral port
+  // resolved (e.g. "tcp://127.0.0.1:41327").
+  virtual std::string address() const = 0;
+};
+
+struct TransportOptions {
+  // Messages above this many bytes (all frames) may be refused by the
+  // transport itself; the wire layer checks its own, lower limit.
+  size_t max_message_bytes = size_t{1} << 30;
+  // Queue limit per socket, in messages.
+  int high_water_mark = 1000;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Binds a ROUTER socket. An address ending in ":0" gets an ephemeral port.
+  virtual absl::StatusOr<std::unique_ptr<Socket>> Bind(const std::string& address) = 0;
+  // Connects a DEALER socket. Connecting never waits for the peer: messages
+  // queue until it is there (or are dropped, for the in-process transport).
+  virtual absl::StatusOr<std::unique_ptr<Socket>> Connect(const std::string& address) = 0;
+  // Waits until at least one of `sockets` (all from this transport) has a
+  // message, or until `deadline` on the transport's clock. Returns the
+  // indices of the ready sockets, empty on timeout.
+  virtual absl::StatusOr<std::vector<size_t>> Poll(std::span<Socket* const> sockets,
+                                                   TimePoint deadline) = 0;
+  virtual const Clock* clock() const = 0;
+
+  // Receives one message from `socket`, waiting until `deadline`. Returns
+  // false on timeout.
+  absl::StatusOr<bool> Recv(Socket* socket, Frames* frames, TimePoint deadline);
+};
+
+// ZeroMQ transport. `clock` must be a real clock in practice: ZeroMQ's own
+// waits run in real time, with timeouts computed from the clock's deadlines.
+std::unique_ptr<Transport> MakeZmqTransport(const TransportOptions& options,
+                                            const Clock* clock = Clock::Real());
+
+// In-process transport: all sockets made from one instance reach each other
+// through addresses "mem://NAME" ("mem://*" or "mem://0" picks a fresh name).
+// Thread-safe; waits go through `clock`, so a FakeClock drives them.
+std::unique_ptr<Transport> MakeInProcTransport(const Clock* clock = Clock::Real());
+
+}  // namespace pacer
+
+#endif  // PACER_PS_TRANSPORT_H_

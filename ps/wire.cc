@@ -1,0 +1,229 @@
+#include "ps/wire.h"
+
+#include <zlib.h>
+
+#include <cstring>
+
+namespace pacer {
+namespace {
+
+template <class T>
+void Put(uint8_t*& p, T v) {
+  std::memcpy(p, &v, sizeof(T));  // x86-64 and aarch64 are little-endian
+  p += sizeof(T);
+}
+template <class T>
+T Get(const uint8_t*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  p += sizeof(T);
+  return v;
+}
+
+uint32_t Crc(const Frame& header, const Frame& payload) {
+  uLong c = crc32_z(0L, Z_NULL, 0);
+  c = crc32_z(c, header.data(), header.size());
+  if (!payload.empty()) c = crc32_z(c, payload.data(), payload.size());
+  return static_cast<uint32_t>(c);
+}
+
+bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
+          const std::optional<Envelope>& env = std::nullopt) {
+  err->code = code;
+  err->reason = std::move(reason);
+  err->env = env;
+  return false;
+}
+
+}  // namespace
+
+const char* ErrorCodeName(wire::ErrorCode code) {
+  switch (code) {
+    case wire::ErrorCode::Unknown: return "unknown";
+    case wire::ErrorCode::BadEnvelope: return "bad_envelope";
+    case wire::ErrorCode::BadCrc: return "bad_crc";
+    case wire::ErrorCode::BadHeader: return "bad_header";
+    case wire::ErrorCode::BadLength: return "bad_length";
+    case wire::ErrorCode::TooLarge: return "too_large";
+    case wire::ErrorCode::WrongType: return "wrong_type";
+    case wire::ErrorCode::WrongVersion: return "wrong_version";
+    case wire::ErrorCode::WrongJob: return "wrong_job";
+    case wire::ErrorCode::NotOwner: return "not_owner";
+    case wire::ErrorCode::NotMember: return "not_member";
+    case wire::ErrorCode::Stale: return "stale";
+    case wire::ErrorCode::NotReady: return "not_ready";
+    case wire::ErrorCode::Refused: return "refused";
+    case wire::ErrorCode::DeadlineExceeded: return "deadline_exceeded";
+    case wire::ErrorCode::Mismatch: return "mismatch";
+  }
+  return "unknown";
+}
+
+std::optional<uint64_t> PayloadBytesFor(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
+  if (keys == nullptr) return 0;
+  uint64_t total = 0;
+  for (const wire::KeyLen* kl : *keys) {
+    uint64_t len = kl->length();
+    if (len > (uint64_t{1} << 40)) return std::nullopt;
+    total += len * sizeof(float);
+  }
+  return total;
+}
+
+bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err) {
+  if (frames.size() < 2 || frames.size() > 3) {
+    return Fail(err, wire::ErrorCode::BadEnvelope,
+                "expected 2 or 3 frames, got " + std::to_string(frames.size()));
+  }
+  const Frame& f0 = frames[0];
+  if (f0.size() != kEnvelopeBytes) {
+    return Fail(err, wire::ErrorCode::BadEnvelope,
+                "envelope is " + std::to_string(f0.size()) + " bytes, expected " +
+                    std::to_string(kEnvelopeBytes));
+  }
+  const uint8_t* p = f0.data();
+  if (Get<uint32_t>(p) != kMagic) return Fail(err, wire::ErrorCode::BadEnvelope, "bad magic");
+  Envelope env;
+  env.version = Get<uint16_t>(p);
+  uint16_t type = Get<uint16_t>(p);
+  env.job_id = Get<uint64_t>(p);
+  env.sender = Get<uint32_t>(p);
+  env.crc = Get<uint32_t>(p);
+  env.request_id = Get<uint64_t>(p);
+  env.payload_bytes = Get<uint64_t>(p);
+  env.type = static_cast<wire::Body>(type);
+  if (env.version != kProtocolVersion) {
+    return Fail(err, wire::ErrorCode::WrongVersion,
+                "protocol version " + std::to_string(env.version) + " is not supported (this is " +
+                    std::to_string(kProtocolVersion) + ")",
+                env);
+  }
+  const bool unbound_register = options.allow_unbound_register && env.job_id == 0 &&
+                                env.type == wire::Body::Register;
+  if (options.check_job && env.job_id != options.job_id && !unbound_register) {
+    return Fail(err, wire::ErrorCode::WrongJob,
+                "message for job " + std::to_string(env.job_id) + ", this is job " +
+                    std::to_string(options.job_id),
+                env);
+  }
+  if (type == 0 || type > static_cast<uint16_t>(wire::Body::MAX)) {
+    return Fail(err, wire::ErrorCode::WrongType, "unknown message type " + std::to_string(type),
+                env);
+  }
+  const Frame& header = frames[1];
+  Frame payload = frames.size() == 3 ? frames[2] : Frame();
+  size_t total = f0.size() + header.size() + payload.size();
+  if (total > options.max_message_bytes) {
+    return Fail(err, wire::ErrorCode::TooLarge,
+                "message of " + std::to_string(total) + " bytes exceeds the limit of " +
+                    std::to_string(options.max_message_bytes),
+                env);
+  }
+  if (env.payload_bytes != payload.size()) {
+    return Fail(err, wire::ErrorCode::BadLength,
+                "envelope says " + std::to_string(env.payload_bytes) + " payload bytes, frame has " +
+                    std::to_string(payload.size()),
+                env);
+  }
+  if (options.check_crc && env.crc != Crc(header, payload)) {
+    return Fail(err, wire::ErrorCode::BadCrc, "CRC32 mismatch", env);
+  }
+  // Flatbuffers needs aligned access; ZeroMQ frames are malloc-aligned, but a
+  // header frame at an odd address is copied rather than trusted.
+  Frame aligned = header;
+  if (reinterpret_cast<uintptr_t>(header.data()) % 8 != 0) {
+    aligned = Frame::Copy(header.data(), header.size());
+  }
+  flatbuffers::Verifier verifier(aligned.data(), aligned.size(), /*max_depth=*/16,
+                                 /*max_tables=*/100000);
+  if (aligned.size() < 8 || !wire::VerifyMessageBuffer(verifier)) {
+    return Fail(err, wire::ErrorCode::BadHeader, "header failed Flatbuffers verification", env);
+  }
+  const wire::Message* msg = wire::GetMessage(aligned.data());
+  if (msg->body_type() != env.type) {
+    return Fail(err, wire::ErrorCode::WrongType,
+                std::string("envelope type ") + wire::EnumNameBody(env.type) +
+                    " disagrees with header type " + wire::EnumNameBody(msg->body_type()),
+                env);
+  }
+  if (msg->body() == nullptr) {
+    return Fail(err, wire::ErrorCode::BadHeader, "message has no body", env);
+  }
+  // Messages that carry values: the keys' lengths must add up to the payload.
+  const flatbuffers::Vector<const wire::KeyLen*>* keys = nullptr;
+  bool carries_values = false;
+  switch (env.type) {
+    case wire::Body::Push:
+      keys = msg->body_as_Push()->keys();
+      carries_values = true;
+      break;
+    case wire::Body::Init:
+      keys = msg->body_as_Init()->keys();
+      carries_values = true;
+      break;
+    case wire::Body::PullReply:
+      keys = msg->body_as_PullReply()->keys();
+      carries_values = true;
+      break;
+    default:
+      break;
+  }
+  if (carries_values) {
+    std::optional<uint64_t> want = PayloadBytesFor(keys);
+    if (!want || *want != payload.size()) {
+      return Fail(err, wire::ErrorCode::BadLength,
+                  "key lengths give " + (want ? std::to_string(*want) : std::string("overflowing")) +
+                      " bytes, payload has " + std::to_string(payload.size()),
+                  env);
+    }
+    if (reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) != 0) {
+      payload = Frame::Copy(payload.data(), payload.size());
+    }
+  } else if (!payload.empty()) {
+    return Fail(err, wire::ErrorCode::BadLength,
+                std::string(wire::EnumNameBody(env.type)) + " carries no payload", env);
+  }
+  out->env = env;
+  out->header = std::move(aligned);
+  out->payload = std::move(payload);
+  out->message = msg;
+  return true;
+}
+
+Frames Encode(Envelope env, wire::Body type, flatbuffers::FlatBufferBuilder& fbb, Frame payload,
+              bool with_crc) {
+  auto detached = std::make_shared<flatbuffers::DetachedBuffer>(fbb.Release());
+  Frame header(detached, detached->data(), detached->size());
+  env.type = type;
+  env.payload_bytes = payload.size();
+  env.crc = with_crc ? Crc(header, payload) : 0;
+  std::vector<uint8_t> e(kEnvelopeBytes);
+  uint8_t* p = e.data();
+  Put<uint32_t>(p, kMagic);
+  Put<uint16_t>(p, env.version);
+  Put<uint16_t>(p, static_cast<uint16_t>(type));
+  Put<uint64_t>(p, env.job_id);
+  Put<uint32_t>(p, env.sender);
+  Put<uint32_t>(p, env.crc);
+  Put<uint64_t>(p, env.request_id);
+  Put<uint64_t>(p, env.payload_bytes);
+  Frames frames;
+  frames.reserve(3);
+  frames.push_back(Frame::FromVector(std::move(e)));
+  frames.push_back(std::move(header));
+  if (!payload.empty()) frames.push_back(std::move(payload));
+  return frames;
+}
+
+Frames EncodeError(const Envelope& to, uint32_t sender, wire::ErrorCode code,
+                   const std::string& reason) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto body = wire::CreateErrorDirect(fbb, code, reason.c_str());
+  Envelope env;
+  env.job_id = to.job_id;
+  env.sender = sender;
+  env.request_id = to.request_id;
+  return EncodeBody(env, fbb, body);
+}
+
+}  // namespace pacer

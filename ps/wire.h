@@ -1,0 +1,104 @@
+// The wire format: a fixed envelope, a Flatbuffers header and an optional raw
+// payload (see schema/pacer.fbs). Encoding and all checks on received
+// messages live here, at one edge; nothing else parses bytes.
+#ifndef PACER_PS_WIRE_H_
+#define PACER_PS_WIRE_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "flatbuffers/flatbuffers.h"
+#include "ps/frame.h"
+#include "ps/pacer_generated.h"
+
+namespace pacer {
+
+inline constexpr uint32_t kMagic = 0x52434150;  // "PACR" little-endian
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kEnvelopeBytes = 40;
+// Default --max-message-bytes: 16M floats of payload plus 1 MiB for headers.
+inline constexpr size_t kDefaultMaxMessageBytes = (size_t{16} << 20) * sizeof(float) + (1 << 20);
+
+// Frame 0 of every message. Little-endian, packed as:
+//   magic u32 | version u16 | type u16 | job_id u64 | sender u32 | crc u32 |
+//   request_id u64 | payload_bytes u64
+struct Envelope {
+  uint16_t version = kProtocolVersion;
+  wire::Body type = wire::Body::NONE;
+  uint64_t job_id = 0;
+  uint32_t sender = 0;
+  uint32_t crc = 0;  // CRC32 (zlib) of frame 1 followed by frame 2
+  uint64_t request_id = 0;
+  uint64_t payload_bytes = 0;
+};
+
+// Why a received message was refused. The names are the `reason` label of the
+// rejected-message counters.
+const char* ErrorCodeName(wire::ErrorCode code);
+
+struct DecodeOptions {
+  uint64_t job_id = 0;         // messages from other jobs are refused
+  bool check_job = true;       // false only for processes that learn the job id
+  // Accept job id 0 on Register messages: a newcomer learns the job id from
+  // the register reply (the monitor sets this).
+  bool allow_unbound_register = false;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  bool check_crc = true;
+};
+
+// A received message that passed every generic check. Holds its frames.
+struct Decoded {
+  Envelope env;
+  Frame header;
+  Frame payload;
+  const wire::Message* message = nullptr;  // verified; points into `header`
+
+  wire::Body type() const { return env.type; }
+  template <class T>
+  const T* As() const {
+    return message->body_as<T>();
+  }
+  std::span<const float> floats() const {
+    return {reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float)};
+  }
+};
+
+struct DecodeError {
+  wire::ErrorCode code = wire::ErrorCode::Unknown;
+  std::string reason;
+  std::optional<Envelope> env;  // set when the envelope itself was readable
+};
+
+// Checks, in order: frame count and envelope, magic, protocol version, job id,
+// total size, CRC, flatbuffers::Verifier, body type == envelope type, and for
+// messages that carry values, that the key lengths add up to the payload.
+// Returns true and fills `out`, or false and fills `err`. Never throws.
+bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err);
+
+// Bytes of payload that `keys` describe; nullopt on overflow.
+std::optional<uint64_t> PayloadBytesFor(const flatbuffers::Vector<const wire::KeyLen*>* keys);
+
+// Builds frames 0..2 from a finished builder and an optional payload.
+// `env.type`, `env.payload_bytes` and `env.crc` are filled in here.
+Frames Encode(Envelope env, wire::Body type, flatbuffers::FlatBufferBuilder& fbb,
+              Frame payload = {}, bool with_crc = true);
+
+// Convenience: finish `fbb` with a Message whose body is `body` and encode it.
+template <class T>
+Frames EncodeBody(const Envelope& env, flatbuffers::FlatBufferBuilder& fbb,
+                  flatbuffers::Offset<T> body, Frame payload = {}, bool with_crc = true) {
+  constexpr wire::Body type = wire::BodyTraits<T>::enum_value;
+  auto msg = wire::CreateMessage(fbb, type, body.Union());
+  fbb.Finish(msg);
+  return Encode(env, type, fbb, std::move(payload), with_crc);
+}
+
+// An Error message answering `to` (request id and job id echoed).
+Frames EncodeError(const Envelope& to, uint32_t sender, wire::ErrorCode code,
+                   const std::string& reason);
+
+}  // namespace pacer
+
+#endif  // PACER_PS_WIRE_H_

@@ -1,0 +1,102 @@
+// The compute-backend interface: forward/backward passes of the worker's model
+// over a flat parameter vector. Implementations: CPU (worker/cpu_backend.h),
+// CUDA (later). The parameter server only ever sees the flat vector; the
+// tensor table below says how it is cut into tensors.
+
+#ifndef PACER_WORKER_BACKEND_H_
+#define PACER_WORKER_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pacer::worker {
+
+// Shape of a multi-layer perceptron: layers[0] inputs, layers.back() classes,
+// fully connected layers in between with ReLU on every hidden layer and a
+// softmax cross-entropy loss on the output. At least two entries, all > 0.
+struct MlpSpec {
+  std::vector<int> layers = {784, 256, 128, 10};
+};
+
+// One named tensor of the flat parameter vector.
+struct TensorSpec {
+  std::string name;  // "fc1.weight", "fc1.bias", "fc2.weight", ...
+  size_t size;       // Number of floats, e.g. 256 * 784 for fc1.weight.
+};
+
+// Result of ComputeBackend::Evaluate.
+struct EvalResult {
+  double accuracy = 0;  // Fraction of samples whose argmax logit == label.
+  double loss = 0;      // Mean cross-entropy loss (natural log).
+  size_t samples = 0;   // Number of samples evaluated.
+};
+
+// A model plus the hardware that runs it.
+//
+// Parameter layout: for layer k = 1..L (L = layers.size() - 1) the flat vector
+// holds "fck.weight" (out x in floats, row-major: element (o, i) at o * in + i,
+// i.e. PyTorch's nn.Linear layout) followed by "fck.bias" (out floats).
+//
+// Thread-safety: const methods may be called concurrently. ComputeGradient and
+// Evaluate use per-instance scratch buffers, so one instance must not run them
+// from two threads at once; use one instance per thread.
+//
+// Failure: nothing throws. Argument errors (spans of the wrong size, batch or
+// n inconsistent, labels >= the number of classes) are caller bugs and are
+// reported with NaN results as documented per method, never by aborting.
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // A short name for logs and metrics: "cpu", "cuda".
+  virtual std::string name() const = 0;
+
+  // The model's tensors in the order they are laid out in the flat parameter
+  // (and gradient) vector. Sum of sizes == num_params(). The reference stays
+  // valid for the life of the backend.
+  virtual const std::vector<TensorSpec>& tensors() const = 0;
+
+  // Total number of floats in the flat parameter vector.
+  virtual size_t num_params() const = 0;
+
+  // Fills `params` (caller-owned, num_params() floats) with a deterministic
+  // initialization derived from `seed` alone: weights uniform in
+  // [-sqrt(6 / fan_in), sqrt(6 / fan_in)] (Kaiming-uniform for ReLU), biases
+  // zero. The same seed and spec give the same bytes on every platform (the
+  // generator is specified, not std::*_distribution). If params.size() !=
+  // num_params(), fills params with NaN.
+  virtual void InitParams(uint64_t seed, std::span<float> params) const = 0;
+
+  // Forward and backward pass over one batch.
+  //   params: num_params() floats, read only.
+  //   x:      batch * layers[0] floats, sample-major (sample b's features at
+  //           x[b * layers[0]]).
+  //   y:      batch labels in [0, classes).
+  //   grad:   num_params() floats, overwritten (not accumulated) with the
+  //           gradient of the batch-MEAN cross-entropy loss, same layout as
+  //           params.
+  // Returns the mean loss over the batch. All buffers are caller-owned and
+  // only used during the call; grad must not overlap params, x or y.
+  // On bad arguments (batch <= 0, wrong span sizes, null x/y, a label out of
+  // range) returns NaN and leaves grad unspecified.
+  // Scratch memory is reused across calls: after the first call at a given
+  // batch size no large allocations happen.
+  virtual float ComputeGradient(std::span<const float> params, const float* x,
+                                const uint8_t* y, int batch,
+                                std::span<float> grad) = 0;
+
+  // Accuracy and mean loss over n samples (x: n * layers[0] floats, y: n
+  // labels), evaluated in fixed-size chunks so memory stays bounded for any n.
+  // n == 0 gives {0, 0, 0}. On bad arguments (wrong params size, null x/y
+  // with n > 0, a label out of range) returns accuracy and loss NaN and
+  // samples 0.
+  virtual EvalResult Evaluate(std::span<const float> params, const float* x,
+                              const uint8_t* y, size_t n) = 0;
+};
+
+}  // namespace pacer::worker
+
+#endif  // PACER_WORKER_BACKEND_H_

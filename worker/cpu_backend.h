@@ -1,0 +1,24 @@
+// CPU implementation of ComputeBackend: an MLP on Eigen, with the matrix
+// products handed to OpenBLAS.
+
+#ifndef PACER_WORKER_CPU_BACKEND_H_
+#define PACER_WORKER_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "worker/backend.h"
+
+namespace pacer::worker {
+
+// Creates a CPU backend for the MLP `spec`. Returns nullptr if the spec is
+// invalid (fewer than two layers, or a width <= 0). The caller owns the result.
+//
+// Side effect: pins OpenBLAS to one thread for the whole process
+// (openblas_set_num_threads(1)), because the worker parallelizes across
+// workers, not within a GEMM. Calls from different threads on different
+// instances are safe.
+std::unique_ptr<ComputeBackend> MakeCpuBackend(const MlpSpec& spec);
+
+}  // namespace pacer::worker
+
+#endif  // PACER_WORKER_CPU_BACKEND_H_

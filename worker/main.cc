@@ -1,0 +1,101 @@
+// pacer-worker: trains the model on its data partition against the shards.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <sstream>
+
+#include "ps/cli.h"
+#include "spdlog/spdlog.h"
+#include "worker/worker.h"
+
+namespace {
+pacer::worker::Worker* g_worker = nullptr;
+void OnSignal(int) {
+  if (g_worker) g_worker->Cancel();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  pacer::worker::WorkerOptions opts;
+  std::string log_level = "info";
+  std::string layers = "784,256,128,10";
+  double request_timeout_s = 60, start_timeout_s = 120, progress_s = 1;
+  std::string progress = "auto";
+
+  CLI::App app{"pacer-worker: a Pacer training worker. It registers with the monitor, trains an "
+               "MLP on its partition of Fashion-MNIST on the CPU, and pushes gradients to and "
+               "pulls parameters from the shards.",
+               "pacer-worker"};
+  app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
+  app.add_option("--dataset", opts.dataset_dir, "Directory with the Fashion-MNIST IDX .gz files")
+      ->capture_default_str();
+  app.add_option("--train-limit", opts.train_limit,
+                 "Use only the first N training samples (0: all)")->capture_default_str();
+  app.add_option("--test-limit", opts.test_limit,
+                 "Rank 0 evaluates only the first N test samples (0: all)")->capture_default_str();
+  app.add_option("--layers", layers, "MLP layer widths, comma-separated; first 784, last 10")
+      ->capture_default_str();
+  app.add_option("--block-floats", opts.block_floats,
+                 "Cut tensors into keys of at most this many floats")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--request-timeout", request_timeout_s,
+                 "Seconds one push or pull may take, waiting on the barrier included")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--start-timeout", start_timeout_s,
+                 "Seconds to wait for registration and for the run to start")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--progress-interval", progress_s, "Seconds between progress lines")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--progress", progress,
+                 "Progress style: live (one updating line), plain (a line per interval), "
+                 "auto (live on a terminal)")
+      ->check(CLI::IsMember({"auto", "live", "plain"}))->capture_default_str();
+  app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  pacer::AddLogLevelFlag(app, &log_level);
+  if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+
+  opts.model.layers.clear();
+  std::stringstream ss(layers);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      int v = std::stoi(item);
+      if (v <= 0) throw std::invalid_argument("non-positive");
+      opts.model.layers.push_back(v);
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "pacer-worker: --layers: '%s' is not a positive integer\n", item.c_str());
+      return pacer::kExitUsage;
+    }
+  }
+  if (opts.model.layers.size() < 2 || opts.model.layers.front() != 784 ||
+      opts.model.layers.back() != 10) {
+    std::fprintf(stderr, "pacer-worker: --layers must start with 784 and end with 10\n");
+    return pacer::kExitUsage;
+  }
+  opts.request_timeout = pacer::FromSeconds(request_timeout_s);
+  opts.start_timeout = pacer::FromSeconds(start_timeout_s);
+  opts.progress_interval = pacer::FromSeconds(progress_s);
+  opts.live_progress = progress == "live" || (progress == "auto" && isatty(STDERR_FILENO));
+
+  pacer::SetupLogging("worker", log_level);
+  pacer::TuneAllocatorForLargeBuffers();
+  pacer::TransportOptions topts;
+  topts.max_message_bytes = opts.max_message_bytes * 2;
+  auto transport = pacer::MakeZmqTransport(topts);
+  pacer::worker::Worker worker(transport.get(), opts);
+  g_worker = &worker;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  auto result = worker.Run();
+  g_worker = nullptr;
+  if (!result.ok()) {
+    spdlog::error("{}", result.status().ToString());
+    return pacer::kExitFailure;
+  }
+  spdlog::info("done: rank {}, {} clocks, {} samples in {:.1f} s ({:.0f} samples/s), loss {:.4f}; {}",
+               result->rank, result->clocks, result->samples, result->seconds,
+               result->samples / std::max(1e-9, result->seconds), result->last_loss,
+               result->stop_reason);
+  return pacer::kExitOk;
+}

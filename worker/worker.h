@@ -1,0 +1,79 @@
+// A training worker: registers with the monitor, declares the model, trains
+// on its data partition with a compute backend, and pushes gradients to and
+// pulls parameters from the shards through the client library.
+#ifndef PACER_WORKER_WORKER_H_
+#define PACER_WORKER_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "prometheus/registry.h"
+#include "ps/client.h"
+#include "ps/transport.h"
+#include "worker/backend.h"
+#include "worker/mnist.h"
+
+namespace pacer::worker {
+
+struct WorkerOptions {
+  // The monitor's address (--monitor). Required.
+  std::string monitor;
+  // Directory with the Fashion-MNIST IDX .gz files (--dataset).
+  std::string dataset_dir = "/usr/share/datasets/fashion-mnist";
+  // Train on only the first N training samples (--train-limit); 0: all 60k.
+  size_t train_limit = 0;
+  // Evaluate on only the first N test samples (--test-limit); 0: all 10k.
+  size_t test_limit = 0;
+  // The model: layer widths (--layers).
+  MlpSpec model;
+  // Tensors are cut into blocks of at most this many floats, one key each,
+  // so that range partitioning can balance shards (--block-floats).
+  size_t block_floats = 32768;
+  // Deadline of one push or pull, including time waiting on the barrier.
+  Duration request_timeout = std::chrono::seconds(60);
+  // How long to keep trying to register and to wait for the run to start.
+  Duration start_timeout = std::chrono::seconds(120);
+  // Progress output: one line per interval; a live line when `live_progress`.
+  Duration progress_interval = std::chrono::seconds(1);
+  bool live_progress = false;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+// Figures of a finished run.
+struct WorkerResult {
+  uint32_t id = 0;
+  uint32_t rank = 0;
+  uint64_t clocks = 0;        // iterations completed
+  uint64_t samples = 0;       // training samples processed
+  double seconds = 0;         // training time
+  double last_loss = 0;
+  std::string stop_reason;
+};
+
+class Worker {
+ public:
+  // `transport` must outlive the worker.
+  Worker(Transport* transport, const WorkerOptions& options);
+  ~Worker();
+  // Runs until the job stops or this worker finishes its epochs. Returns an
+  // error when the monitor cannot be reached, declares it dead, or the data
+  // set cannot be read.
+  absl::StatusOr<WorkerResult> Run();
+  // Asks Run() to return soon; thread-safe.
+  void Cancel() { cancel_ = true; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> cancel_{false};
+};
+
+// The keys of a model: its flat parameter vector cut into blocks.
+std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats);
+
+}  // namespace pacer::worker
+
+#endif  // PACER_WORKER_WORKER_H_
