@@ -1,0 +1,1 @@
+# Unit tests of ps/ and monitor/ (in-process, fake clock). Uses pacer_test() from CMakeLists.txt.
