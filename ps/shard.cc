@@ -282,6 +282,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       }
     }
     m_updates_->Increment();
+    ++updates_applied_;
     applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
     m_clock_->Set(static_cast<double>(applied_clock_));
   } else {
@@ -306,6 +307,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       }
       oc.batch_sum += m->batch();
       m_updates_->Increment();
+    ++updates_applied_;
     }
   }
   flatbuffers::FlatBufferBuilder fbb(64);

@@ -72,6 +72,8 @@ class ShardCore {
   int64_t applied_clock() const { return applied_clock_; }
   uint64_t steps() const { return steps_; }
   uint64_t incomplete_steps() const { return incomplete_steps_; }
+  // Worker pushes folded into the parameters (each (worker, clock) once).
+  uint64_t updates_applied() const { return updates_applied_; }
   bool initialized() const { return initialized_; }
   bool stop_requested() const { return stop_requested_; }
   uint64_t membership_version() const { return membership_version_; }
@@ -152,6 +154,7 @@ class ShardCore {
 
   uint64_t steps_ = 0;
   uint64_t incomplete_steps_ = 0;
+  uint64_t updates_applied_ = 0;
 
   // Metrics.
   prometheus::Counter* m_push_ = nullptr;

@@ -135,8 +135,10 @@ void ShardServer::Run() {
       stopping = true;
     }
   }
-  spdlog::info("shard {}: {} steps, applied through clock {}", id_, core_->steps(),
-               core_->applied_clock());
+  spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "
+               "updates applied {}",
+               id_, core_->steps(), core_->applied_clock(), core_->incomplete_steps(),
+               core_->updates_applied());
   done_ = true;
 }
 

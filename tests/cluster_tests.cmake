@@ -1,1 +1,14 @@
 # Tests that run real processes on 127.0.0.1, and the in-process cluster.
+add_library(pacer_test_util STATIC process_util.cc)
+target_include_directories(pacer_test_util PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(pacer_test_util PUBLIC GTest::gtest)
+target_compile_definitions(pacer_test_util PUBLIC
+  PACER_SERVER_BIN="$<TARGET_FILE:pacer-server>"
+  PACER_MONITOR_BIN="$<TARGET_FILE:pacer-monitor>"
+  PACER_WORKER_BIN="$<TARGET_FILE:pacer-worker>")
+
+foreach(t cluster_test bad_input_test help_test)
+  pacer_test(${t} cluster pacer_test_util pacer_ps)
+  add_dependencies(${t} pacer-server pacer-monitor pacer-worker)
+endforeach()
+set_tests_properties(help_test PROPERTIES LABELS unit)

@@ -1,0 +1,91 @@
+// Starts a local Pacer cluster of real processes on 127.0.0.1 for tests.
+#ifndef PACER_TESTS_CLUSTER_HARNESS_H_
+#define PACER_TESTS_CLUSTER_HARNESS_H_
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/process_util.h"
+
+namespace pacer::test {
+
+struct ClusterSpec {
+  int shards = 2;
+  int workers = 3;
+  std::vector<std::string> monitor_flags;
+  std::vector<std::string> shard_flags;
+  std::vector<std::string> worker_flags;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(const ClusterSpec& spec) : spec_(spec) {}
+
+  // Starts the monitor and shards and waits for their addresses; then the
+  // workers. Returns false (with a gtest failure) when something is missing.
+  bool Start() {
+    std::vector<std::string> m = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0",
+                                  "--metrics-addr", "127.0.0.1:0", "--min-shards",
+                                  std::to_string(spec_.shards), "--min-workers",
+                                  std::to_string(spec_.workers)};
+    m.insert(m.end(), spec_.monitor_flags.begin(), spec_.monitor_flags.end());
+    monitor = Process::Start(m, dir.path(), "monitor");
+    auto addr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
+    auto metrics = monitor->WaitForLine("metrics ", std::chrono::seconds(10));
+    if (!addr || !metrics) {
+      ADD_FAILURE() << "monitor did not start: " << monitor->Stderr();
+      return false;
+    }
+    monitor_address = *addr;
+    monitor_metrics = *metrics;
+    for (int i = 0; i < spec_.shards; ++i) {
+      std::vector<std::string> s = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0",
+                                    "--monitor", monitor_address, "--metrics-addr",
+                                    "127.0.0.1:0"};
+      s.insert(s.end(), spec_.shard_flags.begin(), spec_.shard_flags.end());
+      shards.push_back(Process::Start(s, dir.path(), "shard" + std::to_string(i)));
+      auto sm = shards.back()->WaitForLine("metrics ", std::chrono::seconds(10));
+      auto sa = shards.back()->WaitForLine("listening ", std::chrono::seconds(10));
+      if (!sm || !sa) {
+        ADD_FAILURE() << "shard " << i << " did not start: " << shards.back()->Stderr();
+        return false;
+      }
+      shard_metrics.push_back(*sm);
+      shard_addresses.push_back(*sa);
+    }
+    for (int i = 0; i < spec_.workers; ++i) StartWorker();
+    return true;
+  }
+
+  void StartWorker() {
+    std::vector<std::string> w = {PACER_WORKER_BIN, "--monitor", monitor_address, "--progress",
+                                  "plain"};
+    w.insert(w.end(), spec_.worker_flags.begin(), spec_.worker_flags.end());
+    workers.push_back(Process::Start(w, dir.path(), "worker" + std::to_string(workers.size())));
+  }
+
+  // Everything each process wrote, for failure messages.
+  std::string Logs() const {
+    std::string s = "--- monitor\n" + monitor->Stdout() + monitor->Stderr();
+    for (const auto& p : shards) s += "--- " + p->name() + "\n" + p->Stderr();
+    for (const auto& p : workers) s += "--- " + p->name() + "\n" + p->Stderr();
+    return s;
+  }
+
+  TempDir dir;
+  std::unique_ptr<Process> monitor;
+  std::vector<std::unique_ptr<Process>> shards;
+  std::vector<std::unique_ptr<Process>> workers;
+  std::string monitor_address, monitor_metrics;
+  std::vector<std::string> shard_addresses, shard_metrics;
+
+ private:
+  ClusterSpec spec_;
+};
+
+}  // namespace pacer::test
+
+#endif  // PACER_TESTS_CLUSTER_HARNESS_H_
