@@ -12,3 +12,5 @@ foreach(t cluster_test bad_input_test help_test)
   add_dependencies(${t} pacer-server pacer-monitor pacer-worker)
 endforeach()
 set_tests_properties(help_test PROPERTIES LABELS unit)
+
+pacer_test(inproc_cluster_test cluster pacer_monitor pacer_worker)

@@ -1,0 +1,506 @@
+// Tests of ShardCore (ps/shard.h) driven message by message, as the monitor
+// and the workers would, with a fake clock: the optimizer math, the BSP
+// barrier, membership changes, deadlines and ASP.
+#include "ps/shard.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "ps/optimizer.h"
+#include "ps/wire.h"
+
+namespace pacer {
+namespace {
+
+constexpr uint64_t kJob = 9;
+constexpr uint32_t kShardId = 50;
+constexpr uint32_t kMonitor = 0;
+constexpr uint32_t kWorkerA = 11;  // batch 1
+constexpr uint32_t kWorkerB = 12;  // batch 3
+constexpr float kLr = 0.5f;
+constexpr float kMomentum = 0.9f;
+
+// The shard owns key 1 (2 values) and key 2 (1 value).
+const std::vector<wire::KeyLen> kKeys = {{1, 2}, {2, 1}};
+const std::vector<float> kW0 = {1.0f, -2.0f, 0.5f};
+
+Frame PeerFrame(uint64_t id) { return Frame::Copy(&id, sizeof(id)); }
+
+uint64_t PeerId(const Frame& f) {
+  uint64_t id = 0;
+  EXPECT_EQ(f.size(), sizeof(id));
+  if (f.size() == sizeof(id)) std::memcpy(&id, f.data(), sizeof(id));
+  return id;
+}
+
+Frame Floats(const std::vector<float>& v) { return Frame::Copy(v.data(), v.size() * sizeof(float)); }
+
+struct WorkerSpec {
+  uint32_t id;
+  uint32_t rank;
+  uint32_t batch;
+};
+
+class ShardTest : public ::testing::Test {
+ protected:
+  ShardTest() : clock_(TimePoint{} + std::chrono::hours(1)) {}
+
+  void Start(wire::Mode mode, const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1},
+                                                                          {kWorkerB, 1, 3}}) {
+    ShardOptions opts;
+    opts.pull_timeout = std::chrono::seconds(5);
+    shard_ = std::make_unique<ShardCore>(opts, &clock_);
+    ShardJob job;
+    job.job_id = kJob;
+    job.mode = mode;
+    job.sgd.learning_rate = kLr;
+    job.sgd.momentum = kMomentum;
+    shard_->Configure(job, kShardId);
+
+    ExpectAck(Declare(kKeys));
+    ExpectAck(Membership(1, workers));
+    ExpectAck(Init(kWorkerA, kW0));
+    ASSERT_TRUE(shard_->initialized());
+  }
+
+  // Sends one message (from peer `sender`, routing id = sender) and returns
+  // what the shard put in `out`.
+  template <class T>
+  std::vector<ShardCore::Outgoing> Send(uint32_t sender, flatbuffers::FlatBufferBuilder& fbb,
+                                        flatbuffers::Offset<T> body, Frame payload = {}) {
+    Envelope env;
+    env.job_id = kJob;
+    env.sender = sender;
+    env.request_id = ++next_request_;
+    Frames frames = EncodeBody(env, fbb, body, std::move(payload));
+    frames.insert(frames.begin(), PeerFrame(sender));
+    std::vector<ShardCore::Outgoing> out;
+    shard_->Handle(std::move(frames), &out);
+    return out;
+  }
+
+  std::vector<ShardCore::Outgoing> Declare(const std::vector<wire::KeyLen>& keys) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(kMonitor, fbb, wire::CreateDeclareModelDirect(fbb, &keys, 1));
+  }
+  std::vector<ShardCore::Outgoing> Membership(uint64_t version,
+                                              const std::vector<WorkerSpec>& workers) {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
+    for (const auto& w : workers) infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
+    return Send(kMonitor, fbb, wire::CreateMembershipDirect(fbb, version, &infos));
+  }
+  std::vector<ShardCore::Outgoing> Init(uint32_t sender, const std::vector<float>& values) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, fbb, wire::CreateInitDirect(fbb, &kKeys), Floats(values));
+  }
+  std::vector<ShardCore::Outgoing> Push(uint32_t sender, uint64_t clock, uint32_t batch,
+                                        const std::vector<float>& grads,
+                                        const std::vector<wire::KeyLen>& keys = kKeys) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, fbb, wire::CreatePushDirect(fbb, clock, batch, &keys), Floats(grads));
+  }
+  std::vector<ShardCore::Outgoing> Pull(uint32_t sender, uint64_t clock,
+                                        const std::vector<wire::KeyLen>& keys = kKeys,
+                                        bool latest = false) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, fbb, wire::CreatePullDirect(fbb, clock, &keys, latest));
+  }
+
+  static Decoded MustDecode(const ShardCore::Outgoing& o) {
+    DecodeOptions opts;
+    opts.job_id = kJob;
+    Decoded d;
+    DecodeError err;
+    EXPECT_TRUE(Decode(o.frames, opts, &d, &err)) << err.reason;
+    return d;
+  }
+
+  static void ExpectAck(const std::vector<ShardCore::Outgoing>& out) {
+    ASSERT_EQ(out.size(), 1u);
+    Decoded d = MustDecode(out[0]);
+    if (d.type() == wire::Body::Error) {
+      ADD_FAILURE() << "error reply: " << d.As<wire::Error>()->reason()->str();
+      return;
+    }
+    EXPECT_EQ(d.type(), wire::Body::Ack);
+  }
+
+  // The error code of the single reply in `out`, or nullopt when it is not an Error.
+  static std::optional<wire::ErrorCode> ErrorOf(const std::vector<ShardCore::Outgoing>& out) {
+    EXPECT_EQ(out.size(), 1u);
+    if (out.size() != 1) return std::nullopt;
+    Decoded d = MustDecode(out[0]);
+    if (d.type() != wire::Body::Error) return std::nullopt;
+    return d.As<wire::Error>()->code();
+  }
+
+  static void ExpectPushReply(const ShardCore::Outgoing& o, uint64_t clock) {
+    Decoded d = MustDecode(o);
+    ASSERT_EQ(d.type(), wire::Body::PushReply)
+        << (d.type() == wire::Body::Error ? d.As<wire::Error>()->reason()->str() : "");
+    EXPECT_EQ(d.As<wire::PushReply>()->clock(), clock);
+  }
+
+  // The values carried by a PullReply, in key order.
+  static std::vector<float> PullValues(const ShardCore::Outgoing& o) {
+    Decoded d = MustDecode(o);
+    EXPECT_EQ(d.type(), wire::Body::PullReply)
+        << (d.type() == wire::Body::Error ? d.As<wire::Error>()->reason()->str() : "");
+    if (d.type() != wire::Body::PullReply) return {};
+    return {d.floats().begin(), d.floats().end()};
+  }
+
+  // The shard's parameters, flat in key order.
+  std::vector<float> Params() const {
+    std::vector<float> w;
+    for (const auto& k : kKeys) {
+      std::span<const float> p = shard_->Param(k.key());
+      w.insert(w.end(), p.begin(), p.end());
+    }
+    return w;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<ShardCore> shard_;
+  uint64_t next_request_ = 0;
+};
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << "index " << i;
+}
+
+// ---------------------------------------------------------------------------
+// The optimizer.
+
+TEST(OptimizerTest, SgdMomentumTwoStepsMatchHandComputation) {
+  std::vector<float> w = {1.0f, 2.0f};
+  std::vector<float> v = {0.0f, 0.0f};
+  SgdOptions o;
+  o.learning_rate = 0.1f;
+  o.momentum = 0.9f;
+  const std::vector<float> g1 = {0.5f, -1.0f};
+  SgdMomentumStep(w, v, g1, o);
+  // v1 = g1; w1 = w0 - 0.1 * v1.
+  ExpectNear(v, {0.5f, -1.0f});
+  ExpectNear(w, {0.95f, 2.1f});
+  const std::vector<float> g2 = {1.0f, 2.0f};
+  SgdMomentumStep(w, v, g2, o);
+  // v2 = 0.9 * v1 + g2 = {1.45, 1.1}; w2 = w1 - 0.1 * v2.
+  ExpectNear(v, {1.45f, 1.1f});
+  ExpectNear(w, {0.805f, 1.99f});
+}
+
+TEST(OptimizerTest, ScaleMultipliesTheGradient) {
+  std::vector<float> w = {0.0f};
+  std::vector<float> v = {1.0f};
+  SgdOptions o;
+  o.learning_rate = 1.0f;
+  o.momentum = 0.5f;
+  SgdMomentumStep(w, v, std::vector<float>{4.0f}, o, /*scale=*/0.25f);
+  ExpectNear(v, {1.5f});  // 0.5 * 1 + 0.25 * 4
+  ExpectNear(w, {-1.5f});
+}
+
+TEST(OptimizerTest, AccumulateAddsScaledGradient) {
+  std::vector<float> acc = {1.0f, 1.0f};
+  Accumulate(acc, std::vector<float>{2.0f, -3.0f}, 3.0f);
+  ExpectNear(acc, {7.0f, -8.0f});
+}
+
+// ---------------------------------------------------------------------------
+// BSP.
+
+TEST_F(ShardTest, SetupAsTheMonitorDrivesIt) {
+  Start(wire::Mode::Bsp);
+  EXPECT_EQ(shard_->membership_version(), 1u);
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  EXPECT_EQ(shard_->steps(), 0u);
+  EXPECT_EQ(shard_->incomplete_steps(), 0u);
+  ExpectNear(Params(), kW0);
+}
+
+TEST_F(ShardTest, BspStepIsBatchWeightedMeanOfPushes) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  auto out = Push(kWorkerA, 0, 1, ga);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectPushReply(out[0], 0);
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  ExpectNear(Params(), kW0);  // nothing applied until the barrier closes
+
+  out = Push(kWorkerB, 0, 3, gb);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectPushReply(out[0], 0);
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  EXPECT_EQ(shard_->steps(), 1u);
+  EXPECT_EQ(shard_->incomplete_steps(), 0u);
+
+  // First step, v = 0: v1 = G0 = (1*ga + 3*gb) / 4; w1 = w0 - lr * v1.
+  std::vector<float> v1(3), w1(3);
+  for (size_t i = 0; i < 3; ++i) {
+    v1[i] = (1 * ga[i] + 3 * gb[i]) / 4;
+    w1[i] = kW0[i] - kLr * v1[i];
+  }
+  ExpectNear(Params(), w1);  // {-0.25, -1.5, -0.5}
+
+  // Second clock: v2 = momentum * v1 + G1; w2 = w1 - lr * v2.
+  const std::vector<float> ga1 = {0.0f, 4.0f, 8.0f};
+  const std::vector<float> gb1 = {4.0f, 0.0f, -8.0f};
+  out = Push(kWorkerB, 1, 3, gb1);
+  ExpectPushReply(out.at(0), 1);
+  out = Push(kWorkerA, 1, 1, ga1);
+  ExpectPushReply(out.at(0), 1);
+  EXPECT_EQ(shard_->applied_clock(), 1);
+  EXPECT_EQ(shard_->steps(), 2u);
+  std::vector<float> w2(3);
+  for (size_t i = 0; i < 3; ++i) {
+    float v2 = kMomentum * v1[i] + (1 * ga1[i] + 3 * gb1[i]) / 4;
+    w2[i] = w1[i] - kLr * v2;
+  }
+  ExpectNear(Params(), w2);
+}
+
+TEST_F(ShardTest, PullParksUntilEveryLiveWorkerPushed) {
+  Start(wire::Mode::Bsp);
+  // Clock 0 needs no step: the initial values are answered at once.
+  auto out = Pull(kWorkerA, 0);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectNear(PullValues(out[0]), kW0);
+
+  out = Pull(kWorkerA, 1);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+
+  out = Push(kWorkerA, 0, 1, {1.0f, 1.0f, 1.0f});
+  ASSERT_EQ(out.size(), 1u);  // the push reply, the pull still waits for B
+  ExpectPushReply(out[0], 0);
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+
+  out = Push(kWorkerB, 0, 3, {1.0f, 1.0f, 1.0f});
+  ASSERT_EQ(out.size(), 2u);
+  ExpectPushReply(out[0], 0);
+  EXPECT_EQ(PeerId(out[0].peer), kWorkerB);
+  EXPECT_EQ(PeerId(out[1].peer), kWorkerA);
+  Decoded reply = MustDecode(out[1]);
+  ASSERT_EQ(reply.type(), wire::Body::PullReply);
+  EXPECT_EQ(reply.As<wire::PullReply>()->clock(), 1u);
+  EXPECT_EQ(reply.As<wire::PullReply>()->applied_clock(), 0);
+  const std::vector<float> w1 = {kW0[0] - kLr, kW0[1] - kLr, kW0[2] - kLr};
+  ExpectNear(PullValues(out[1]), w1);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+}
+
+TEST_F(ShardTest, PullOfSomeKeysAnswersThoseKeysOnly) {
+  Start(wire::Mode::Bsp);
+  auto out = Pull(kWorkerA, 0, {{2, 1}});
+  ASSERT_EQ(out.size(), 1u);
+  ExpectNear(PullValues(out[0]), {kW0[2]});
+}
+
+TEST_F(ShardTest, DuplicatePushIsAppliedOnce) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
+  // A retry of the same (worker, clock), even with other values, is
+  // acknowledged and not folded in again.
+  ExpectPushReply(Push(kWorkerA, 0, 1, {100.0f, 100.0f, 100.0f}).at(0), 0);
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
+  std::vector<float> w1(3);
+  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * (1 * ga[i] + 3 * gb[i]) / 4;
+  ExpectNear(Params(), w1);
+  EXPECT_EQ(shard_->steps(), 1u);
+}
+
+TEST_F(ShardTest, PushForClosedClockIsStale) {
+  Start(wire::Mode::Bsp);
+  Push(kWorkerA, 0, 1, {1, 1, 1});
+  Push(kWorkerB, 0, 3, {1, 1, 1});
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  const std::vector<float> w1 = Params();
+  EXPECT_EQ(ErrorOf(Push(kWorkerA, 0, 1, {5, 5, 5})), wire::ErrorCode::Stale);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::Stale), 1);
+  ExpectNear(Params(), w1);
+  // The next clock is still open.
+  ExpectPushReply(Push(kWorkerA, 1, 1, {1, 1, 1}).at(0), 1);
+}
+
+TEST_F(ShardTest, PushFromNonMemberIsNotMember) {
+  Start(wire::Mode::Bsp);
+  EXPECT_EQ(ErrorOf(Push(/*sender=*/99, 0, 1, {1, 1, 1})), wire::ErrorCode::NotMember);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::NotMember), 1);
+  // The stranger's push does not count towards the barrier.
+  Push(kWorkerA, 0, 1, {1, 1, 1});
+  EXPECT_EQ(shard_->applied_clock(), -1);
+}
+
+TEST_F(ShardTest, KeyNotOwnedIsNotOwner) {
+  Start(wire::Mode::Bsp);
+  EXPECT_EQ(ErrorOf(Push(kWorkerA, 0, 1, {1, 1, 1, 1}, {{1, 2}, {2, 1}, {77, 1}})),
+            wire::ErrorCode::NotOwner);
+  EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{77, 1}})), wire::ErrorCode::NotOwner);
+  // A known key with the wrong length is refused too.
+  EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{1, 3}})), wire::ErrorCode::NotOwner);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::NotOwner), 3);
+}
+
+TEST_F(ShardTest, MembershipChangeReleasesParkedPull) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  Push(kWorkerA, 0, 1, ga);
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  ASSERT_EQ(shard_->parked_pulls(), 1u);
+
+  // B is declared dead: the step uses the pushes received, A's alone.
+  auto out = Membership(2, {{kWorkerA, 0, 1}});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(MustDecode(out[0]).type(), wire::Body::Ack);
+  EXPECT_EQ(shard_->membership_version(), 2u);
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+  std::vector<float> w1(3);
+  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * ga[i];
+  ExpectNear(PullValues(out[1]), w1);
+  ExpectNear(Params(), w1);
+
+  // B is no longer a member.
+  EXPECT_EQ(ErrorOf(Push(kWorkerB, 1, 3, {1, 1, 1})), wire::ErrorCode::NotMember);
+}
+
+TEST_F(ShardTest, StepWithPushFromDepartedWorkerCountsAsIncomplete) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  Push(kWorkerB, 0, 3, gb);
+  ExpectAck(Membership(2, {{kWorkerA, 0, 1}}));  // B leaves after its push
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  Push(kWorkerA, 0, 1, ga);
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  EXPECT_EQ(shard_->steps(), 1u);
+  EXPECT_EQ(shard_->incomplete_steps(), 1u);
+  std::vector<float> w1(3);
+  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * (1 * ga[i] + 3 * gb[i]) / 4;
+  ExpectNear(Params(), w1);
+}
+
+TEST_F(ShardTest, OlderMembershipIsIgnored) {
+  Start(wire::Mode::Bsp);
+  ExpectAck(Membership(3, {{kWorkerA, 0, 1}}));
+  ExpectAck(Membership(2, {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}));
+  EXPECT_EQ(shard_->membership_version(), 3u);
+  EXPECT_EQ(ErrorOf(Push(kWorkerB, 0, 3, {1, 1, 1})), wire::ErrorCode::NotMember);
+}
+
+TEST_F(ShardTest, ParkedPullGetsDeadlineExceededOnlyAfterDeadline) {
+  Start(wire::Mode::Bsp);  // pull_timeout 5 s
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  EXPECT_EQ(shard_->NextDeadline(), clock_.Now() + std::chrono::seconds(5));
+
+  std::vector<ShardCore::Outgoing> out;
+  clock_.Advance(std::chrono::milliseconds(4999));
+  shard_->Tick(&out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+
+  clock_.Advance(std::chrono::milliseconds(1));
+  shard_->Tick(&out);
+  EXPECT_EQ(ErrorOf(out), wire::ErrorCode::DeadlineExceeded);
+  EXPECT_EQ(PeerId(out.at(0).peer), kWorkerA);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+  EXPECT_EQ(shard_->NextDeadline(), TimePoint::max());
+}
+
+TEST_F(ShardTest, LatestPullAnswersAtOnce) {
+  Start(wire::Mode::Bsp);
+  auto out = Pull(kWorkerA, 7, kKeys, /*latest=*/true);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectNear(PullValues(out[0]), kW0);
+}
+
+TEST_F(ShardTest, SecondDeclarationOfOtherModelIsMismatch) {
+  Start(wire::Mode::Bsp);
+  ExpectAck(Declare(kKeys));  // the same model again is fine
+  EXPECT_EQ(ErrorOf(Declare({{1, 2}, {2, 2}})), wire::ErrorCode::Mismatch);
+}
+
+TEST_F(ShardTest, OnlyTheMonitorDeclaresAndSetsMembership) {
+  Start(wire::Mode::Bsp);
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
+  EXPECT_EQ(ErrorOf(Send(kWorkerA, fbb, wire::CreateMembershipDirect(fbb, 5, &infos))),
+            wire::ErrorCode::Refused);
+  EXPECT_EQ(shard_->membership_version(), 1u);
+}
+
+TEST(ShardNotReadyTest, MessagesBeforeConfigureAreNotReady) {
+  FakeClock clock;
+  ShardCore shard(ShardOptions{}, &clock);
+  flatbuffers::FlatBufferBuilder fbb;
+  Envelope env;
+  env.job_id = kJob;
+  env.request_id = 1;
+  std::vector<wire::KeyLen> keys = kKeys;
+  Frames frames = EncodeBody(env, fbb, wire::CreateDeclareModelDirect(fbb, &keys, 1));
+  frames.insert(frames.begin(), PeerFrame(1));
+  std::vector<ShardCore::Outgoing> out;
+  shard.Handle(std::move(frames), &out);
+  ASSERT_EQ(out.size(), 1u);
+  DecodeOptions opts;
+  opts.job_id = kJob;
+  Decoded d;
+  DecodeError err;
+  ASSERT_TRUE(Decode(out[0].frames, opts, &d, &err)) << err.reason;
+  ASSERT_EQ(d.type(), wire::Body::Error);
+  EXPECT_EQ(d.As<wire::Error>()->code(), wire::ErrorCode::NotReady);
+}
+
+TEST_F(ShardTest, UnreadableMessageIsDroppedAndCounted) {
+  Start(wire::Mode::Bsp);
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Handle({PeerFrame(kWorkerA), Frame::Copy("junk"), Frame::Copy("junk")}, &out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::BadEnvelope), 1);
+}
+
+// ---------------------------------------------------------------------------
+// ASP.
+
+TEST_F(ShardTest, AspAppliesEachPushAtOnce) {
+  Start(wire::Mode::Asp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
+  // v1 = ga; w1 = w0 - lr * ga (the batch does not weigh a lone push).
+  std::vector<float> v1(3), w1(3);
+  for (size_t i = 0; i < 3; ++i) {
+    v1[i] = ga[i];
+    w1[i] = kW0[i] - kLr * v1[i];
+  }
+  ExpectNear(Params(), w1);
+  EXPECT_EQ(shard_->applied_clock(), 0);
+
+  ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
+  std::vector<float> w2(3);
+  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (kMomentum * v1[i] + gb[i]);
+  ExpectNear(Params(), w2);
+
+  // A pull for any clock is answered at once with the current values.
+  auto out = Pull(kWorkerA, 5);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectNear(PullValues(out[0]), w2);
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+}
+
+}  // namespace
+}  // namespace pacer
