@@ -1,6 +1,6 @@
 #include "ps/wire.h"
 
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <cstring>
 
@@ -21,10 +21,9 @@ T Get(const uint8_t*& p) {
 }
 
 uint32_t Crc(const Frame& header, const Frame& payload) {
-  uLong c = crc32_z(0L, Z_NULL, 0);
-  c = crc32_z(c, header.data(), header.size());
-  if (!payload.empty()) c = crc32_z(c, payload.data(), payload.size());
-  return static_cast<uint32_t>(c);
+  uint32_t c = Crc32(0, header.data(), header.size());
+  if (!payload.empty()) c = Crc32(c, payload.data(), payload.size());
+  return c;
 }
 
 bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
@@ -36,6 +35,10 @@ bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
 }
 
 }  // namespace
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
+}
 
 const char* ErrorCodeName(wire::ErrorCode code) {
   switch (code) {

@@ -24,6 +24,7 @@ inline constexpr size_t kDefaultMaxMessageBytes = (size_t{16} << 20) * sizeof(fl
 // Frame 0 of every message. Little-endian, packed as:
 //   magic u32 | version u16 | type u16 | job_id u64 | sender u32 | crc u32 |
 //   request_id u64 | payload_bytes u64
+// `crc` is the CRC-32 of frame 1 followed by frame 2 (see Crc32).
 struct Envelope {
   uint16_t version = kProtocolVersion;
   wire::Body type = wire::Body::NONE;
@@ -33,6 +34,13 @@ struct Envelope {
   uint64_t request_id = 0;
   uint64_t payload_bytes = 0;
 };
+
+// zlib's CRC-32 (the same polynomial and values as zlib's crc32(), which a
+// unit test checks), computed with ISA-L's carry-less-multiply kernel: zlib
+// 1.2.13 runs at about 2.9 GB/s here, ISA-L at about 9.5 GB/s, and at 4 CRC
+// passes per push+pull zlib's would cost more than the transport itself.
+// Chain calls by passing the previous result as `crc` (0 to start).
+uint32_t Crc32(uint32_t crc, const void* data, size_t size);
 
 // Why a received message was refused. The names are the `reason` label of the
 // rejected-message counters.
