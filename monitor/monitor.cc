@@ -47,8 +47,8 @@ bool MonitorCore::finished() const {
 }
 
 std::optional<double> MonitorCore::seconds_running() const {
-  if (started_at_ == TimePoint{}) return std::nullopt;
-  return ToSeconds(clock_->Now() - started_at_);
+  if (!started_at_) return std::nullopt;
+  return ToSeconds(clock_->Now() - *started_at_);
 }
 
 std::vector<uint32_t> MonitorCore::LiveWorkers() const {
@@ -319,6 +319,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
       infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
     }
     env.request_id = s.membership_request = ++next_shard_request_;
+    s.membership_request_version = membership_version_;
     out->push_back({Frame(), static_cast<int>(i),
                     EncodeBody(env, fbb,
                                wire::CreateMembershipDirect(fbb, membership_version_, &infos))});
@@ -335,9 +336,9 @@ void MonitorCore::HandleShardReply(size_t index, const Decoded& reply) {
   }
   if (reply.env.request_id == s.model_request) s.acked_model = true;
   if (reply.env.request_id == s.membership_request) {
-    // The reply confirms the version that request carried: the current one
-    // unless membership changed since; then the next send corrects it.
-    s.acked_membership = std::max(s.acked_membership, membership_version_);
+    // The reply confirms the version that request carried; if membership
+    // changed since, SendToShards still sees the shard behind and sends again.
+    s.acked_membership = std::max(s.acked_membership, s.membership_request_version);
   }
 }
 
@@ -404,7 +405,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   SendToShards(false, out);
 
   if (state_ == wire::JobState::Running) {
-    if (options_.time_cap_seconds > 0 && ToSeconds(now - started_at_) >= options_.time_cap_seconds) {
+    if (options_.time_cap_seconds > 0 && ToSeconds(now - *started_at_) >= options_.time_cap_seconds) {
       StopJob("time cap of " + std::to_string(options_.time_cap_seconds) + " s reached", out);
     } else {
       bool any_done = false;

@@ -120,6 +120,7 @@ class MonitorCore {
     uint64_t acked_membership = 0;
     bool acked_model = false;
     uint64_t membership_request = 0;
+    uint64_t membership_request_version = 0;  // the version that request carried
     uint64_t model_request = 0;
     TimePoint last_sent{};
   };
@@ -147,7 +148,7 @@ class MonitorCore {
 
   wire::JobState state_ = wire::JobState::Waiting;
   std::string stop_reason_;
-  TimePoint started_at_{};
+  std::optional<TimePoint> started_at_;
   TimePoint stopped_at_{};
   TimePoint created_at_{};
 

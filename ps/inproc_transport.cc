@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -58,13 +59,15 @@ class InProcTransport final : public Transport {
   absl::StatusOr<std::vector<size_t>> Poll(std::span<Socket* const> sockets,
                                            TimePoint deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
+    bool expired = false;
     for (;;) {
       std::vector<size_t> ready;
       for (size_t i = 0; i < sockets.size(); ++i) {
         if (!static_cast<InProcSocket*>(sockets[i])->inbox_.empty()) ready.push_back(i);
       }
-      if (!ready.empty()) return ready;
-      if (clock_->WaitUntil(cv_, lock, deadline)) return ready;
+      if (!ready.empty() || expired) return ready;
+      // One more look after the deadline: a message that came with it counts.
+      expired = clock_->WaitUntil(cv_, lock, deadline);
     }
   }
 

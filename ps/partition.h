@@ -23,7 +23,8 @@ struct KeyRange {
 // whole keys allow. The ranges cover the whole key space in order: the first
 // starts at 0, the last ends at UINT64_MAX, and each begins where the
 // previous ends. A shard may get an empty range when keys are fewer than
-// shards. num_shards must be >= 1.
+// shards. num_shards must be >= 1. Key UINT64_MAX is reserved: no range
+// can hold it (ranges are half-open), so models must not use it.
 std::vector<KeyRange> PartitionByBytes(std::span<const wire::KeyLen> keys, size_t num_shards);
 
 }  // namespace pacer

@@ -42,7 +42,8 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                   .Add({});
   m_incomplete_ = &prometheus::BuildCounter()
                        .Name("pacer_shard_incomplete_steps_total")
-                       .Help("BSP steps closed without a push from every live worker (should stay 0)")
+                       .Help("BSP steps whose pushes differ from the live set at close: they include "
+                             "pushes from workers that have since left")
                        .Register(*registry_)
                        .Add({});
   m_updates_ = &prometheus::BuildCounter()
@@ -76,13 +77,13 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
 void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
   job_ = job;
   configured_ = true;
-  const_cast<ShardOptions&>(options_).shard_id = shard_id;
+  shard_id_ = shard_id;
 }
 
 Envelope ShardCore::ReplyEnvelope(const Envelope& to) const {
   Envelope env;
   env.job_id = job_.job_id;
-  env.sender = options_.shard_id;
+  env.sender = shard_id_;
   env.request_id = to.request_id;
   return env;
 }
@@ -90,20 +91,20 @@ Envelope ShardCore::ReplyEnvelope(const Envelope& to) const {
 void ShardCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                            const std::string& reason, std::vector<Outgoing>* out) {
   if (code != wire::ErrorCode::DeadlineExceeded) rejects_.Inc(code);
-  SPDLOG_DEBUG("shard {}: refusing request {}: {}", options_.shard_id, to.request_id, reason);
+  SPDLOG_DEBUG("shard {}: refusing request {}: {}", shard_id_, to.request_id, reason);
   Envelope from = to;
   from.job_id = to.job_id;
-  out->push_back({peer, EncodeError(from, options_.shard_id, code, reason)});
+  out->push_back({peer, EncodeError(from, shard_id_, code, reason)});
 }
 
 void ShardCore::Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out) {
   rejects_.Inc(err.code);
   if (!err.env) {
     // Nothing identifies the request: there is nobody to answer meaningfully.
-    SPDLOG_DEBUG("shard {}: dropped unreadable message: {}", options_.shard_id, err.reason);
+    SPDLOG_DEBUG("shard {}: dropped unreadable message: {}", shard_id_, err.reason);
     return;
   }
-  out->push_back({peer, EncodeError(*err.env, options_.shard_id, err.code, err.reason)});
+  out->push_back({peer, EncodeError(*err.env, shard_id_, err.code, err.reason)});
 }
 
 void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
@@ -146,7 +147,7 @@ bool ShardCore::CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys,
     auto it = slots_.find(k->key());
     if (it == slots_.end()) {
       *why = "key " + std::to_string(k->key()) + " is not owned by shard " +
-             std::to_string(options_.shard_id);
+             std::to_string(shard_id_);
       return false;
     }
     if (it->second.length != k->length()) {
@@ -187,7 +188,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     params_.assign(total, 0.0f);
     velocity_.assign(total, 0.0f);
     m_keys_->Set(static_cast<double>(slots_.size()));
-    spdlog::info("shard {}: holds {} keys, {} values", options_.shard_id, slots_.size(), total);
+    spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
@@ -206,7 +207,7 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
       for (const wire::WorkerInfo* w : *m->workers()) live_[w->id()] = w->batch();
     }
     m_live_->Set(static_cast<double>(live_.size()));
-    SPDLOG_DEBUG("shard {}: membership v{} with {} workers", options_.shard_id,
+    SPDLOG_DEBUG("shard {}: membership v{} with {} workers", shard_id_,
                  membership_version_, live_.size());
   }
   flatbuffers::FlatBufferBuilder fbb(64);
@@ -234,7 +235,7 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
       src += s.length;
     }
     initialized_ = true;
-    spdlog::info("shard {}: parameters initialised by sender {}", options_.shard_id, d.env.sender);
+    spdlog::info("shard {}: parameters initialised by sender {}", shard_id_, d.env.sender);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
@@ -254,10 +255,10 @@ std::vector<float> ShardCore::TakeBuffer() {
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   std::string why;
-  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
   if (slots_.empty() || !initialized_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
   }
+  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
   auto member = live_.find(d.env.sender);
   if (member == live_.end()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
@@ -324,10 +325,10 @@ bool ShardCore::PullReady(uint64_t clock) const {
 void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Pull>();
   std::string why;
-  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
   if (slots_.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
+  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
   m_pull_->Increment();
   std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
   if ((m->latest() && initialized_) || PullReady(m->clock())) {

@@ -23,8 +23,6 @@
 namespace pacer {
 
 struct ShardOptions {
-  // This shard's sender id (assigned by the monitor; 0 until registered).
-  uint32_t shard_id = 0;
   // Largest accepted message, all frames (--max-message-bytes).
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   // Verify and send payload CRCs (the CRC covers the header either way).
@@ -68,7 +66,9 @@ class ShardCore {
   // Earliest parked-pull deadline, or TimePoint::max().
   TimePoint NextDeadline() const;
 
-  // Observers, for the server loop and tests.
+  // Observers, for the server loop and tests. incomplete_steps(): BSP steps
+  // that included pushes from workers no longer live when the clock closed
+  // (a step never closes without a push from every live worker).
   int64_t applied_clock() const { return applied_clock_; }
   uint64_t steps() const { return steps_; }
   uint64_t incomplete_steps() const { return incomplete_steps_; }
@@ -131,6 +131,7 @@ class ShardCore {
   RejectCounters rejects_;
 
   ShardJob job_;
+  uint32_t shard_id_ = 0;  // set by Configure
   bool configured_ = false;
   bool stop_requested_ = false;
 

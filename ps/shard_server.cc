@@ -47,7 +47,6 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       }
       s->id_ = r->id();
       ShardOptions sopts = options.shard;
-      sopts.shard_id = s->id_;
       sopts.registry = s->registry_;
       s->core_ = std::make_unique<ShardCore>(sopts, clock);
       s->core_->Configure(job, s->id_);

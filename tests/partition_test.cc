@@ -59,7 +59,9 @@ void ExpectCoverage(const std::vector<KeyRange>& ranges, const std::vector<wire:
   EXPECT_EQ(ranges.back().end, kMax);
   for (size_t s = 0; s < ranges.size(); ++s) {
     EXPECT_LE(ranges[s].begin, ranges[s].end) << "range " << s;
-    if (s > 0) EXPECT_EQ(ranges[s].begin, ranges[s - 1].end) << "range " << s;
+    if (s > 0) {
+      EXPECT_EQ(ranges[s].begin, ranges[s - 1].end) << "range " << s;
+    }
   }
   for (const auto& k : keys) OwnerOf(ranges, k.key());
 }

@@ -40,7 +40,9 @@ uint64_t PeerId(const Frame& f) {
   return id;
 }
 
-Frame Floats(const std::vector<float>& v) { return Frame::Copy(v.data(), v.size() * sizeof(float)); }
+Frame Floats(const std::vector<float>& v) {
+  return Frame::Copy(v.data(), v.size() * sizeof(float));
+}
 
 struct WorkerSpec {
   uint32_t id;
@@ -52,8 +54,8 @@ class ShardTest : public ::testing::Test {
  protected:
   ShardTest() : clock_(TimePoint{} + std::chrono::hours(1)) {}
 
-  void Start(wire::Mode mode, const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1},
-                                                                          {kWorkerB, 1, 3}}) {
+  void Start(wire::Mode mode,
+             const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}) {
     ShardOptions opts;
     opts.pull_timeout = std::chrono::seconds(5);
     shard_ = std::make_unique<ShardCore>(opts, &clock_);
@@ -94,7 +96,8 @@ class ShardTest : public ::testing::Test {
                                               const std::vector<WorkerSpec>& workers) {
     flatbuffers::FlatBufferBuilder fbb;
     std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
-    for (const auto& w : workers) infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
+    for (const auto& w : workers)
+      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
     return Send(kMonitor, fbb, wire::CreateMembershipDirect(fbb, version, &infos));
   }
   std::vector<ShardCore::Outgoing> Init(uint32_t sender, const std::vector<float>& values) {
@@ -463,6 +466,57 @@ TEST(ShardNotReadyTest, MessagesBeforeConfigureAreNotReady) {
   ASSERT_TRUE(Decode(out[0].frames, opts, &d, &err)) << err.reason;
   ASSERT_EQ(d.type(), wire::Body::Error);
   EXPECT_EQ(d.As<wire::Error>()->code(), wire::ErrorCode::NotReady);
+}
+
+// Regression test for a shard bug (fixed): OnPull and OnPush (ps/shard.cc) ran
+// CheckKeys before the "model not declared yet" check, so before DeclareModel
+// (e.g. a shard that restarted) every non-empty request is NotOwner, which
+// clients treat as a permanent InvalidArgument, instead of NotReady
+// (Unavailable, retry) as pacer.fbs documents and OnInit already answers.
+TEST(ShardNotReadyTest, PushAndPullBeforeModelDeclaredAreNotReady) {
+  FakeClock clock;
+  ShardCore shard(ShardOptions{}, &clock);
+  shard.Configure(ShardJob{kJob, wire::Mode::Bsp, {}}, kShardId);
+  auto send = [&](flatbuffers::FlatBufferBuilder& fbb, auto body, Frame payload) {
+    Envelope env;
+    env.job_id = kJob;
+    env.sender = kWorkerA;
+    env.request_id = 1;
+    Frames frames = EncodeBody(env, fbb, body, std::move(payload));
+    frames.insert(frames.begin(), PeerFrame(kWorkerA));
+    std::vector<ShardCore::Outgoing> out;
+    shard.Handle(std::move(frames), &out);
+    DecodeOptions opts;
+    opts.job_id = kJob;
+    Decoded d;
+    DecodeError err;
+    EXPECT_EQ(out.size(), 1u);
+    if (out.size() != 1 || !Decode(out[0].frames, opts, &d, &err) ||
+        d.type() != wire::Body::Error) {
+      return wire::ErrorCode::Unknown;
+    }
+    return d.As<wire::Error>()->code();
+  };
+  std::vector<wire::KeyLen> keys = kKeys;
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    EXPECT_EQ(send(fbb, wire::CreatePullDirect(fbb, 0, &keys), Frame()), wire::ErrorCode::NotReady);
+  }
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    EXPECT_EQ(send(fbb, wire::CreatePushDirect(fbb, 0, 1, &keys), Floats({1, 2, 3})),
+              wire::ErrorCode::NotReady);
+  }
+}
+
+TEST_F(ShardTest, RepliesComeFromTheConfiguredShardId) {
+  Start(wire::Mode::Bsp);
+  auto out = Pull(kWorkerA, 0);
+  ASSERT_EQ(out.size(), 1u);
+  Decoded d = MustDecode(out[0]);
+  EXPECT_EQ(d.env.sender, kShardId);
+  EXPECT_EQ(d.env.job_id, kJob);
+  EXPECT_EQ(d.env.request_id, next_request_);
 }
 
 TEST_F(ShardTest, UnreadableMessageIsDroppedAndCounted) {

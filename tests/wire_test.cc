@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,9 @@ namespace {
 
 constexpr uint64_t kJob = 42;
 
-Frame Floats(const std::vector<float>& v) { return Frame::Copy(v.data(), v.size() * sizeof(float)); }
+Frame Floats(const std::vector<float>& v) {
+  return Frame::Copy(v.data(), v.size() * sizeof(float));
+}
 
 DecodeOptions JobOptions(uint64_t job = kJob) {
   DecodeOptions o;
@@ -62,9 +65,9 @@ Frame RawEnvelope(uint32_t magic, uint16_t version, uint16_t type, uint64_t job,
   put(version);
   put(type);
   put(job);
-  put(uint32_t{7});         // sender
+  put(uint32_t{7});  // sender
   put(crc);
-  put(uint64_t{1234});      // request id
+  put(uint64_t{1234});  // request id
   put(payload_bytes);
   return Frame::FromVector(std::move(e));
 }
@@ -238,9 +241,10 @@ TEST(WireTest, CrcValidGarbageHeaderIsBadHeader) {
   // The CRC matches, so only the Flatbuffers verifier can catch this.
   std::vector<uint8_t> header(64);
   for (size_t i = 0; i < header.size(); ++i) header[i] = static_cast<uint8_t>(0xA5 ^ (i * 37));
-  Frames frames = {RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat),
-                               kJob, ZlibCrc(header), 0),
-                   Frame::FromVector(header)};
+  Frames frames = {
+      RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat), kJob,
+                  ZlibCrc(header), 0),
+      Frame::FromVector(header)};
   DecodeError err = MustFail(frames);
   EXPECT_EQ(err.code, wire::ErrorCode::BadHeader) << err.reason;
   ASSERT_TRUE(err.env.has_value());
@@ -254,9 +258,10 @@ TEST(WireTest, HandWrittenEnvelopeOfAValidMessageDecodes) {
   fbb.Finish(wire::CreateMessage(fbb, wire::Body::Heartbeat,
                                  wire::CreateHeartbeat(fbb, wire::Role::Worker, 3).Union()));
   std::vector<uint8_t> header(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
-  Frames frames = {RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat),
-                               kJob, ZlibCrc(header), 0),
-                   Frame::FromVector(header)};
+  Frames frames = {
+      RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat), kJob,
+                  ZlibCrc(header), 0),
+      Frame::FromVector(header)};
   Decoded d;
   DecodeError err;
   ASSERT_TRUE(Decode(frames, JobOptions(), &d, &err)) << err.reason;
@@ -287,8 +292,8 @@ TEST(WireTest, KeyLengthsDisagreeingWithPayloadIsBadLength) {
   // check can refuse this: the keys describe 3 floats, the payload holds 2.
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<wire::KeyLen> keys = {{10, 2}, {11, 1}};
-  Frames frames = EncodeBody(Env(), fbb, wire::CreatePushDirect(fbb, 5, 32, &keys),
-                             Floats({1.0f, 2.0f}));
+  Frames frames =
+      EncodeBody(Env(), fbb, wire::CreatePushDirect(fbb, 5, 32, &keys), Floats({1.0f, 2.0f}));
   DecodeError err = MustFail(frames);
   EXPECT_EQ(err.code, wire::ErrorCode::BadLength) << err.reason;
   EXPECT_TRUE(err.env.has_value());
@@ -304,7 +309,8 @@ TEST(WireTest, InitAndPullReplyLengthsAreCheckedToo) {
   {
     flatbuffers::FlatBufferBuilder fbb;
     auto kv = fbb.CreateVectorOfStructs(keys);
-    Frames f = EncodeBody(Env(), fbb, wire::CreatePullReply(fbb, 0, -1, kv), Floats({1, 2, 3, 4, 5}));
+    Frames f =
+        EncodeBody(Env(), fbb, wire::CreatePullReply(fbb, 0, -1, kv), Floats({1, 2, 3, 4, 5}));
     EXPECT_EQ(MustFail(f).code, wire::ErrorCode::BadLength);
   }
 }
@@ -320,8 +326,8 @@ TEST(WireTest, EnvelopePayloadSizeDisagreeingWithFrameIsBadLength) {
 
 TEST(WireTest, PayloadOnMessageWithoutValuesIsBadLength) {
   flatbuffers::FlatBufferBuilder fbb;
-  Frames frames = EncodeBody(Env(), fbb, wire::CreateHeartbeat(fbb, wire::Role::Worker, 3),
-                             Floats({1.0f}));
+  Frames frames =
+      EncodeBody(Env(), fbb, wire::CreateHeartbeat(fbb, wire::Role::Worker, 3), Floats({1.0f}));
   ASSERT_EQ(frames.size(), 3u);
   DecodeError err = MustFail(frames);
   EXPECT_EQ(err.code, wire::ErrorCode::BadLength) << err.reason;
@@ -355,9 +361,31 @@ TEST(WireTest, PayloadBytesForOverflowIsNullopt) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<wire::KeyLen> keys = {{1, uint64_t{1} << 62}};
   fbb.Finish(fbb.CreateVectorOfStructs(keys));
-  const auto* v = flatbuffers::GetRoot<flatbuffers::Vector<const wire::KeyLen*>>(fbb.GetBufferPointer());
+  const auto* v =
+      flatbuffers::GetRoot<flatbuffers::Vector<const wire::KeyLen*>>(fbb.GetBufferPointer());
   EXPECT_FALSE(PayloadBytesFor(v).has_value());
   EXPECT_EQ(PayloadBytesFor(nullptr), 0u);
+}
+
+}  // namespace
+}  // namespace pacer
+
+namespace pacer {
+namespace {
+
+// The wire CRC is zlib's CRC-32: ISA-L's kernel must give crc32()'s values,
+// also when chained, for sizes around its block boundaries.
+TEST(WireCrcTest, Crc32MatchesZlibCrc32) {
+  std::mt19937 rng(12345);
+  std::vector<unsigned char> data(1 << 20);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{64},
+                   size_t{255}, size_t{4097}, data.size()}) {
+    const uLong want = crc32_z(crc32_z(0L, Z_NULL, 0), data.data(), n);
+    EXPECT_EQ(Crc32(0, data.data(), n), static_cast<uint32_t>(want)) << n;
+    const uint32_t chained = Crc32(Crc32(0, data.data(), n / 3), data.data() + n / 3, n - n / 3);
+    EXPECT_EQ(chained, static_cast<uint32_t>(want)) << n;
+  }
 }
 
 }  // namespace

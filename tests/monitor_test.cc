@@ -1,0 +1,420 @@
+// Tests of MonitorCore (monitor/monitor.h) with a fake clock: registration,
+// the start of a run, worker leases and membership, model declarations and
+// the target-accuracy stop.
+#include "monitor/monitor.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ps/wire.h"
+
+namespace pacer {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr uint64_t kJob = 77;
+const std::vector<wire::KeyLen> kModel = {{1, 100}, {2, 50}, {3, 10}};
+
+Frame PeerFrame(uint64_t id) { return Frame::Copy(&id, sizeof(id)); }
+
+// Replies echo the request's job id (0 for a newcomer's Register, another
+// job's id for WrongJob), so the job is checked by the tests where it matters.
+Decoded MustDecode(const Frames& frames) {
+  DecodeOptions opts;
+  opts.check_job = false;
+  Decoded d;
+  DecodeError err;
+  EXPECT_TRUE(Decode(frames, opts, &d, &err)) << err.reason;
+  return d;
+}
+
+std::string Describe(const Decoded& d) {
+  if (d.message == nullptr) return "undecodable";
+  if (d.type() == wire::Body::Error) {
+    const auto* e = d.As<wire::Error>();
+    return std::string("Error ") + ErrorCodeName(e->code()) + ": " +
+           (e->reason() ? e->reason()->str() : "");
+  }
+  return wire::EnumNameBody(d.type());
+}
+
+// The worker ids of a Membership message, sorted.
+std::vector<uint32_t> MemberIds(const wire::Membership* m) {
+  std::vector<uint32_t> ids;
+  if (m->workers() != nullptr) {
+    for (const auto* w : *m->workers()) ids.push_back(w->id());
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+class MonitorTest : public ::testing::Test {
+ protected:
+  MonitorTest() : clock_(TimePoint{} + std::chrono::hours(1)) {
+    options_.job_id = kJob;
+    options_.min_shards = 1;
+    options_.min_workers = 2;
+    options_.lease = std::chrono::seconds(1);
+    options_.target_accuracy = 0.9f;
+    core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  }
+
+  // Sends one message from routing id `peer` and returns the replies to peers
+  // (shard_index < 0); messages for shards are kept in to_shards_.
+  template <class T>
+  std::vector<Decoded> Send(uint64_t peer, uint64_t job, uint32_t sender,
+                            flatbuffers::FlatBufferBuilder& fbb, flatbuffers::Offset<T> body) {
+    Envelope env;
+    env.job_id = job;
+    env.sender = sender;
+    env.request_id = ++next_request_;
+    Frames frames = EncodeBody(env, fbb, body);
+    frames.insert(frames.begin(), PeerFrame(peer));
+    std::vector<MonitorCore::Outgoing> out;
+    core_->Handle(std::move(frames), &out);
+    return Sort(out);
+  }
+
+  std::vector<Decoded> Sort(const std::vector<MonitorCore::Outgoing>& out) {
+    std::vector<Decoded> replies;
+    for (const auto& o : out) {
+      Decoded d = MustDecode(o.frames);
+      if (o.shard_index >= 0) {
+        EXPECT_EQ(d.env.job_id, kJob);
+        EXPECT_EQ(d.env.sender, 0u);  // the monitor
+        to_shards_.push_back({o.shard_index, d});
+      } else {
+        replies.push_back(d);
+      }
+    }
+    return replies;
+  }
+
+  // One reply, which must be of type `type`.
+  static Decoded Only(const std::vector<Decoded>& replies, wire::Body type) {
+    EXPECT_EQ(replies.size(), 1u);
+    if (replies.empty()) return Decoded();
+    EXPECT_EQ(replies[0].type(), type) << Describe(replies[0]);
+    return replies[0];
+  }
+
+  static std::optional<wire::ErrorCode> ErrorOf(const std::vector<Decoded>& replies) {
+    EXPECT_EQ(replies.size(), 1u);
+    if (replies.size() != 1 || replies[0].type() != wire::Body::Error) return std::nullopt;
+    return replies[0].As<wire::Error>()->code();
+  }
+
+  std::vector<Decoded> Register(uint64_t peer, wire::Role role, const std::string& address,
+                                uint64_t job = 0) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(peer, job, 0, fbb, wire::CreateRegisterDirect(fbb, role, address.c_str()));
+  }
+  // Registers a worker and returns its id.
+  uint32_t RegisterWorker(uint64_t peer) {
+    Decoded d = Only(Register(peer, wire::Role::Worker, ""), wire::Body::RegisterReply);
+    if (d.message == nullptr || d.type() != wire::Body::RegisterReply) return 0;
+    EXPECT_EQ(d.env.job_id, kJob);  // the newcomer learns the job id here
+    return d.As<wire::RegisterReply>()->id();
+  }
+  std::vector<Decoded> Declare(uint32_t sender, const std::vector<wire::KeyLen>& keys) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, kJob, sender, fbb, wire::CreateDeclareModelDirect(fbb, &keys));
+  }
+  std::vector<Decoded> Heartbeat(uint32_t sender, uint64_t clock = 0, bool done = false) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, kJob, sender, fbb,
+                wire::CreateHeartbeat(fbb, wire::Role::Worker, clock, 10.0f, done));
+  }
+  std::vector<Decoded> Accuracy(uint32_t sender, float accuracy) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, kJob, sender, fbb,
+                wire::CreateAccuracyReport(fbb, 10, accuracy, 0.5f, 1000));
+  }
+  void Tick() {
+    std::vector<MonitorCore::Outgoing> out;
+    core_->Tick(&out);
+    auto replies = Sort(out);
+    EXPECT_TRUE(replies.empty()) << "Tick answered a peer";
+  }
+
+  // Messages for shard `index` of type `type` sent since the last Take, removed.
+  std::vector<Decoded> Take(int index, wire::Body type) {
+    std::vector<Decoded> got;
+    for (auto it = to_shards_.begin(); it != to_shards_.end();) {
+      if (it->first == index && it->second.type() == type) {
+        got.push_back(it->second);
+        it = to_shards_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return got;
+  }
+
+  // The shard acknowledges `request`, as its reply would arrive.
+  void AckFromShard(size_t index, const Decoded& request) {
+    flatbuffers::FlatBufferBuilder fbb;
+    Envelope env;
+    env.job_id = kJob;
+    env.sender = shard_id_;
+    env.request_id = request.env.request_id;
+    core_->HandleShardReply(index, MustDecode(EncodeBody(env, fbb, wire::CreateAck(fbb))));
+  }
+  // Acknowledges every message the shard was sent so far.
+  void AckAll() {
+    for (auto& [index, d] : to_shards_) AckFromShard(static_cast<size_t>(index), d);
+    to_shards_.clear();
+  }
+
+  // One shard and workers A and B registered, the model declared by A, the
+  // shard told and acknowledging: the job runs.
+  void StartJob() {
+    Decoded s = Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+    ASSERT_EQ(s.type(), wire::Body::RegisterReply);
+    shard_id_ = s.As<wire::RegisterReply>()->id();
+    worker_a_ = RegisterWorker(200);
+    worker_b_ = RegisterWorker(201);
+    ASSERT_NE(worker_a_, 0u);
+    ASSERT_NE(worker_b_, 0u);
+    ASSERT_NE(worker_a_, worker_b_);
+    Only(Declare(worker_a_, kModel), wire::Body::Ack);
+    EXPECT_EQ(core_->state(), wire::JobState::Waiting);
+
+    Tick();
+    auto declares = Take(0, wire::Body::DeclareModel);
+    ASSERT_EQ(declares.size(), 1u);
+    const auto* keys = declares[0].As<wire::DeclareModel>()->keys();
+    ASSERT_NE(keys, nullptr);
+    ASSERT_EQ(keys->size(), kModel.size());  // one shard owns every key
+    for (size_t i = 0; i < kModel.size(); ++i) {
+      EXPECT_EQ(keys->Get(static_cast<flatbuffers::uoffset_t>(i))->key(), kModel[i].key());
+    }
+    auto members = Take(0, wire::Body::Membership);
+    ASSERT_EQ(members.size(), 1u);
+    EXPECT_EQ(MemberIds(members[0].As<wire::Membership>()),
+              (std::vector<uint32_t>{worker_a_, worker_b_}));
+    EXPECT_EQ(members[0].As<wire::Membership>()->version(), core_->membership_version());
+    for (const auto* w : *members[0].As<wire::Membership>()->workers()) {
+      EXPECT_EQ(w->batch(), options_.global_batch / 2);
+    }
+    EXPECT_EQ(core_->state(), wire::JobState::Waiting);  // not before the shard acknowledges
+
+    AckFromShard(0, declares[0]);
+    AckFromShard(0, members[0]);
+    Tick();
+    ASSERT_EQ(core_->state(), wire::JobState::Running);
+    to_shards_.clear();
+  }
+
+  MonitorOptions options_;
+  FakeClock clock_;
+  std::unique_ptr<MonitorCore> core_;
+  std::vector<std::pair<int, Decoded>> to_shards_;
+  uint64_t next_request_ = 0;
+  uint32_t shard_id_ = 0;
+  uint32_t worker_a_ = 0;
+  uint32_t worker_b_ = 0;
+};
+
+TEST_F(MonitorTest, RegistrationDeclarationAndAcksStartTheJob) {
+  StartJob();
+  EXPECT_EQ(core_->num_shards(), 1u);
+  EXPECT_EQ(core_->shard_address(0), "mem://shard0");
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_a_, worker_b_}));
+  // A running worker's heartbeat carries the shard map.
+  Decoded hb = Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+  const auto* r = hb.As<wire::HeartbeatReply>();
+  EXPECT_EQ(r->state(), wire::JobState::Running);
+  ASSERT_NE(r->shard_map(), nullptr);
+  ASSERT_EQ(r->shard_map()->shards()->size(), 1u);
+  EXPECT_EQ(r->shard_map()->shards()->Get(0)->address()->str(), "mem://shard0");
+}
+
+TEST_F(MonitorTest, JobWaitsForEnoughWorkers) {
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  uint32_t a = RegisterWorker(200);
+  Only(Declare(a, kModel), wire::Body::Ack);
+  Tick();
+  EXPECT_TRUE(to_shards_.empty());  // min_workers is 2
+  EXPECT_EQ(core_->state(), wire::JobState::Waiting);
+}
+
+TEST_F(MonitorTest, OnlyRegisterMayCarryJobZero) {
+  // Register with job 0 or with the job's id is accepted.
+  Only(Register(100, wire::Role::Shard, "mem://shard0", /*job=*/0), wire::Body::RegisterReply);
+  Only(Register(200, wire::Role::Worker, "", /*job=*/kJob), wire::Body::RegisterReply);
+  // Anything else with job 0, or another job's id, is refused.
+  flatbuffers::FlatBufferBuilder fbb;
+  EXPECT_EQ(ErrorOf(Send(200, 0, 2, fbb, wire::CreateHeartbeat(fbb, wire::Role::Worker))),
+            wire::ErrorCode::WrongJob);
+  EXPECT_EQ(ErrorOf(Register(201, wire::Role::Worker, "", /*job=*/kJob + 1)),
+            wire::ErrorCode::WrongJob);
+  EXPECT_EQ(core_->rejected(wire::ErrorCode::WrongJob), 2);
+  EXPECT_EQ(core_->workers().size(), 1u);
+}
+
+TEST_F(MonitorTest, WorkerWithinLeaseStaysLive) {
+  StartJob();
+  const uint64_t version = core_->membership_version();
+  Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+  Only(Heartbeat(worker_b_), wire::Body::HeartbeatReply);
+  clock_.Advance(milliseconds(1000));  // exactly the lease: not yet past it
+  Tick();
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_a_, worker_b_}));
+  EXPECT_EQ(core_->membership_version(), version);
+  EXPECT_TRUE(Take(0, wire::Body::Membership).empty());
+  Only(Heartbeat(worker_b_), wire::Body::HeartbeatReply);
+}
+
+TEST_F(MonitorTest, SilentWorkerLosesItsLease) {
+  StartJob();
+  const uint64_t version = core_->membership_version();
+  Only(Heartbeat(worker_b_), wire::Body::HeartbeatReply);
+  // A keeps heartbeating; B falls silent.
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(milliseconds(300));
+    Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+    Tick();
+    if (i < 3) {
+      EXPECT_EQ(core_->LiveWorkers().size(), 2u) << "after " << (i + 1) * 300 << " ms";
+    }
+  }
+  // 1.2 s since B's last heartbeat.
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_a_}));
+  EXPECT_EQ(core_->membership_version(), version + 1);
+  EXPECT_FALSE(core_->workers().at(worker_b_).alive);
+
+  auto members = Take(0, wire::Body::Membership);
+  ASSERT_EQ(members.size(), 1u);
+  EXPECT_EQ(members[0].As<wire::Membership>()->version(), version + 1);
+  EXPECT_EQ(MemberIds(members[0].As<wire::Membership>()), (std::vector<uint32_t>{worker_a_}));
+
+  EXPECT_EQ(ErrorOf(Heartbeat(worker_b_)), wire::ErrorCode::NotMember);
+  Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+}
+
+TEST_F(MonitorTest, UnacknowledgedMembershipIsResent) {
+  StartJob();
+  clock_.Advance(milliseconds(1500));
+  Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+  Tick();  // B expires
+  auto first = Take(0, wire::Body::Membership);
+  ASSERT_EQ(first.size(), 1u);
+  clock_.Advance(options_.shard_resend / 2);
+  Tick();
+  EXPECT_TRUE(Take(0, wire::Body::Membership).empty());
+  clock_.Advance(options_.shard_resend);
+  Tick();
+  auto again = Take(0, wire::Body::Membership);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].As<wire::Membership>()->version(), first[0].As<wire::Membership>()->version());
+  AckFromShard(0, again[0]);
+  Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+  clock_.Advance(options_.shard_resend * 2);
+  Tick();
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_a_}));
+  EXPECT_TRUE(Take(0, wire::Body::Membership).empty());
+}
+
+// Regression test for a monitor bug (fixed): HandleShardReply marked the *current*
+// membership version as acknowledged when the shard acknowledges an older
+// Membership request. If the membership changes while a Membership message
+// is in flight (here: worker C registers, the monitor sends v(n), then A
+// finishes -> v(n+1) before the shard's ack of v(n) arrives), the newer
+// version is never sent: the shard keeps the departed worker in its barrier.
+TEST_F(MonitorTest, MembershipChangedWhileAckInFlightIsStillSent) {
+  StartJob();
+  Only(Heartbeat(worker_b_), wire::Body::HeartbeatReply);
+  const uint32_t c = RegisterWorker(202);
+  clock_.Advance(options_.shard_resend);
+  Tick();
+  auto sent = Take(0, wire::Body::Membership);
+  ASSERT_EQ(sent.size(), 1u);
+  const uint64_t sent_version = sent[0].As<wire::Membership>()->version();
+  EXPECT_EQ(MemberIds(sent[0].As<wire::Membership>()).size(), 3u);
+
+  Only(Heartbeat(worker_a_, 5, /*done=*/true), wire::Body::HeartbeatReply);  // A leaves
+  ASSERT_EQ(core_->membership_version(), sent_version + 1);
+  AckFromShard(0, sent[0]);  // the ack of the older version arrives
+
+  // Every later Tick must eventually tell the shard that A is gone.
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(options_.shard_resend);
+    Only(Heartbeat(worker_b_), wire::Body::HeartbeatReply);
+    Only(Heartbeat(c), wire::Body::HeartbeatReply);
+    Tick();
+  }
+  auto later = Take(0, wire::Body::Membership);
+  ASSERT_FALSE(later.empty()) << "membership v" << sent_version + 1 << " never reached the shard";
+  EXPECT_EQ(later.back().As<wire::Membership>()->version(), sent_version + 1);
+  EXPECT_EQ(MemberIds(later.back().As<wire::Membership>()), (std::vector<uint32_t>{worker_b_, c}));
+}
+
+TEST_F(MonitorTest, DifferentModelDeclarationIsMismatch) {
+  StartJob();
+  Only(Declare(worker_b_, kModel), wire::Body::Ack);  // the same model is fine
+  EXPECT_EQ(ErrorOf(Declare(worker_b_, {{1, 100}, {2, 51}, {3, 10}})), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(ErrorOf(Declare(worker_b_, {{1, 100}, {2, 50}})), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(core_->rejected(wire::ErrorCode::Mismatch), 2);
+}
+
+TEST_F(MonitorTest, FirstDeclarationWithDuplicateKeyIsMismatch) {
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  uint32_t a = RegisterWorker(200);
+  EXPECT_EQ(ErrorOf(Declare(a, {{1, 100}, {1, 100}})), wire::ErrorCode::Mismatch);
+  // The refused declaration was not kept: a good one is the first.
+  Only(Declare(a, kModel), wire::Body::Ack);
+}
+
+TEST_F(MonitorTest, AccuracyAboveTargetStopsTheJob) {
+  StartJob();
+  Only(Accuracy(worker_a_, 0.5f), wire::Body::Ack);
+  EXPECT_EQ(core_->state(), wire::JobState::Running);
+  EXPECT_TRUE(Take(0, wire::Body::Stop).empty());
+
+  Only(Accuracy(worker_a_, 0.95f), wire::Body::Ack);
+  EXPECT_EQ(core_->state(), wire::JobState::Stopped);
+  EXPECT_NE(core_->stop_reason().find("target accuracy"), std::string::npos)
+      << core_->stop_reason();
+  auto stops = Take(0, wire::Body::Stop);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].env.job_id, kJob);
+  ASSERT_TRUE(core_->last_accuracy().has_value());
+  EXPECT_NEAR(*core_->last_accuracy(), 0.95, 1e-6);
+
+  // The stopped job tells heartbeating workers so, and refuses newcomers.
+  Decoded hb = Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+  EXPECT_EQ(hb.As<wire::HeartbeatReply>()->state(), wire::JobState::Stopped);
+  EXPECT_EQ(ErrorOf(Register(300, wire::Role::Worker, "")), wire::ErrorCode::Refused);
+  EXPECT_FALSE(core_->finished());
+  clock_.Advance(options_.stop_grace);
+  EXPECT_TRUE(core_->finished());
+}
+
+TEST_F(MonitorTest, AllWorkersDoneStopsTheJob) {
+  StartJob();
+  Only(Heartbeat(worker_a_, 10, /*done=*/true), wire::Body::HeartbeatReply);
+  Tick();
+  EXPECT_EQ(core_->state(), wire::JobState::Running);
+  Only(Heartbeat(worker_b_, 10, /*done=*/true), wire::Body::HeartbeatReply);
+  Tick();
+  EXPECT_EQ(core_->state(), wire::JobState::Stopped);
+  EXPECT_EQ(Take(0, wire::Body::Stop).size(), 1u);
+}
+
+TEST_F(MonitorTest, ShardRegistrationRetryKeepsItsId) {
+  Decoded first = Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  Decoded again = Only(Register(101, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  EXPECT_EQ(first.As<wire::RegisterReply>()->id(), again.As<wire::RegisterReply>()->id());
+  EXPECT_EQ(core_->num_shards(), 1u);
+}
+
+}  // namespace
+}  // namespace pacer
