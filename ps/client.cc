@@ -92,7 +92,23 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   std::vector<Socket*> sockets;
   while (!pending.empty()) {
-    // Take whatever has arrived, then wait on the shards still owing a reply.
+    // Wait on the shards still owing a reply, then take what has arrived.
+    {
+      if (options_.cancel != nullptr && options_.cancel->load()) {
+        return absl::CancelledError("request cancelled");
+      }
+      sockets.clear();
+      for (size_t i : pending) sockets.push_back(channels_[i]->socket());
+      const TimePoint now = transport_->clock()->Now();
+      const TimePoint wait_until =
+          options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+      auto ready = transport_->Poll(sockets, wait_until);
+      if (!ready.ok()) return ready.status();
+      if (ready->empty() && transport_->clock()->Now() >= deadline) {
+        return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
+                                           " shard(s), first " + map_.shards[pending[0]].address);
+      }
+    }
     for (size_t p = 0; p < pending.size();) {
       size_t i = pending[p];
       auto r = channels_[i]->TryTake(ids[i]);
@@ -111,21 +127,6 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
       } else {
         ++p;
       }
-    }
-    if (pending.empty()) break;
-    sockets.clear();
-    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
-    if (options_.cancel != nullptr && options_.cancel->load()) {
-      return absl::CancelledError("request cancelled");
-    }
-    const TimePoint now = transport_->clock()->Now();
-    const TimePoint wait_until =
-        options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
-    auto ready = transport_->Poll(sockets, wait_until);
-    if (!ready.ok()) return ready.status();
-    if (ready->empty() && transport_->clock()->Now() >= deadline) {
-      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
-                                         " shard(s), first " + map_.shards[pending[0]].address);
     }
   }
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 #include "ps/shard.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "spdlog/spdlog.h"
@@ -185,7 +186,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
                         "this shard already holds a different model", out);
     }
     slots_ = std::move(slots);
-    params_.assign(total, 0.0f);
+    params_ = std::make_shared<std::vector<float>>(total, 0.0f);
     velocity_.assign(total, 0.0f);
     m_keys_->Set(static_cast<double>(slots_.size()));
     spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
@@ -231,7 +232,7 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
     const float* src = d.floats().data();
     for (const wire::KeyLen* k : *m->keys()) {
       const KeySlot& s = slots_.at(k->key());
-      std::memcpy(params_.data() + s.offset, src, s.length * sizeof(float));
+      std::memcpy(MutableParams().data() + s.offset, src, s.length * sizeof(float));
       src += s.length;
     }
     initialized_ = true;
@@ -249,7 +250,27 @@ std::vector<float> ShardCore::TakeBuffer() {
     std::fill(b.begin(), b.end(), 0.0f);
     return b;
   }
-  return std::vector<float>(params_.size(), 0.0f);
+  return std::vector<float>(params_->size(), 0.0f);
+}
+
+std::vector<float>& ShardCore::MutableParams() {
+  if (params_.use_count() > 1) {
+    // A reply still holds the current values: write into a copy, reusing
+    // the previous generation once ZeroMQ has let go of it (no page faults).
+    std::shared_ptr<std::vector<float>> next;
+    if (spare_params_ && spare_params_.use_count() == 1 && spare_params_->size() == params_->size()) {
+      next = std::move(spare_params_);
+    } else {
+      next = std::make_shared<std::vector<float>>(params_->size());
+    }
+    std::copy(params_->begin(), params_->end(), next->begin());
+    spare_params_ = std::move(params_);
+    params_ = std::move(next);
+  }
+  // Pairs with the release in the last holder's shared_ptr decrement: its
+  // reads of the buffer happen before our writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return *params_;
 }
 
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -275,9 +296,10 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
     // Each push is one optimizer step on its own batch-mean gradient.
     if (options_.apply_updates && m->keys() != nullptr) {
       const float* src = values.data();
+      std::vector<float>& params = MutableParams();
       for (const wire::KeyLen* k : *m->keys()) {
         const KeySlot& s = slots_.at(k->key());
-        SgdMomentumStep({params_.data() + s.offset, s.length}, {velocity_.data() + s.offset, s.length},
+        SgdMomentumStep({params.data() + s.offset, s.length}, {velocity_.data() + s.offset, s.length},
                         {src, s.length}, job_.sgd);
         src += s.length;
       }
@@ -353,14 +375,25 @@ std::shared_ptr<std::vector<float>> ShardCore::ReplyBuffer(size_t floats) {
 void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                            std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out) {
   size_t total = 0;
-  for (const auto& k : keys) total += k.length();
+  bool contiguous = true;  // keys laid out back to back in params_
+  size_t first = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeySlot& s = slots_.at(keys[i].key());
+    if (i == 0) first = s.offset;
+    contiguous &= s.offset == first + total;
+    total += keys[i].length();
+  }
   Frame payload;
-  if (total > 0) {
+  if (total > 0 && contiguous) {
+    // Zero-copy: the frame shares params_, which is copied before any write
+    // while the frame is alive (MutableParams).
+    payload = Frame(params_, params_->data() + first, total * sizeof(float));
+  } else if (total > 0) {
     auto buf = ReplyBuffer(total);
     float* dst = buf->data();
     for (const auto& k : keys) {
       const KeySlot& s = slots_.at(k.key());
-      std::memcpy(dst, params_.data() + s.offset, s.length * sizeof(float));
+      std::memcpy(dst, params_->data() + s.offset, s.length * sizeof(float));
       dst += s.length;
     }
     payload = Frame(buf, buf->data(), total * sizeof(float));
@@ -384,7 +417,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       if (!all) break;
       // One synchronous step: g = sum_i (b_i / B) g_i, B the batch of the pushes.
       if (options_.apply_updates && oc.batch_sum > 0) {
-        SgdMomentumStep(params_, velocity_, oc.acc, job_.sgd,
+        SgdMomentumStep(MutableParams(), velocity_, oc.acc, job_.sgd,
                         1.0f / static_cast<float>(oc.batch_sum));
       }
       if (oc.pushed.size() != live_.size()) {
@@ -433,7 +466,7 @@ TimePoint ShardCore::NextDeadline() const {
 std::span<const float> ShardCore::Param(uint64_t key) const {
   auto it = slots_.find(key);
   if (it == slots_.end()) return {};
-  return {params_.data() + it->second.offset, it->second.length};
+  return {params_->data() + it->second.offset, it->second.length};
 }
 
 }  // namespace pacer

@@ -121,6 +121,8 @@ class ShardCore {
                   std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
   std::vector<float> TakeBuffer();
+  // The parameters, ready to be written: copied first if a reply holds them.
+  std::vector<float>& MutableParams();
   // A payload buffer from a pool: reused once ZeroMQ has let go of it.
   std::shared_ptr<std::vector<float>> ReplyBuffer(size_t floats);
 
@@ -137,7 +139,11 @@ class ShardCore {
 
   // The model: owned keys, parameters and momentum, set by DeclareModel.
   std::map<uint64_t, KeySlot> slots_;
-  std::vector<float> params_;
+  // Shared with ZeroMQ while a pull reply that references it is in flight;
+  // MutableParams() copies it first in that case (copy-on-write), so replies
+  // go out zero-copy and never see a half-applied step.
+  std::shared_ptr<std::vector<float>> params_ = std::make_shared<std::vector<float>>();
+  std::shared_ptr<std::vector<float>> spare_params_;
   std::vector<float> velocity_;
   std::vector<float> scratch_;
   bool initialized_ = false;
