@@ -7,11 +7,6 @@
 #include "ps/cli.h"
 #include "spdlog/spdlog.h"
 
-namespace {
-std::atomic<bool> g_signalled{false};
-void OnSignal(int) { g_signalled = true; }
-}  // namespace
-
 int main(int argc, char** argv) {
   pacer::MonitorOptions opts;
   std::string log_level = "info";
@@ -27,9 +22,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", opts.listen, "Address to bind, tcp://HOST:PORT (port 0: ephemeral; "
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
-  app.add_option("--metrics-addr", metrics_addr,
-                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
-                 "'metrics ADDRESS'); off when empty");
+  pacer::AddMetricsFlag(app, &metrics_addr);
   app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
   app.add_option("--mode", mode, "Consistency mode")
       ->check(CLI::IsMember({"bsp", "asp"}))->capture_default_str();
@@ -78,20 +71,11 @@ int main(int argc, char** argv) {
   opts.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
-  if (!metrics_addr.empty()) {
-    auto m = pacer::MetricsServer::Start(metrics_addr, opts.registry);
-    if (!m.ok()) {
-      spdlog::error("{}", m.status().ToString());
-      return pacer::kExitFailure;
-    }
-    metrics = std::move(*m);
-    pacer::PrintAddress("metrics", metrics->address());
-  }
+  if (!pacer::ServeMetrics(metrics_addr, opts.registry, &metrics)) return pacer::kExitFailure;
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   auto server = pacer::MonitorServer::Start(transport.get(), opts);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -102,7 +86,7 @@ int main(int argc, char** argv) {
   spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", opts.job_id, opts.min_shards,
                opts.min_workers);
   while (!(*server)->done()) {
-    if (g_signalled) {
+    if (stop_signal) {
       spdlog::info("signal received, shutting down");
       (*server)->Shutdown();
     }

@@ -269,7 +269,7 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   if (options_.target_accuracy > 0 && a->accuracy() >= options_.target_accuracy &&
       state_ == wire::JobState::Running) {
-    StopJob("target accuracy " + std::to_string(options_.target_accuracy) + " reached", out);
+    StopJob(fmt::format("target accuracy {:g} reached", options_.target_accuracy), out);
   }
 }
 
@@ -406,7 +406,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
 
   if (state_ == wire::JobState::Running) {
     if (options_.time_cap_seconds > 0 && ToSeconds(now - *started_at_) >= options_.time_cap_seconds) {
-      StopJob("time cap of " + std::to_string(options_.time_cap_seconds) + " s reached", out);
+      StopJob(fmt::format("time cap of {:g} s reached", options_.time_cap_seconds), out);
     } else {
       bool any_done = false;
       for (const auto& [id, w] : workers_) any_done |= w.done;

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -47,6 +48,36 @@ void SetupLogging(const std::string& role, const std::string& level) {
 void PrintAddress(const std::string& what, const std::string& address) {
   std::printf("%s %s\n", what.c_str(), address.c_str());
   std::fflush(stdout);
+}
+
+void AddMetricsFlag(CLI::App& app, std::string* address) {
+  app.add_option("--metrics-addr", *address,
+                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
+                 "'metrics ADDRESS'); off when empty");
+}
+
+bool ServeMetrics(const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+                  std::unique_ptr<MetricsServer>* server) {
+  if (address.empty()) return true;
+  auto m = MetricsServer::Start(address, std::move(registry));
+  if (!m.ok()) {
+    spdlog::error("{}", m.status().ToString());
+    return false;
+  }
+  *server = std::move(*m);
+  PrintAddress("metrics", (*server)->address());
+  return true;
+}
+
+namespace {
+std::atomic<bool> g_stop_signal{false};
+void OnStopSignal(int) { g_stop_signal = true; }
+}  // namespace
+
+const std::atomic<bool>& StopOnSignals() {
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+  return g_stop_signal;
 }
 
 void TuneAllocatorForLargeBuffers() {

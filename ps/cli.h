@@ -8,6 +8,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "ps/metrics.h"
 
 namespace pacer {
 
@@ -33,6 +34,19 @@ void SetupLogging(const std::string& role, const std::string& level);
 // Prints "<what> <address>" on stdout and flushes: the one line a script
 // parses to find a port bound as 0, e.g. "listening tcp://127.0.0.1:40123".
 void PrintAddress(const std::string& what, const std::string& address);
+
+// Adds --metrics-addr bound to `address`.
+void AddMetricsFlag(CLI::App& app, std::string* address);
+
+// Starts /metrics on `address` when it is non-empty and prints
+// "metrics HOST:PORT". Returns false, after logging why, when it cannot bind;
+// `server` stays null when no address was given.
+bool ServeMetrics(const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+                  std::unique_ptr<MetricsServer>* server);
+
+// Makes SIGINT and SIGTERM set the returned flag instead of killing the
+// process, so main() can shut down in order.
+const std::atomic<bool>& StopOnSignals();
 
 // Process-wide allocator tuning for large message buffers: keeps freed
 // multi-megabyte blocks in the heap for reuse instead of unmapping them, so

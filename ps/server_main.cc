@@ -6,11 +6,6 @@
 #include "ps/shard_server.h"
 #include "spdlog/spdlog.h"
 
-namespace {
-std::atomic<bool> g_signalled{false};
-void OnSignal(int) { g_signalled = true; }
-}  // namespace
-
 int main(int argc, char** argv) {
   pacer::ShardServerOptions opts;
   std::string log_level = "info";
@@ -25,9 +20,7 @@ int main(int argc, char** argv) {
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
   app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
-  app.add_option("--metrics-addr", metrics_addr,
-                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
-                 "'metrics ADDRESS'); off when empty");
+  pacer::AddMetricsFlag(app, &metrics_addr);
   app.add_option("--max-message-bytes", opts.shard.max_message_bytes,
                  "Largest accepted message, all frames, in bytes")
       ->capture_default_str()
@@ -57,21 +50,12 @@ int main(int argc, char** argv) {
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
-  if (!metrics_addr.empty()) {
-    auto m = pacer::MetricsServer::Start(metrics_addr, opts.shard.registry);
-    if (!m.ok()) {
-      spdlog::error("{}", m.status().ToString());
-      return pacer::kExitFailure;
-    }
-    metrics = std::move(*m);
-    pacer::PrintAddress("metrics", metrics->address());
-  }
+  if (!pacer::ServeMetrics(metrics_addr, opts.shard.registry, &metrics)) return pacer::kExitFailure;
 
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.shard.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   auto server = pacer::ShardServer::Start(transport.get(), opts);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -79,7 +63,7 @@ int main(int argc, char** argv) {
   }
   pacer::PrintAddress("listening", (*server)->address());
   while (!(*server)->done()) {
-    if (g_signalled) {
+    if (stop_signal) {
       spdlog::info("signal received, shutting down");
       (*server)->Shutdown();
     }

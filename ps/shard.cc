@@ -316,7 +316,10 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
                         out);
     }
     auto it = open_.find(clock);
-    if (it == open_.end()) it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0}).first;
+    if (it == open_.end()) {
+      const TimePoint now = clock_->Now();
+      it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0, now, now}).first;
+    }
     OpenClock& oc = it->second;
     if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
       const float weight = static_cast<float>(m->batch());
@@ -445,6 +448,21 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
 
 void ShardCore::Tick(std::vector<Outgoing>* out) {
   const TimePoint now = clock_->Now();
+  // Stall report: which live workers the oldest open clock waits for.
+  if (!open_.empty()) {
+    OpenClock& oc = open_.begin()->second;
+    if (now - oc.reported >= options_.stall_report) {
+      oc.reported = now;
+      std::string missing;
+      for (const auto& [id, batch] : live_) {
+        if (!oc.pushed.count(id)) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+      }
+      if (!missing.empty()) {
+        spdlog::warn("shard {}: clock {} open for {:.1f} s, waiting for worker(s) {}", shard_id_,
+                     open_.begin()->first, ToSeconds(now - oc.opened), missing);
+      }
+    }
+  }
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (it->deadline <= now) {
       ReplyError(it->peer, it->env, wire::ErrorCode::DeadlineExceeded,

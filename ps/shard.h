@@ -32,6 +32,9 @@ struct ShardOptions {
   bool apply_updates = true;
   // A pull parked on the barrier longer than this gets DeadlineExceeded.
   Duration pull_timeout = std::chrono::seconds(60);
+  // A clock open this long logs which live workers it still waits for
+  // (then again every such interval).
+  Duration stall_report = std::chrono::seconds(5);
   // Where metrics go; a private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
 };
@@ -92,6 +95,8 @@ class ShardCore {
     std::vector<float> acc;        // sum of b_i * g_i over the pushes so far
     std::set<uint32_t> pushed;     // workers whose push for this clock arrived
     uint64_t batch_sum = 0;        // sum of b_i over those pushes
+    TimePoint opened{};            // first push, for stall reports
+    TimePoint reported{};          // last stall report
   };
   struct ParkedPull {
     Frame peer;
