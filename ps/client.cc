@@ -78,6 +78,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
   return c;
 }
 
+absl::Status PsClient::ShardError(size_t i, const absl::Status& s) const {
+  absl::Status err(s.code(), "shard " + std::to_string(map_.shards[i].id) + " (" +
+                                 map_.shards[i].address + "): " + std::string(s.message()));
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& p) { err.SetPayload(url, p); });
+  return err;
+}
+
 template <class Build, class OnReply>
 absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
   const size_t n = channels_.size();
@@ -102,6 +109,27 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
       const TimePoint now = transport_->clock()->Now();
       const TimePoint wait_until =
           options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+      if (pending.size() == 1) {
+        // One reply owed: a plain blocking receive is cheaper than a poll.
+        const size_t i = pending[0];
+        Frames frames;
+        absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wait_until);
+        if (!got.ok()) return got.status();
+        if (*got) {
+          auto r = channels_[i]->Match(frames, ids[i]);
+          if (!r.ok()) return ShardError(i, r.status());
+          if (r->has_value()) {
+            absl::Status s = on_reply(i, **r);
+            if (!s.ok()) return s;
+            pending.clear();
+          }
+          continue;
+        }
+        if (transport_->clock()->Now() >= deadline) {
+          return absl::DeadlineExceededError("no reply from shard " + map_.shards[i].address);
+        }
+        continue;
+      }
       auto ready = transport_->Poll(sockets, wait_until);
       if (!ready.ok()) return ready.status();
       if (ready->empty() && transport_->clock()->Now() >= deadline) {
@@ -112,14 +140,7 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
     for (size_t p = 0; p < pending.size();) {
       size_t i = pending[p];
       auto r = channels_[i]->TryTake(ids[i]);
-      if (!r.ok()) {
-        absl::Status err(r.status().code(), "shard " + std::to_string(map_.shards[i].id) + " (" +
-                                                map_.shards[i].address +
-                                                "): " + std::string(r.status().message()));
-        r.status().ForEachPayload(
-            [&](absl::string_view url, const absl::Cord& p) { err.SetPayload(url, p); });
-        return err;
-      }
+      if (!r.ok()) return ShardError(i, r.status());
       if (r->has_value()) {
         absl::Status s = on_reply(i, **r);
         if (!s.ok()) return s;

@@ -86,6 +86,8 @@ class PsClient {
   // calling `on_reply` for each. The first error wins.
   template <class Build, class OnReply>
   absl::Status Broadcast(Build build, OnReply on_reply);
+  // `s` from shard index `i`, with the shard named and the wire code kept.
+  absl::Status ShardError(size_t i, const absl::Status& s) const;
 
   Transport* transport_ = nullptr;
   ClientOptions options_;

@@ -46,6 +46,10 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::TryTake(uint64_t request_id) 
   absl::StatusOr<bool> got = socket_->TryRecv(&frames);
   if (!got.ok()) return got.status();
   if (!*got) return std::optional<Decoded>();
+  return Match(frames, request_id);
+}
+
+absl::StatusOr<std::optional<Decoded>> RpcChannel::Match(const Frames& frames, uint64_t request_id) {
   DecodeOptions dopts;
   dopts.job_id = options_.job_id;
   dopts.check_job = options_.check_job;
@@ -63,17 +67,17 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::TryTake(uint64_t request_id) 
 }
 
 absl::StatusOr<Decoded> RpcChannel::Wait(uint64_t request_id, TimePoint deadline) {
-  Socket* one[] = {socket_.get()};
   for (;;) {
-    absl::StatusOr<std::optional<Decoded>> r = TryTake(request_id);
-    if (!r.ok()) return r.status();
-    if (r->has_value()) return std::move(**r);
-    absl::StatusOr<std::vector<size_t>> ready = transport_->Poll(one, deadline);
-    if (!ready.ok()) return ready.status();
-    if (ready->empty()) {
+    Frames frames;
+    absl::StatusOr<bool> got = transport_->Recv(socket_.get(), &frames, deadline);
+    if (!got.ok()) return got.status();
+    if (!*got) {
       return absl::DeadlineExceededError("no reply from " + address_ + " for request " +
                                          std::to_string(request_id));
     }
+    absl::StatusOr<std::optional<Decoded>> r = Match(frames, request_id);
+    if (!r.ok()) return r.status();
+    if (r->has_value()) return std::move(**r);
   }
 }
 

@@ -54,6 +54,8 @@ class RpcChannel {
   // `request_id` when that is what arrived; other replies are dropped.
   // An Error reply becomes its Status; a malformed reply DataLoss.
   absl::StatusOr<std::optional<Decoded>> TryTake(uint64_t request_id);
+  // The same for a message already received on this channel's socket.
+  absl::StatusOr<std::optional<Decoded>> Match(const Frames& frames, uint64_t request_id);
 
   // Waits until `deadline` for the reply to `request_id`.
   absl::StatusOr<Decoded> Wait(uint64_t request_id, TimePoint deadline);

@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
   }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  s->heartbeat_thread_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
   return s;
 }
 
@@ -78,38 +79,49 @@ ShardServer::~ShardServer() {
 
 void ShardServer::Wait() {
   if (thread_.joinable()) thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+void ShardServer::HeartbeatLoop() {
+  const Clock* clock = transport_->clock();
+  while (!shutdown_ && !done_) {
+    const TimePoint next = clock->Now() + options_.heartbeat_interval;
+    flatbuffers::FlatBufferBuilder fbb(64);
+    auto body = wire::CreateHeartbeat(
+        fbb, wire::Role::Shard, static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));
+    auto reply = monitor_->Call(fbb, body, clock->Now() + options_.request_timeout);
+    if (reply.ok() && reply->type() == wire::Body::HeartbeatReply &&
+        reply->As<wire::HeartbeatReply>()->state() == wire::JobState::Stopped) {
+      spdlog::info("shard {}: job stopped", id_);
+      job_stopped_ = true;
+      return;
+    }
+    if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, reply.status().ToString());
+    // Sleep in short steps so that shutdown is prompt.
+    while (!shutdown_ && !done_ && clock->Now() < next) {
+      clock->SleepUntil(std::min(next, clock->Now() + std::chrono::milliseconds(20)));
+    }
+  }
 }
 
 void ShardServer::Run() {
   const Clock* clock = transport_->clock();
   std::vector<ShardCore::Outgoing> out;
-  Socket* sockets[] = {router_.get(), monitor_->socket()};
-  TimePoint next_heartbeat = clock->Now();
-  uint64_t heartbeat_id = 0;
-  bool stopping = false;
-  while (!shutdown_ && !stopping) {
-    TimePoint now = clock->Now();
-    if (now >= next_heartbeat) {
-      flatbuffers::FlatBufferBuilder fbb(64);
-      auto body = wire::CreateHeartbeat(fbb, wire::Role::Shard,
-                                        static_cast<uint64_t>(std::max<int64_t>(0, core_->applied_clock())));
-      auto id = monitor_->Send(fbb, body);
-      if (id.ok()) heartbeat_id = *id;
-      next_heartbeat = now + options_.heartbeat_interval;
-    }
-    TimePoint deadline = std::min({next_heartbeat, core_->NextDeadline(),
-                                   now + std::chrono::milliseconds(100)});
-    auto ready = transport_->Poll(sockets, deadline);
-    if (!ready.ok()) {
-      spdlog::error("shard {}: poll failed: {}", id_, ready.status().ToString());
+  while (!shutdown_ && !job_stopped_) {
+    const TimePoint deadline =
+        std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
+    Frames frames;
+    auto got = transport_->Recv(router_.get(), &frames, deadline);
+    if (!got.ok()) {
+      spdlog::error("shard {}: receive failed: {}", id_, got.status().ToString());
       break;
     }
-    // Drain the router: every ready message is handled before replies go out.
-    for (int i = 0; i < 256; ++i) {
-      Frames frames;
-      auto got = router_->TryRecv(&frames);
-      if (!got.ok() || !*got) break;
+    // Handle every ready message before replies go out.
+    for (int i = 0; *got && i < 256; ++i) {
       core_->Handle(std::move(frames), &out);
+      frames = Frames();
+      auto more = router_->TryRecv(&frames);
+      if (!more.ok() || !*more) break;
     }
     core_->Tick(&out);
     for (auto& o : out) {
@@ -118,20 +130,10 @@ void ShardServer::Run() {
       if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, st.ToString());
     }
     out.clear();
-    // Heartbeat replies: the monitor says when the job has stopped.
-    for (;;) {
-      auto r = monitor_->TryTake(heartbeat_id);
-      if (!r.ok() || !r->has_value()) break;
-      const Decoded& d = **r;
-      if (d.type() == wire::Body::HeartbeatReply &&
-          d.As<wire::HeartbeatReply>()->state() == wire::JobState::Stopped) {
-        spdlog::info("shard {}: job stopped", id_);
-        stopping = true;
-      }
-    }
+    applied_clock_ = core_->applied_clock();
     if (core_->stop_requested()) {
       spdlog::info("shard {}: stop received", id_);
-      stopping = true;
+      break;
     }
   }
   spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "

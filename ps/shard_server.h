@@ -51,19 +51,26 @@ class ShardServer {
 
  private:
   ShardServer() = default;
+  // The serving loop: the only user of router_ and core_.
   void Run();
+  // Heartbeats to the monitor on their own thread and connection, so the
+  // serving loop waits on one socket only; notices when the job stops.
+  void HeartbeatLoop();
 
   Transport* transport_ = nullptr;
   ShardServerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ShardCore> core_;
   std::unique_ptr<Socket> router_;
-  std::unique_ptr<class RpcChannel> monitor_;
+  std::unique_ptr<class RpcChannel> monitor_;  // used by HeartbeatLoop only
   std::string address_;
   uint32_t id_ = 0;
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> done_{false};
+  std::atomic<bool> job_stopped_{false};
+  std::atomic<int64_t> applied_clock_{-1};  // mirrors core_, for heartbeats
   std::thread thread_;
+  std::thread heartbeat_thread_;
 };
 
 }  // namespace pacer

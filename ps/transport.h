@@ -58,8 +58,9 @@ class Transport {
   virtual const Clock* clock() const = 0;
 
   // Receives one message from `socket`, waiting until `deadline`. Returns
-  // false on timeout.
-  absl::StatusOr<bool> Recv(Socket* socket, Frames* frames, TimePoint deadline);
+  // false on timeout. Cheaper than Poll for one socket (ZeroMQ: a blocking
+  // receive with a timeout instead of zmq_poll).
+  virtual absl::StatusOr<bool> Recv(Socket* socket, Frames* frames, TimePoint deadline);
 };
 
 // ZeroMQ transport. `clock` must be a real clock in practice: ZeroMQ's own

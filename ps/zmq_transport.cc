@@ -74,6 +74,31 @@ class ZmqSocket final : public Socket {
     }
   }
 
+  // Blocking receive of one message for at most `timeout` (>= 0).
+  absl::StatusOr<bool> RecvFor(Frames* frames, std::chrono::milliseconds timeout) {
+    const int ms = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));
+    try {
+      if (ms != rcvtimeo_) {
+        socket_.set(zmq::sockopt::rcvtimeo, ms);
+        rcvtimeo_ = ms;
+      }
+      frames->clear();
+      for (;;) {
+        auto msg = std::make_shared<zmq::message_t>();
+        auto got = socket_.recv(*msg, zmq::recv_flags::none);
+        if (!got) return false;  // timed out (only possible on the first part)
+        bool more = msg->more();
+        const void* data = msg->data();
+        size_t size = msg->size();
+        frames->emplace_back(std::move(msg), data, size);
+        if (!more) return true;
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) return false;
+      return absl::UnavailableError(std::string("zmq recv: ") + e.what());
+    }
+  }
+
   std::string address() const override { return address_; }
   zmq::socket_t& raw() { return socket_; }
 
@@ -81,6 +106,7 @@ class ZmqSocket final : public Socket {
   zmq::socket_t socket_;
   std::string address_;
   bool router_;
+  int rcvtimeo_ = -1;  // ZMQ_RCVTIMEO last set, in ms
 };
 
 class ZmqTransport final : public Transport {
@@ -136,6 +162,15 @@ class ZmqTransport final : public Transport {
         if (items[i].revents & ZMQ_POLLIN) ready.push_back(i);
       }
       if (!ready.empty() || clock_->Now() >= deadline) return ready;
+    }
+  }
+
+  absl::StatusOr<bool> Recv(Socket* socket, Frames* frames, TimePoint deadline) override {
+    auto* s = static_cast<ZmqSocket*>(socket);
+    for (;;) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(clock_->Remaining(deadline));
+      absl::StatusOr<bool> got = s->RecvFor(frames, left);
+      if (!got.ok() || *got || clock_->Now() >= deadline) return got;
     }
   }
 
