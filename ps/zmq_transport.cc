@@ -56,22 +56,7 @@ class ZmqSocket final : public Socket {
   }
 
   absl::StatusOr<bool> TryRecv(Frames* frames) override {
-    frames->clear();
-    try {
-      for (;;) {
-        auto msg = std::make_shared<zmq::message_t>();
-        auto got = socket_.recv(*msg, frames->empty() ? zmq::recv_flags::dontwait
-                                                      : zmq::recv_flags::none);
-        if (!got) return false;
-        bool more = msg->more();
-        const void* data = msg->data();
-        size_t size = msg->size();
-        frames->emplace_back(std::move(msg), data, size);
-        if (!more) return true;
-      }
-    } catch (const zmq::error_t& e) {
-      return absl::UnavailableError(std::string("zmq recv: ") + e.what());
-    }
+    return ReadMessage(frames, zmq::recv_flags::dontwait);
   }
 
   // Blocking receive of one message for at most `timeout` (>= 0).
@@ -82,11 +67,26 @@ class ZmqSocket final : public Socket {
         socket_.set(zmq::sockopt::rcvtimeo, ms);
         rcvtimeo_ = ms;
       }
-      frames->clear();
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(std::string("zmq setsockopt: ") + e.what());
+    }
+    return ReadMessage(frames, zmq::recv_flags::none);
+  }
+
+  std::string address() const override { return address_; }
+  zmq::socket_t& raw() { return socket_; }
+
+ private:
+  // Reads all parts of one message; `first` applies to the first part (the
+  // rest of a message is already there once its first part is). False when
+  // no message came (would block, timeout, or a signal).
+  absl::StatusOr<bool> ReadMessage(Frames* frames, zmq::recv_flags first) {
+    frames->clear();
+    try {
       for (;;) {
         auto msg = std::make_shared<zmq::message_t>();
-        auto got = socket_.recv(*msg, zmq::recv_flags::none);
-        if (!got) return false;  // timed out (only possible on the first part)
+        auto got = socket_.recv(*msg, frames->empty() ? first : zmq::recv_flags::none);
+        if (!got) return false;
         bool more = msg->more();
         const void* data = msg->data();
         size_t size = msg->size();
@@ -98,9 +98,6 @@ class ZmqSocket final : public Socket {
       return absl::UnavailableError(std::string("zmq recv: ") + e.what());
     }
   }
-
-  std::string address() const override { return address_; }
-  zmq::socket_t& raw() { return socket_; }
 
  private:
   zmq::socket_t socket_;

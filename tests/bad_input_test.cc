@@ -10,6 +10,7 @@
 #include "ps/rpc.h"
 #include "ps/wire.h"
 #include "tests/process_util.h"
+#include "tests/wire_test_util.h"
 
 namespace pacer::test {
 namespace {
@@ -17,26 +18,6 @@ namespace {
 using std::chrono::seconds;
 constexpr uint64_t kJob = 42;
 constexpr size_t kMaxBytes = 1 << 20;
-
-// Frame 0 laid out by hand, so that tests can write what Encode never would.
-Frame RawEnvelope(uint16_t version, uint16_t type, uint64_t job, uint32_t sender, uint32_t crc,
-                  uint64_t request, uint64_t payload_bytes, uint32_t magic = kMagic) {
-  std::vector<uint8_t> e(kEnvelopeBytes);
-  uint8_t* p = e.data();
-  auto put = [&p](const auto v) {
-    std::memcpy(p, &v, sizeof(v));
-    p += sizeof(v);
-  };
-  put(magic);
-  put(version);
-  put(type);
-  put(job);
-  put(sender);
-  put(crc);
-  put(request);
-  put(payload_bytes);
-  return Frame::FromVector(std::move(e));
-}
 
 uint32_t Crc(const Frame& header, const Frame& payload) {
   uLong c = crc32_z(0L, Z_NULL, 0);

@@ -1,6 +1,7 @@
 // Tests of the wire edge (ps/wire.h): Encode/Decode round trips and every
 // generic check Decode runs on a received message.
 #include "ps/wire.h"
+#include "tests/wire_test_util.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -55,21 +56,8 @@ Frames RegisterFrames(const Envelope& env) {
 // Frame 0 written by hand, so that tests can put any value in any field.
 Frame RawEnvelope(uint32_t magic, uint16_t version, uint16_t type, uint64_t job, uint32_t crc,
                   uint64_t payload_bytes) {
-  std::vector<uint8_t> e(kEnvelopeBytes);
-  uint8_t* p = e.data();
-  auto put = [&p](const auto& v) {
-    std::memcpy(p, &v, sizeof(v));
-    p += sizeof(v);
-  };
-  put(magic);
-  put(version);
-  put(type);
-  put(job);
-  put(uint32_t{7});  // sender
-  put(crc);
-  put(uint64_t{1234});  // request id
-  put(payload_bytes);
-  return Frame::FromVector(std::move(e));
+  return test::RawEnvelope(version, type, job, /*sender=*/7, crc, /*request=*/1234, payload_bytes,
+                           magic);
 }
 
 // A copy of `f` with byte `i` xor-ed with `mask`.
