@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   std::string mode = "bsp";
   double lease_s = 3;
   double report_threshold = 0.85;
+  double shard_resend_ms = 300, stop_grace_s = 2;
   opts.job_id = 0;
 
   CLI::App app{"pacer-monitor: the control plane of a Pacer job. Shards and workers register "
@@ -56,6 +57,12 @@ int main(int argc, char** argv) {
   app.add_option("--eval-interval", opts.eval_interval_seconds,
                  "Seconds between rank 0's test-set evaluations")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--shard-resend-ms", shard_resend_ms,
+                 "Milliseconds before an unacknowledged update to a shard is sent again")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--stop-grace", stop_grace_s,
+                 "Seconds the monitor keeps answering after the job stops, so everyone hears")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
       ->capture_default_str()->check(CLI::PositiveNumber);
   pacer::AddLogLevelFlag(app, &log_level);
@@ -68,6 +75,8 @@ int main(int argc, char** argv) {
   }
   opts.mode = mode == "asp" ? pacer::wire::Mode::Asp : pacer::wire::Mode::Bsp;
   opts.lease = pacer::FromSeconds(lease_s);
+  opts.shard_resend = pacer::FromSeconds(shard_resend_ms / 1000.0);
+  opts.stop_grace = pacer::FromSeconds(stop_grace_s);
   opts.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;

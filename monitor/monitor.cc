@@ -156,8 +156,19 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   if (r->role() != wire::Role::Worker) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only workers and shards register", out);
   }
+  const std::string token = r->address() ? r->address()->str() : "";
+  if (!token.empty()) {
+    auto known = worker_tokens_.find(token);
+    if (known != worker_tokens_.end()) {  // a retried registration
+      const WorkerState& w = workers_.at(known->second);
+      auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
+      out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+      return;
+    }
+  }
   WorkerState w;
   w.id = next_id_++;
+  if (!token.empty()) worker_tokens_[token] = w.id;
   w.rank = next_rank_++;
   w.last_seen = clock_->Now();
   if (state_ == wire::JobState::Running) {
@@ -188,6 +199,21 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   }
   if (keys.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "a model needs at least one key", out);
+  }
+  uint64_t values = 0;
+  const uint64_t max_key_values = options_.max_message_bytes / sizeof(float);
+  for (const auto& k : keys) {
+    if (k.length() == 0 || k.length() > max_key_values || k.key() == UINT64_MAX) {
+      return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                        "key " + std::to_string(k.key()) + " has " + std::to_string(k.length()) +
+                            " values; each key needs 1.." + std::to_string(max_key_values) +
+                            " (--max-message-bytes) and key 2^64-1 is reserved",
+                        out);
+    }
+    values += k.length();
+  }
+  if (values > (uint64_t{1} << 34)) {
+    return ReplyError(peer, d.env, wire::ErrorCode::BadLength, "model too large", out);
   }
   if (model_.empty()) {
     model_ = keys;

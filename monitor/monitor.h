@@ -157,6 +157,7 @@ class MonitorCore {
   uint32_t worker_batch_ = 0;
   uint32_t partition_count_ = 0;
   std::map<uint32_t, WorkerState> workers_;
+  std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id
   std::vector<ShardState> shards_;
   uint64_t membership_version_ = 0;
   uint64_t next_shard_request_ = 0;

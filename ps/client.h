@@ -74,6 +74,8 @@ class PsClient {
   absl::Status Init();
   // Pushes grads() (a batch-mean gradient over `batch` samples) for `clock`
   // to every shard, concurrently; an empty push to shards without our keys.
+  // grads() travels zero-copy: after an error return, a send to another
+  // shard may still be reading it (a change then fails that push's CRC).
   absl::Status Push(uint64_t clock, uint32_t batch);
   // Pulls the parameters for `clock` into params(), concurrently from every
   // shard. latest=true reads the current values without waiting on the

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_addr;
   double register_timeout_s = 30, heartbeat_ms = 200, pull_timeout_s = 60;
+  double request_timeout_s = 1, stall_report_s = 5;
   bool no_apply = false, no_crc = false;
 
   CLI::App app{"pacer-server: a Pacer parameter-server shard. It registers with the monitor, "
@@ -35,7 +36,15 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-apply", no_apply,
                "Benchmarks only: acknowledge pushes without applying them (transport-only figure)");
-  app.add_flag("--no-crc", no_crc, "Do not verify or send payload CRCs (headers are always checked)");
+  app.add_flag("--no-crc", no_crc,
+               "Benchmarks only: skip the CRC-32 (replies carry CRC 0, nothing is verified); "
+               "every peer must skip it too");
+  app.add_option("--request-timeout", request_timeout_s,
+                 "Seconds to wait for the monitor's answer to one request")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--stall-report", stall_report_s,
+                 "Seconds a clock may stay open before the shard logs which workers it waits for")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   std::string* lvl = &log_level;
   pacer::AddLogLevelFlag(app, lvl);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
@@ -46,6 +55,8 @@ int main(int argc, char** argv) {
   opts.shard.check_crc = !no_crc;
   opts.shard.pull_timeout = pacer::FromSeconds(pull_timeout_s);
   opts.register_timeout = pacer::FromSeconds(register_timeout_s);
+  opts.request_timeout = pacer::FromSeconds(request_timeout_s);
+  opts.shard.stall_report = pacer::FromSeconds(stall_report_s);
   opts.heartbeat_interval = pacer::FromSeconds(heartbeat_ms / 1000.0);
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 

@@ -9,6 +9,9 @@
 namespace pacer {
 namespace {
 
+// Clocks a push may run ahead of the last applied one (BSP needs 1).
+constexpr int64_t kMaxOpenClocks = 16;
+
 std::vector<wire::KeyLen> CopyKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
   std::vector<wire::KeyLen> out;
   if (keys == nullptr) return out;
@@ -130,6 +133,10 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::Push: return OnPush(peer, d, out);
     case wire::Body::Pull: return OnPull(peer, d, out);
     case wire::Body::Stop: {
+      if (d.env.sender != 0) {
+        return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor stops a shard",
+                          out);
+      }
       stop_requested_ = true;
       flatbuffers::FlatBufferBuilder fbb(64);
       out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
@@ -141,21 +148,31 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   }
 }
 
-bool ShardCore::CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys,
-                          std::string* why) const {
+bool ShardCore::CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why,
+                          wire::ErrorCode* code) const {
   if (keys == nullptr) return true;
-  for (const wire::KeyLen* k : *keys) {
+  uint64_t previous = 0;
+  for (flatbuffers::uoffset_t i = 0; i < keys->size(); ++i) {
+    const wire::KeyLen* k = keys->Get(i);
     auto it = slots_.find(k->key());
     if (it == slots_.end()) {
+      *code = wire::ErrorCode::NotOwner;
       *why = "key " + std::to_string(k->key()) + " is not owned by shard " +
              std::to_string(shard_id_);
       return false;
     }
     if (it->second.length != k->length()) {
+      *code = wire::ErrorCode::BadLength;
       *why = "key " + std::to_string(k->key()) + " has " + std::to_string(it->second.length) +
              " values, request says " + std::to_string(k->length());
       return false;
     }
+    if (i > 0 && k->key() <= previous) {
+      *code = wire::ErrorCode::BadLength;
+      *why = "keys must be in ascending order without repeats";
+      return false;
+    }
+    previous = k->key();
   }
   return true;
 }
@@ -174,6 +191,10 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
                           "duplicate key " + std::to_string(k->key()), out);
       }
       total += k->length();
+      if (k->length() > options_.max_message_bytes / sizeof(float) || total > (size_t{1} << 34)) {
+        return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                          "key " + std::to_string(k->key()) + " is too large", out);
+      }
     }
   }
   bool same = slots.size() == slots_.size() &&
@@ -223,7 +244,9 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
   if (slots_.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
-  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+    return ReplyError(peer, d.env, code, why, out);
+  }
   if (m->keys() == nullptr || m->keys()->size() != slots_.size()) {
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "init must carry every key of the shard", out);
@@ -279,7 +302,9 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   if (slots_.empty() || !initialized_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
   }
-  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+    return ReplyError(peer, d.env, code, why, out);
+  }
   auto member = live_.find(d.env.sender);
   if (member == live_.end()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
@@ -313,6 +338,14 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       return ReplyError(peer, d.env, wire::ErrorCode::Stale,
                         "clock " + std::to_string(clock) + " is already closed (applied through " +
                             std::to_string(applied_clock_) + ")",
+                        out);
+    }
+    if (static_cast<int64_t>(clock) > applied_clock_ + kMaxOpenClocks) {
+      // Each open clock holds a full accumulator: refuse runaway clocks.
+      return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                        "clock " + std::to_string(clock) + " is more than " +
+                            std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
+                            std::to_string(applied_clock_),
                         out);
     }
     auto it = open_.find(clock);
@@ -353,7 +386,9 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
   if (slots_.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
-  if (!CheckKeys(m->keys(), &why)) return ReplyError(peer, d.env, wire::ErrorCode::NotOwner, why, out);
+  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+    return ReplyError(peer, d.env, code, why, out);
+  }
   m_pull_->Increment();
   std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
   if ((m->latest() && initialized_) || PullReady(m->clock())) {

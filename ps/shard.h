@@ -25,7 +25,8 @@ namespace pacer {
 struct ShardOptions {
   // Largest accepted message, all frames (--max-message-bytes).
   size_t max_message_bytes = kDefaultMaxMessageBytes;
-  // Verify and send payload CRCs (the CRC covers the header either way).
+  // Compute and verify the envelope's CRC-32 (--no-crc turns it off, for
+  // benchmarks; then every peer must turn it off too).
   bool check_crc = true;
   // Apply pushes to the parameters. false only for transport benchmarks:
   // pushes are accepted, verified and acknowledged, and nothing changes.
@@ -109,8 +110,10 @@ class ShardCore {
   void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
-  // Checks that every key is owned and has the declared length.
-  bool CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why) const;
+  // Checks that every key is owned (else NotOwner), has the declared length
+  // and comes in ascending order without repeats (else BadLength).
+  bool CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why,
+                 wire::ErrorCode* code) const;
 
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);

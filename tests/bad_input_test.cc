@@ -262,6 +262,14 @@ TEST_F(BadInputTest, MonitorRejectsEachKindAndKeepsServing) {
          "too_large", true);
   Expect(s, r, m, ValidPull(), "wrong_type", true);  // the monitor serves no pulls
   {
+    Frames f = ValidPull();
+    Frame half = Frame::Copy(f[1].data(), f[1].size() / 2);
+    f[0] = RawEnvelope(kProtocolVersion, uint16_t(wire::Body::Pull), kJob, id_, Crc(half, {}), 13, 0);
+    f[1] = half;
+    Expect(s, r, m, f, "bad_header", true);
+  }
+  Expect(s, r, m, ValidPush(999), "bad_length", true);  // the key says 1000 values
+  {
     Frames f = ValidPush(1000);
     std::vector<uint8_t> p(f[1].data(), f[1].data() + f[1].size());
     p[p.size() - 1] ^= 0x01;

@@ -418,3 +418,42 @@ TEST_F(MonitorTest, ShardRegistrationRetryKeepsItsId) {
 
 }  // namespace
 }  // namespace pacer
+
+namespace pacer {
+namespace {
+
+// Regression test: a worker that retries Register (its first one may still be
+// queued in ZeroMQ) must not become two members holding the barrier.
+TEST(MonitorRegistrationTest, RetriedWorkerRegistrationKeepsOneMember) {
+  FakeClock clock(TimePoint(std::chrono::hours(1)));
+  MonitorOptions options;
+  options.job_id = 5;
+  MonitorCore core(options, &clock);
+  auto reg = [&](const std::string& token) {
+    flatbuffers::FlatBufferBuilder fbb;
+    Envelope env;
+    env.request_id = 1;
+    Frames frames = EncodeBody(env, fbb, wire::CreateRegisterDirect(fbb, wire::Role::Worker,
+                                                                     token.c_str()));
+    uint64_t peer = 42;
+    frames.insert(frames.begin(), Frame::Copy(&peer, sizeof(peer)));
+    std::vector<MonitorCore::Outgoing> out;
+    core.Handle(std::move(frames), &out);
+    EXPECT_EQ(out.size(), 1u);
+    DecodeOptions d;
+    d.check_job = false;
+    Decoded dec;
+    DecodeError err;
+    EXPECT_TRUE(Decode(out[0].frames, d, &dec, &err)) << err.reason;
+    return dec.As<wire::RegisterReply>()->id();
+  };
+  const uint32_t first = reg("worker-1-abc");
+  const uint32_t again = reg("worker-1-abc");
+  const uint32_t other = reg("worker-2-def");
+  EXPECT_EQ(first, again);
+  EXPECT_NE(first, other);
+  EXPECT_EQ(core.LiveWorkers().size(), 2u);
+}
+
+}  // namespace
+}  // namespace pacer

@@ -353,9 +353,16 @@ TEST_F(ShardTest, KeyNotOwnedIsNotOwner) {
   EXPECT_EQ(ErrorOf(Push(kWorkerA, 0, 1, {1, 1, 1, 1}, {{1, 2}, {2, 1}, {77, 1}})),
             wire::ErrorCode::NotOwner);
   EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{77, 1}})), wire::ErrorCode::NotOwner);
-  // A known key with the wrong length is refused too.
-  EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{1, 3}})), wire::ErrorCode::NotOwner);
-  EXPECT_EQ(shard_->rejected(wire::ErrorCode::NotOwner), 3);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::NotOwner), 2);
+}
+
+TEST_F(ShardTest, WrongKeyLengthOrRepeatedKeyIsBadLength) {
+  Start(wire::Mode::Bsp);
+  // A known key with the wrong length, and a key listed twice.
+  EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{1, 3}})), wire::ErrorCode::BadLength);
+  EXPECT_EQ(ErrorOf(Pull(kWorkerA, 0, {{1, 2}, {1, 2}})), wire::ErrorCode::BadLength);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::BadLength), 2);
+  EXPECT_EQ(shard_->rejected(wire::ErrorCode::NotOwner), 0);
 }
 
 TEST_F(ShardTest, MembershipChangeReleasesParkedPull) {

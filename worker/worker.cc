@@ -93,9 +93,14 @@ Worker::~Worker() = default;
 
 absl::Status Worker::Impl::Register(RpcChannel& monitor) {
   const TimePoint give_up = clock->Now() + options.start_timeout;
+  // A token that names this worker instance, so that a retried registration
+  // (the first may still be queued) gets the same id instead of a new one.
+  std::random_device rd;
+  const std::string token = "worker-" + std::to_string(getpid()) + "-" +
+                            std::to_string((uint64_t{rd()} << 32) | rd());
   for (;;) {
     flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = wire::CreateRegisterDirect(fbb, wire::Role::Worker, "");
+    auto body = wire::CreateRegisterDirect(fbb, wire::Role::Worker, token.c_str());
     auto reply = monitor.Call(fbb, body, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
     if (reply.ok() && reply->type() == wire::Body::RegisterReply) {
       const auto* r = reply->As<wire::RegisterReply>();
@@ -182,7 +187,10 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
   if (!client.ok() || !monitor.ok()) return;
   std::unique_lock<std::mutex> lock(mu);
   while (!heartbeat_exit) {
-    clock->WaitUntil(cv, lock, clock->Now() + FromSeconds(eval_interval));
+    // `cv` also wakes on every heartbeat: wait out the whole interval.
+    const TimePoint next = clock->Now() + FromSeconds(eval_interval);
+    while (!heartbeat_exit && !clock->WaitUntil(cv, lock, next)) {
+    }
     if (heartbeat_exit) break;
     lock.unlock();
     auto applied = (*client)->Pull(0, /*latest=*/true);
@@ -295,6 +303,12 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   std::vector<uint32_t> order(end - begin);
   std::iota(order.begin(), order.end(), static_cast<uint32_t>(begin));
   const int batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
+  if (order.size() < static_cast<size_t>(batch)) {
+    return absl::FailedPreconditionError(
+        "data partition " + std::to_string(view.partition_index) + " has " +
+        std::to_string(order.size()) + " samples, fewer than one batch of " +
+        std::to_string(batch));
+  }
   const size_t features = w.train.features();
   std::vector<float> x(static_cast<size_t>(batch) * features);
   std::vector<uint8_t> y(static_cast<size_t>(batch));
