@@ -100,42 +100,40 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
   std::vector<Socket*> sockets;
   while (!pending.empty()) {
     // Wait on the shards still owing a reply, then take what has arrived.
-    {
-      if (options_.cancel != nullptr && options_.cancel->load()) {
-        return absl::CancelledError("request cancelled");
-      }
-      sockets.clear();
-      for (size_t i : pending) sockets.push_back(channels_[i]->socket());
-      const TimePoint now = transport_->clock()->Now();
-      const TimePoint wait_until =
-          options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
-      if (pending.size() == 1) {
-        // One reply owed: a plain blocking receive is cheaper than a poll.
-        const size_t i = pending[0];
-        Frames frames;
-        absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wait_until);
-        if (!got.ok()) return got.status();
-        if (*got) {
-          auto r = channels_[i]->Match(frames, ids[i]);
-          if (!r.ok()) return ShardError(i, r.status());
-          if (r->has_value()) {
-            absl::Status s = on_reply(i, **r);
-            if (!s.ok()) return s;
-            pending.clear();
-          }
-          continue;
-        }
-        if (transport_->clock()->Now() >= deadline) {
-          return absl::DeadlineExceededError("no reply from shard " + map_.shards[i].address);
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      return absl::CancelledError("request cancelled");
+    }
+    sockets.clear();
+    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
+    const TimePoint now = transport_->clock()->Now();
+    const TimePoint wait_until =
+        options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+    if (pending.size() == 1) {
+      // One reply owed: a plain blocking receive is cheaper than a poll.
+      const size_t i = pending[0];
+      Frames frames;
+      absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wait_until);
+      if (!got.ok()) return got.status();
+      if (*got) {
+        auto r = channels_[i]->Match(frames, ids[i]);
+        if (!r.ok()) return ShardError(i, r.status());
+        if (r->has_value()) {
+          absl::Status s = on_reply(i, **r);
+          if (!s.ok()) return s;
+          pending.clear();
         }
         continue;
       }
-      auto ready = transport_->Poll(sockets, wait_until);
-      if (!ready.ok()) return ready.status();
-      if (ready->empty() && transport_->clock()->Now() >= deadline) {
-        return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
-                                           " shard(s), first " + map_.shards[pending[0]].address);
+      if (transport_->clock()->Now() >= deadline) {
+        return absl::DeadlineExceededError("no reply from shard " + map_.shards[i].address);
       }
+      continue;
+    }
+    auto ready = transport_->Poll(sockets, wait_until);
+    if (!ready.ok()) return ready.status();
+    if (ready->empty() && transport_->clock()->Now() >= deadline) {
+      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
+                                         " shard(s), first " + map_.shards[pending[0]].address);
     }
     for (size_t p = 0; p < pending.size();) {
       size_t i = pending[p];

@@ -96,9 +96,7 @@ void ShardCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCod
                            const std::string& reason, std::vector<Outgoing>* out) {
   if (code != wire::ErrorCode::DeadlineExceeded) rejects_.Inc(code);
   SPDLOG_DEBUG("shard {}: refusing request {}: {}", shard_id_, to.request_id, reason);
-  Envelope from = to;
-  from.job_id = to.job_id;
-  out->push_back({peer, EncodeError(from, shard_id_, code, reason)});
+  out->push_back({peer, EncodeError(to, shard_id_, code, reason)});
 }
 
 void ShardCore::Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out) {

@@ -26,8 +26,8 @@ zmq::message_t ToZmq(const Frame& f) {
 
 class ZmqSocket final : public Socket {
  public:
-  ZmqSocket(zmq::socket_t socket, std::string address, bool router)
-      : socket_(std::move(socket)), address_(std::move(address)), router_(router) {}
+  ZmqSocket(zmq::socket_t socket, std::string address)
+      : socket_(std::move(socket)), address_(std::move(address)) {}
 
   absl::Status Send(Frames frames) override {
     if (frames.empty()) return absl::InvalidArgumentError("empty message");
@@ -102,7 +102,6 @@ class ZmqSocket final : public Socket {
  private:
   zmq::socket_t socket_;
   std::string address_;
-  bool router_;
   int rcvtimeo_ = -1;  // ZMQ_RCVTIMEO last set, in ms
 };
 
@@ -122,7 +121,7 @@ class ZmqTransport final : public Transport {
       s.set(zmq::sockopt::router_mandatory, 1);
       s.bind(zaddr);
       std::string bound = s.get(zmq::sockopt::last_endpoint);
-      return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), bound, true));
+      return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), bound));
     } catch (const zmq::error_t& e) {
       return absl::UnavailableError("cannot bind " + address + ": " + e.what());
     }
@@ -133,7 +132,7 @@ class ZmqTransport final : public Transport {
       zmq::socket_t s(context_, zmq::socket_type::dealer);
       Configure(s);
       s.connect(address);
-      return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), address, false));
+      return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), address));
     } catch (const zmq::error_t& e) {
       return absl::InvalidArgumentError("cannot connect to " + address + ": " + e.what());
     }
