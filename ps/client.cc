@@ -177,6 +177,7 @@ absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
 
 absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
   int64_t applied = std::numeric_limits<int64_t>::max();
+  last_wait_seconds_ = 0;
   absl::Status s = Broadcast(
       [&](size_t i, RpcChannel& ch) {
         const Slice& sl = slices_[i];
@@ -203,6 +204,7 @@ absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
         }
         if (sl.length) std::memcpy(params_->data() + sl.offset, d.payload.data(), d.payload.size());
         applied = std::min(applied, r->applied_clock());
+        last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r->waited_seconds()));
         return absl::OkStatus();
       });
   if (!s.ok()) return s;

@@ -81,6 +81,9 @@ class PsClient {
   // shard. latest=true reads the current values without waiting on the
   // barrier. Returns the lowest clock the shards have applied through.
   absl::StatusOr<int64_t> Pull(uint64_t clock, bool latest = false);
+  // Of the last Pull: the longest any shard held it on its consistency rule
+  // (the rest of its latency is communication).
+  double last_wait_seconds() const { return last_wait_seconds_; }
 
  private:
   PsClient() = default;
@@ -99,6 +102,7 @@ class PsClient {
   std::vector<std::unique_ptr<RpcChannel>> channels_;  // one per shard
   std::shared_ptr<std::vector<float>> params_;
   std::shared_ptr<std::vector<float>> grads_;
+  double last_wait_seconds_ = 0;
 };
 
 }  // namespace pacer

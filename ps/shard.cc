@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
@@ -11,6 +12,10 @@ namespace {
 
 // Clocks a push may run ahead of the last applied one (BSP needs 1).
 constexpr int64_t kMaxOpenClocks = 16;
+// Push times kept per worker for DSSP's extrapolation.
+constexpr size_t kPushTimes = 8;
+
+double Seconds(TimePoint t) { return ToSeconds(t - TimePoint{}); }
 
 std::vector<wire::KeyLen> CopyKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
   std::vector<wire::KeyLen> out;
@@ -55,6 +60,21 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                     .Help("Worker pushes folded into the parameters")
                     .Register(*registry_)
                     .Add({});
+  m_dropped_ = &prometheus::BuildCounter()
+                    .Name("pacer_shard_dropped_pushes_total")
+                    .Help("Backup mode: pushes that arrived after their clock closed, dropped")
+                    .Register(*registry_)
+                    .Add({});
+  m_duplicates_ = &prometheus::BuildCounter()
+                       .Name("pacer_shard_duplicate_pushes_total")
+                       .Help("Pushes received again (retries), acknowledged and not applied")
+                       .Register(*registry_)
+                       .Add({});
+  m_grants_ = &prometheus::BuildCounter()
+                   .Name("pacer_shard_dssp_extra_iterations_total")
+                   .Help("DSSP: extra iterations r* granted to workers past their lower bound")
+                   .Register(*registry_)
+                   .Add({});
   m_clock_ = &prometheus::BuildGauge()
                   .Name("pacer_shard_applied_clock")
                   .Help("Highest clock whose step has been applied (-1: none)")
@@ -222,10 +242,23 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
   const auto* m = d.As<wire::Membership>();
   if (m->version() > membership_version_) {
     membership_version_ = m->version();
-    live_.clear();
+    std::map<uint32_t, Member> next;
     if (m->workers() != nullptr) {
-      for (const wire::WorkerInfo* w : *m->workers()) live_[w->id()] = w->batch();
+      for (const wire::WorkerInfo* w : *m->workers()) {
+        auto known = live_.find(w->id());
+        Member member;
+        if (known != live_.end()) {
+          member = std::move(known->second);  // keeps its progress
+        } else {
+          member.pushed = static_cast<int64_t>(w->start_clock()) - 1;
+        }
+        member.batch = w->batch();
+        member.staleness = w->staleness();
+        member.staleness_range = w->staleness_range();
+        next[w->id()] = std::move(member);
+      }
     }
+    live_ = std::move(next);
     m_live_->Set(static_cast<double>(live_.size()));
     SPDLOG_DEBUG("shard {}: membership v{} with {} workers", shard_id_,
                  membership_version_, live_.size());
@@ -310,72 +343,144 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
                           std::to_string(membership_version_),
                       out);
   }
-  const uint64_t clock = m->clock();
   m_push_->Increment();
   m_push_bytes_->Increment(static_cast<double>(d.payload.size()));
-  std::span<const float> values = d.floats();
+  if (Asynchronous()) return OnAsyncPush(peer, d, member->second, out);
+  return OnSyncPush(peer, d, out);
+}
 
-  if (job_.mode == wire::Mode::Asp) {
-    // Each push is one optimizer step on its own batch-mean gradient.
+bool ShardCore::Asynchronous() const {
+  return job_.mode == wire::Mode::Asp || job_.mode == wire::Mode::Ssp ||
+         job_.mode == wire::Mode::Dssp;
+}
+
+void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
+                            std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Push>();
+  const uint64_t clock = m->clock();
+  if (static_cast<int64_t>(clock) <= member.pushed) {
+    // A retry of a push already applied (clocks only move forward).
+    m_duplicates_->Increment();
+  } else {
+    // One step on this gradient, weighted b_i / B.
     if (options_.apply_updates && m->keys() != nullptr) {
-      const float* src = values.data();
+      const float scale = static_cast<float>(m->batch()) /
+                          static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
+      const float* src = d.floats().data();
       std::vector<float>& params = MutableParams();
       for (const wire::KeyLen* k : *m->keys()) {
         const KeySlot& s = slots_.at(k->key());
         SgdMomentumStep({params.data() + s.offset, s.length}, {velocity_.data() + s.offset, s.length},
-                        {src, s.length}, job_.sgd);
+                        {src, s.length}, job_.sgd, scale);
         src += s.length;
       }
     }
+    member.pushed = static_cast<int64_t>(clock);
+    member.push_times.push_back(Seconds(clock_->Now()));
+    if (member.push_times.size() > kPushTimes) member.push_times.pop_front();
     m_updates_->Increment();
     ++updates_applied_;
+    ++steps_;
+    m_steps_->Increment();
     applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
     m_clock_->Set(static_cast<double>(applied_clock_));
-  } else {
-    if (static_cast<int64_t>(clock) <= applied_clock_) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Stale,
-                        "clock " + std::to_string(clock) + " is already closed (applied through " +
-                            std::to_string(applied_clock_) + ")",
-                        out);
-    }
-    if (static_cast<int64_t>(clock) > applied_clock_ + kMaxOpenClocks) {
-      // Each open clock holds a full accumulator: refuse runaway clocks.
-      return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                        "clock " + std::to_string(clock) + " is more than " +
-                            std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
-                            std::to_string(applied_clock_),
-                        out);
-    }
-    auto it = open_.find(clock);
-    if (it == open_.end()) {
-      const TimePoint now = clock_->Now();
-      it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0, now, now}).first;
-    }
-    OpenClock& oc = it->second;
-    if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
-      const float weight = static_cast<float>(m->batch());
-      if (options_.apply_updates && m->keys() != nullptr) {
-        const float* src = values.data();
-        for (const wire::KeyLen* k : *m->keys()) {
-          const KeySlot& s = slots_.at(k->key());
-          Accumulate({oc.acc.data() + s.offset, s.length}, {src, s.length}, weight);
-          src += s.length;
-        }
-      }
-      oc.batch_sum += m->batch();
-      m_updates_->Increment();
-    ++updates_applied_;
-    }
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
 }
 
-bool ShardCore::PullReady(uint64_t clock) const {
+void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Push>();
+  const uint64_t clock = m->clock();
+  std::span<const float> values = d.floats();
+  if (static_cast<int64_t>(clock) <= applied_clock_) {
+    if (job_.mode == wire::Mode::Backup) {
+      ++dropped_pushes_;
+      m_dropped_->Increment();
+    }
+    return ReplyError(peer, d.env, wire::ErrorCode::Stale,
+                      "clock " + std::to_string(clock) + " is already closed (applied through " +
+                          std::to_string(applied_clock_) + ")",
+                      out);
+  }
+  if (static_cast<int64_t>(clock) > applied_clock_ + kMaxOpenClocks) {
+    // Each open clock holds a full accumulator: refuse runaway clocks.
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "clock " + std::to_string(clock) + " is more than " +
+                          std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
+                          std::to_string(applied_clock_),
+                      out);
+  }
+  auto it = open_.find(clock);
+  if (it == open_.end()) {
+    const TimePoint now = clock_->Now();
+    it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0, now, now}).first;
+  }
+  OpenClock& oc = it->second;
+  if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
+    const float weight = static_cast<float>(m->batch());
+    if (options_.apply_updates && m->keys() != nullptr) {
+      const float* src = values.data();
+      for (const wire::KeyLen* k : *m->keys()) {
+        const KeySlot& s = slots_.at(k->key());
+        Accumulate({oc.acc.data() + s.offset, s.length}, {src, s.length}, weight);
+        src += s.length;
+      }
+    }
+    oc.batch_sum += m->batch();
+    m_updates_->Increment();
+    ++updates_applied_;
+  } else {
+    m_duplicates_->Increment();
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
+  Advance(out);
+}
+
+int64_t ShardCore::slowest_pushed() const {
+  if (live_.empty()) return applied_clock_;
+  int64_t slowest = INT64_MAX;
+  for (const auto& [id, m] : live_) slowest = std::min(slowest, m.pushed);
+  return slowest;
+}
+
+uint32_t ShardCore::last_grant(uint32_t worker) const {
+  auto it = live_.find(worker);
+  return it == live_.end() ? 0 : it->second.last_grant;
+}
+
+bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
   if (!initialized_) return false;
-  if (job_.mode == wire::Mode::Asp) return true;
-  return static_cast<int64_t>(clock) <= applied_clock_ + 1;
+  switch (job_.mode) {
+    case wire::Mode::Asp:
+      return true;
+    case wire::Mode::Ssp:
+    case wire::Mode::Dssp: {
+      const int64_t slowest = slowest_pushed();
+      auto me = live_.find(worker);
+      const uint32_t s = me == live_.end() ? 0 : me->second.staleness;
+      if (SspReadAllowed(clock, slowest, s)) return true;
+      if (job_.mode == wire::Mode::Ssp || me == live_.end()) return false;
+      // DSSP: this worker would block at s_L; grant it r* extra iterations,
+      // chosen from its push times and the slowest worker's.
+      const Member* slow = nullptr;
+      for (const auto& [id, m] : live_) {
+        if (m.pushed == slowest) slow = &m;
+      }
+      std::vector<double> mine(me->second.push_times.begin(), me->second.push_times.end());
+      std::vector<double> theirs(slow->push_times.begin(), slow->push_times.end());
+      const uint32_t r = DsspExtraIterations(mine, theirs, me->second.staleness_range);
+      if (!SspReadAllowed(clock, slowest, s + r)) return false;
+      // Counted once per read that needed the grant.
+      me->second.last_grant = r;
+      m_grants_->Increment(r);
+      return true;
+    }
+    default:  // Bsp, Backup: the previous clock's step has been applied
+      return static_cast<int64_t>(clock) <= applied_clock_ + 1;
+  }
 }
 
 void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -389,10 +494,11 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   m_pull_->Increment();
   std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
-  if ((m->latest() && initialized_) || PullReady(m->clock())) {
-    return AnswerPull(peer, d.env, m->clock(), keys, out);
+  if ((m->latest() && initialized_) || PullReady(d.env.sender, m->clock())) {
+    return AnswerPull(peer, d.env, m->clock(), keys, 0, out);
   }
-  parked_.push_back({peer, d.env, m->clock(), std::move(keys), clock_->Now() + options_.pull_timeout});
+  const TimePoint now = clock_->Now();
+  parked_.push_back({peer, d.env, m->clock(), std::move(keys), now, now + options_.pull_timeout});
   m_parked_->Set(static_cast<double>(parked_.size()));
 }
 
@@ -409,7 +515,8 @@ std::shared_ptr<std::vector<float>> ShardCore::ReplyBuffer(size_t floats) {
 }
 
 void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
-                           std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out) {
+                           std::span<const wire::KeyLen> keys, double waited,
+                           std::vector<Outgoing>* out) {
   size_t total = 0;
   bool contiguous = true;  // keys laid out back to back in params_
   size_t first = 0;
@@ -437,26 +544,29 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   m_pull_bytes_->Increment(static_cast<double>(total * sizeof(float)));
   flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
-  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv);
+  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited));
   out->push_back({peer, EncodeBody(ReplyEnvelope(to), fbb, body, std::move(payload),
                                    options_.check_crc)});
 }
 
 void ShardCore::Advance(std::vector<Outgoing>* out) {
-  if (job_.mode != wire::Mode::Asp) {
+  if (!Asynchronous()) {
+    // Backup mode closes a clock once all but k live workers pushed it.
+    const size_t k = job_.mode == wire::Mode::Backup ? job_.backup_workers : 0;
+    const size_t needed = live_.size() > k ? live_.size() - k : 1;
     while (!open_.empty() && !live_.empty()) {
       auto it = open_.begin();
       if (static_cast<int64_t>(it->first) != applied_clock_ + 1) break;
       OpenClock& oc = it->second;
-      bool all = std::all_of(live_.begin(), live_.end(),
-                             [&](const auto& w) { return oc.pushed.count(w.first) > 0; });
-      if (!all) break;
+      size_t from_live = 0;
+      for (const auto& [id, m] : live_) from_live += oc.pushed.count(id);
+      if (from_live < needed) break;
       // One synchronous step: g = sum_i (b_i / B) g_i, B the batch of the pushes.
       if (options_.apply_updates && oc.batch_sum > 0) {
         SgdMomentumStep(MutableParams(), velocity_, oc.acc, job_.sgd,
                         1.0f / static_cast<float>(oc.batch_sum));
       }
-      if (oc.pushed.size() != live_.size()) {
+      if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left
         m_incomplete_->Increment();
       }
@@ -468,9 +578,10 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       open_.erase(it);
     }
   }
+  const TimePoint now = clock_->Now();
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (PullReady(it->clock)) {
-      AnswerPull(it->peer, it->env, it->clock, it->keys, out);
+    if (PullReady(it->env.sender, it->clock)) {
+      AnswerPull(it->peer, it->env, it->clock, it->keys, ToSeconds(now - it->parked_at), out);
       it = parked_.erase(it);
     } else {
       ++it;
@@ -487,7 +598,7 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
     if (now - oc.reported >= options_.stall_report) {
       oc.reported = now;
       std::string missing;
-      for (const auto& [id, batch] : live_) {
+      for (const auto& [id, member] : live_) {
         if (!oc.pushed.count(id)) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
       }
       if (!missing.empty()) {
@@ -495,6 +606,18 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
                      open_.begin()->first, ToSeconds(now - oc.opened), missing);
       }
     }
+  }
+  if (Asynchronous() && !parked_.empty() && now - parked_.front().parked_at >= options_.stall_report &&
+      now - async_reported_ >= options_.stall_report) {
+    async_reported_ = now;
+    const int64_t slowest = slowest_pushed();
+    std::string behind;
+    for (const auto& [id, member] : live_) {
+      if (member.pushed == slowest) behind += (behind.empty() ? "" : ", ") + std::to_string(id);
+    }
+    spdlog::warn("shard {}: a read has waited {:.1f} s on the staleness bound; slowest worker(s) {} "
+                 "at clock {}",
+                 shard_id_, ToSeconds(now - parked_.front().parked_at), behind, slowest);
   }
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (it->deadline <= now) {

@@ -45,6 +45,12 @@ struct ShardJob {
   uint64_t job_id = 0;
   wire::Mode mode = wire::Mode::Bsp;
   SgdOptions sgd;
+  // B: in the asynchronous modes (asp, ssp, dssp) each push is one step on
+  // its gradient weighted by b_i / B, so a round of pushes moves the model as
+  // far as one synchronous step.
+  uint32_t global_batch = 192;
+  // k of mode Backup: a clock closes once all but k live workers pushed it.
+  uint32_t backup_workers = 0;
 };
 
 // Single-threaded: one thread calls every method.
@@ -76,6 +82,13 @@ class ShardCore {
   int64_t applied_clock() const { return applied_clock_; }
   uint64_t steps() const { return steps_; }
   uint64_t incomplete_steps() const { return incomplete_steps_; }
+  // Backup mode: pushes that came after their clock closed, dropped.
+  uint64_t dropped_pushes() const { return dropped_pushes_; }
+  // Asynchronous modes: the lowest clock every live worker has pushed (-1: none).
+  int64_t slowest_pushed() const;
+  // DSSP: the extra iterations r* granted on the last read of `worker` that
+  // went past its lower bound (0 when none).
+  uint32_t last_grant(uint32_t worker) const;
   // Worker pushes folded into the parameters (each (worker, clock) once).
   uint64_t updates_applied() const { return updates_applied_; }
   bool initialized() const { return initialized_; }
@@ -104,7 +117,17 @@ class ShardCore {
     Envelope env;
     uint64_t clock;
     std::vector<wire::KeyLen> keys;
+    TimePoint parked_at;
     TimePoint deadline;
+  };
+  // A live worker, with its bounds from the monitor and its progress here.
+  struct Member {
+    uint32_t batch = 0;
+    uint32_t staleness = 0;        // s (ssp) or s_L (dssp)
+    uint32_t staleness_range = 0;  // r_max (dssp)
+    int64_t pushed = -1;           // highest clock pushed (async modes)
+    std::deque<double> push_times; // seconds, the last few pushes (dssp)
+    uint32_t last_grant = 0;
   };
 
   void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
@@ -124,9 +147,14 @@ class ShardCore {
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
   void Advance(std::vector<Outgoing>* out);
-  bool PullReady(uint64_t clock) const;
+  bool Asynchronous() const;
+  // Whether `worker` may read clock `clock` now (the mode's rule).
+  bool PullReady(uint32_t worker, uint64_t clock);
+  void OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
+                   std::vector<Outgoing>* out);
+  void OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
-                  std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out);
+                  std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
   std::vector<float> TakeBuffer();
   // The parameters, ready to be written: copied first if a reply holds them.
@@ -156,20 +184,22 @@ class ShardCore {
   std::vector<float> scratch_;
   bool initialized_ = false;
 
-  // Membership: live worker id -> batch size.
+  // Membership: the live workers.
   uint64_t membership_version_ = 0;
-  std::map<uint32_t, uint32_t> live_;
+  std::map<uint32_t, Member> live_;
 
   // The barrier.
   int64_t applied_clock_ = -1;
   std::map<uint64_t, OpenClock> open_;
   std::vector<std::vector<float>> spare_acc_;
   std::deque<ParkedPull> parked_;
+  TimePoint async_reported_{};  // last stall report in the asynchronous modes
   std::vector<std::shared_ptr<std::vector<float>>> reply_pool_;
 
   uint64_t steps_ = 0;
   uint64_t incomplete_steps_ = 0;
   uint64_t updates_applied_ = 0;
+  uint64_t dropped_pushes_ = 0;
 
   // Metrics.
   prometheus::Counter* m_push_ = nullptr;
@@ -179,6 +209,9 @@ class ShardCore {
   prometheus::Counter* m_steps_ = nullptr;
   prometheus::Counter* m_incomplete_ = nullptr;
   prometheus::Counter* m_updates_ = nullptr;
+  prometheus::Counter* m_dropped_ = nullptr;
+  prometheus::Counter* m_duplicates_ = nullptr;
+  prometheus::Counter* m_grants_ = nullptr;
   prometheus::Gauge* m_clock_ = nullptr;
   prometheus::Gauge* m_keys_ = nullptr;
   prometheus::Gauge* m_live_ = nullptr;

@@ -44,6 +44,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         job.mode = r->job()->mode();
         job.sgd.learning_rate = r->job()->learning_rate();
         job.sgd.momentum = r->job()->momentum();
+        job.global_batch = r->job()->global_batch();
+        job.backup_workers = r->job()->backup_workers();
       }
       s->id_ = r->id();
       ShardOptions sopts = options.shard;

@@ -1,9 +1,8 @@
 // Consistency rules a shard enforces per push and pull, as pure functions so
 // that the shard, unit tests and the cluster simulator share them. ps/ owns
 // them; the monitor only sets each worker's bounds.
-//
-// Status (issue 3, in progress): the rules exist and are unit tested; the
-// shard still enforces BSP and ASP only.
+// ShardCore (ps/shard.h) applies them on every read; bench/ 's simulator
+// runs the same functions.
 #ifndef PACER_PS_STALENESS_H_
 #define PACER_PS_STALENESS_H_
 

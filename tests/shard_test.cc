@@ -10,10 +10,12 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 #include <span>
 #include <vector>
 
 #include "ps/optimizer.h"
+#include "ps/staleness.h"
 #include "ps/wire.h"
 
 namespace pacer {
@@ -26,6 +28,7 @@ constexpr uint32_t kWorkerA = 11;  // batch 1
 constexpr uint32_t kWorkerB = 12;  // batch 3
 constexpr float kLr = 0.5f;
 constexpr float kMomentum = 0.9f;
+constexpr uint32_t kGlobalBatch = 4;  // B = 1 + 3
 
 // The shard owns key 1 (2 values) and key 2 (1 value).
 const std::vector<wire::KeyLen> kKeys = {{1, 2}, {2, 1}};
@@ -48,6 +51,9 @@ struct WorkerSpec {
   uint32_t id;
   uint32_t rank;
   uint32_t batch;
+  uint32_t staleness = 0;        // s, or s_L
+  uint32_t staleness_range = 0;  // r_max
+  uint64_t start_clock = 0;
 };
 
 class ShardTest : public ::testing::Test {
@@ -55,7 +61,8 @@ class ShardTest : public ::testing::Test {
   ShardTest() : clock_(TimePoint{} + std::chrono::hours(1)) {}
 
   void Start(wire::Mode mode,
-             const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}) {
+             const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}},
+             uint32_t backup_workers = 0) {
     ShardOptions opts;
     opts.pull_timeout = std::chrono::seconds(5);
     shard_ = std::make_unique<ShardCore>(opts, &clock_);
@@ -64,6 +71,8 @@ class ShardTest : public ::testing::Test {
     job.mode = mode;
     job.sgd.learning_rate = kLr;
     job.sgd.momentum = kMomentum;
+    job.global_batch = kGlobalBatch;
+    job.backup_workers = backup_workers;
     shard_->Configure(job, kShardId);
 
     ExpectAck(Declare(kKeys));
@@ -97,7 +106,8 @@ class ShardTest : public ::testing::Test {
     flatbuffers::FlatBufferBuilder fbb;
     std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
     for (const auto& w : workers)
-      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
+      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch, w.start_clock,
+                                             w.staleness, w.staleness_range));
     return Send(kMonitor, fbb, wire::CreateMembershipDirect(fbb, version, &infos));
   }
   std::vector<ShardCore::Outgoing> Init(uint32_t sender, const std::vector<float>& values) {
@@ -537,15 +547,15 @@ TEST_F(ShardTest, UnreadableMessageIsDroppedAndCounted) {
 // ---------------------------------------------------------------------------
 // ASP.
 
-TEST_F(ShardTest, AspAppliesEachPushAtOnce) {
+TEST_F(ShardTest, AspAppliesEachPushAtOnceWeightedByItsBatchShare) {
   Start(wire::Mode::Asp);
   const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
   const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
   ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
-  // v1 = ga; w1 = w0 - lr * ga (the batch does not weigh a lone push).
+  // v1 = (1/4) ga; w1 = w0 - lr * v1 (b_A / B = 1/4).
   std::vector<float> v1(3), w1(3);
   for (size_t i = 0; i < 3; ++i) {
-    v1[i] = ga[i];
+    v1[i] = 0.25f * ga[i];
     w1[i] = kW0[i] - kLr * v1[i];
   }
   ExpectNear(Params(), w1);
@@ -553,14 +563,231 @@ TEST_F(ShardTest, AspAppliesEachPushAtOnce) {
 
   ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
   std::vector<float> w2(3);
-  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (kMomentum * v1[i] + gb[i]);
+  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (kMomentum * v1[i] + 0.75f * gb[i]);
   ExpectNear(Params(), w2);
+
+  // A retried push (same worker, same clock) is acknowledged, not applied.
+  ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
+  ExpectNear(Params(), w2);
+  EXPECT_EQ(shard_->updates_applied(), 2u);
 
   // A pull for any clock is answered at once with the current values.
   auto out = Pull(kWorkerA, 5);
   ASSERT_EQ(out.size(), 1u);
   ExpectNear(PullValues(out[0]), w2);
   EXPECT_EQ(shard_->parked_pulls(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// SSP, DSSP and backup workers.
+
+// The clock of the single PullReply in `out` addressed to `worker`, if any.
+std::optional<uint64_t> AnsweredPull(const std::vector<ShardCore::Outgoing>& out,
+                                     uint32_t worker) {
+  for (const auto& o : out) {
+    if (PeerId(o.peer) != worker) continue;
+    DecodeOptions opts;
+    opts.job_id = kJob;
+    Decoded d;
+    DecodeError err;
+    if (!Decode(o.frames, opts, &d, &err)) continue;
+    if (d.type() == wire::Body::PullReply) return d.As<wire::PullReply>()->clock();
+  }
+  return std::nullopt;
+}
+
+TEST_F(ShardTest, SspReadWaitsUntilEveryWorkerPushedClockMinusBoundMinusOne) {
+  // s = 1 for A, s = 0 for B.
+  Start(wire::Mode::Ssp, {{kWorkerA, 0, 1, 1}, {kWorkerB, 1, 3, 0}});
+  const std::vector<float> g = {1.0f, 1.0f, 1.0f};
+  // A runs ahead: clocks 0 and 1 need nothing from B (1 - 1 - 1 < 0).
+  EXPECT_TRUE(AnsweredPull(Pull(kWorkerA, 0), kWorkerA));
+  ExpectPushReply(Push(kWorkerA, 0, 1, g).at(0), 0);
+  EXPECT_TRUE(AnsweredPull(Pull(kWorkerA, 1), kWorkerA));
+  ExpectPushReply(Push(kWorkerA, 1, 1, g).at(0), 1);
+  // Clock 2 needs B's clock 0: parked.
+  EXPECT_TRUE(Pull(kWorkerA, 2).empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+  // B (s = 0) reads clock 1 only once A and B both pushed clock 0.
+  EXPECT_TRUE(AnsweredPull(Pull(kWorkerB, 0), kWorkerB));
+  EXPECT_TRUE(Pull(kWorkerB, 1).empty());
+  EXPECT_EQ(shard_->parked_pulls(), 2u);
+  // B's push of clock 0 releases both: A at 2 (2-1-1 = 0) and B at 1.
+  auto out = Push(kWorkerB, 0, 3, g);
+  ExpectPushReply(out.at(0), 0);
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(2));
+  EXPECT_EQ(AnsweredPull(out, kWorkerB), std::optional<uint64_t>(1));
+  EXPECT_EQ(shard_->parked_pulls(), 0u);
+  EXPECT_EQ(shard_->slowest_pushed(), 0);
+  // Every push was applied at once.
+  EXPECT_EQ(shard_->updates_applied(), 3u);
+}
+
+TEST_F(ShardTest, SspLateJoinerStartsAtItsStartClock) {
+  Start(wire::Mode::Ssp, {{kWorkerA, 0, 1, 0}});
+  const std::vector<float> g = {1.0f, 1.0f, 1.0f};
+  for (uint64_t c = 0; c < 5; ++c) ExpectPushReply(Push(kWorkerA, c, 1, g).at(0), c);
+  // B joins at clock 5: it counts as having pushed clock 4, so A may read 5.
+  ExpectAck(Membership(2, {{kWorkerA, 0, 1, 0}, {kWorkerB, 1, 3, 0, 0, 5}}));
+  EXPECT_EQ(shard_->slowest_pushed(), 4);
+  EXPECT_TRUE(AnsweredPull(Pull(kWorkerA, 5), kWorkerA));
+  ExpectPushReply(Push(kWorkerA, 5, 1, g).at(0), 5);
+  EXPECT_TRUE(Pull(kWorkerA, 6).empty());  // waits for B's clock 5
+  auto out = Push(kWorkerB, 5, 3, g);
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(6));
+}
+
+TEST_F(ShardTest, SspReleasesAWaitingReadWhenTheSlowestWorkerLeaves) {
+  Start(wire::Mode::Ssp, {{kWorkerA, 0, 1, 0}, {kWorkerB, 1, 3, 0}});
+  ExpectPushReply(Push(kWorkerA, 0, 1, {1.0f, 1.0f, 1.0f}).at(0), 0);
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  auto out = Membership(2, {{kWorkerA, 0, 1, 0}});
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(1));
+}
+
+// A: 1 push per second, B: 1 push per 4 seconds; s_L = 0.
+class DsspTest : public ShardTest {
+ protected:
+  void Run(uint32_t r_max) {
+    Start(wire::Mode::Dssp, {{kWorkerA, 0, 1, 0, r_max}, {kWorkerB, 1, 3, 0, r_max}});
+    const std::vector<float> g = {0.0f, 0.0f, 0.0f};
+    for (int t = 0; t <= 4; ++t) {
+      if (t == 0 || t == 4) ExpectPushReply(Push(kWorkerB, t / 4, 3, g).at(0), t / 4);
+      ExpectPushReply(Push(kWorkerA, static_cast<uint64_t>(t), 1, g).at(0), t);
+      if (t < 4) clock_.Advance(std::chrono::seconds(1));
+    }
+    ASSERT_EQ(shard_->slowest_pushed(), 1);
+  }
+};
+
+TEST_F(DsspTest, GrantsTheExtraIterationsThatMeetTheSlowestWorkersNextPush) {
+  Run(/*r_max=*/5);
+  // A's pushes at t = 0..4 (every 1 s); B's at 0 and 4 (every 4 s): B's next
+  // push is due at 8 and A gets there after r* = 4 more iterations
+  // (DsspExtraIterations, tested on its own in staleness_test).
+  const std::vector<double> a = {0, 1, 2, 3, 4}, b = {0, 4};
+  ASSERT_EQ(DsspExtraIterations(a, b, 5), 4u);
+  // s_L alone lets A read clock 2; with r* = 4 it reads up to 1 + 0 + 4 + 1 = 6.
+  EXPECT_EQ(AnsweredPull(Pull(kWorkerA, 5), kWorkerA), std::optional<uint64_t>(5));
+  EXPECT_EQ(shard_->last_grant(kWorkerA), 4u);
+  EXPECT_EQ(AnsweredPull(Pull(kWorkerA, 6), kWorkerA), std::optional<uint64_t>(6));
+  EXPECT_TRUE(Pull(kWorkerA, 7).empty());
+  // B pushes clock 2 at t = 8: A's read of 7 is within the new grant.
+  clock_.Advance(std::chrono::seconds(4));
+  auto out = Push(kWorkerB, 2, 3, {0.0f, 0.0f, 0.0f});
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(7));
+}
+
+TEST_F(DsspTest, NeverGrantsMoreThanRMax) {
+  Run(/*r_max=*/2);
+  // r* would be 4; it is capped at 2, so A reads up to 1 + 0 + 2 + 1 = 4.
+  EXPECT_EQ(AnsweredPull(Pull(kWorkerA, 4), kWorkerA), std::optional<uint64_t>(4));
+  EXPECT_TRUE(Pull(kWorkerA, 5).empty());
+  EXPECT_EQ(shard_->last_grant(kWorkerA), 2u);
+}
+
+TEST_F(DsspTest, NothingExtraWithoutEnoughPushHistory) {
+  Start(wire::Mode::Dssp, {{kWorkerA, 0, 1, 0, 5}, {kWorkerB, 1, 3, 0, 5}});
+  const std::vector<float> g = {0.0f, 0.0f, 0.0f};
+  ExpectPushReply(Push(kWorkerA, 0, 1, g).at(0), 0);
+  clock_.Advance(std::chrono::seconds(1));
+  ExpectPushReply(Push(kWorkerA, 1, 1, g).at(0), 1);
+  // B has never pushed: nothing to extrapolate, the bound stays s_L = 0.
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+}
+
+// Random schedules of three workers with different bounds: no read is ever
+// answered past its bound, and every read its bound allows is answered at
+// once (so a blocked worker is released as soon as the slowest advances).
+TEST_F(ShardTest, RandomSchedulesNeverReadPastTheBound) {
+  for (wire::Mode mode : {wire::Mode::Ssp, wire::Mode::Dssp}) {
+    for (uint32_t seed = 1; seed <= 20; ++seed) {
+      SCOPED_TRACE(std::string(wire::EnumNameMode(mode)) + " seed " + std::to_string(seed));
+      const std::vector<WorkerSpec> workers = {
+          {kWorkerA, 0, 1, 0, 2}, {kWorkerB, 1, 1, 1, 3}, {13, 2, 2, 3, 1}};
+      Start(mode, workers);
+      std::mt19937 rng(seed);
+      std::map<uint32_t, uint64_t> clock;   // next clock each worker reads
+      std::map<uint32_t, int64_t> pushed;   // the test's own view
+      std::map<uint32_t, bool> waiting;     // a read is parked
+      for (const auto& w : workers) clock[w.id] = 0, pushed[w.id] = -1, waiting[w.id] = false;
+      auto slowest = [&] {
+        int64_t m = INT64_MAX;
+        for (auto& [id, p] : pushed) m = std::min(m, p);
+        return m;
+      };
+      auto check = [&](const std::vector<ShardCore::Outgoing>& out) {
+        for (const auto& w : workers) {
+          auto got = AnsweredPull(out, w.id);
+          if (!got) continue;
+          const uint32_t bound = w.staleness + (mode == wire::Mode::Dssp ? w.staleness_range : 0);
+          EXPECT_TRUE(SspReadAllowed(*got, slowest(), bound))
+              << "worker " << w.id << " read clock " << *got << " with slowest " << slowest();
+          waiting[w.id] = false;
+        }
+      };
+      for (int step = 0; step < 300; ++step) {
+        clock_.Advance(std::chrono::milliseconds(1 + rng() % 50));
+        const WorkerSpec& w = workers[rng() % workers.size()];
+        if (waiting[w.id]) continue;
+        // Read, then (if answered) push that clock.
+        auto out = Pull(w.id, clock[w.id]);
+        const bool answered = AnsweredPull(out, w.id).has_value();
+        check(out);
+        if (SspReadAllowed(clock[w.id], slowest(), w.staleness)) {
+          EXPECT_TRUE(answered) << "a read within s was not answered";
+        }
+        if (!answered) {
+          waiting[w.id] = true;
+          continue;
+        }
+        out = Push(w.id, clock[w.id], w.batch, {0.1f, 0.1f, 0.1f});
+        pushed[w.id] = static_cast<int64_t>(clock[w.id]);
+        ++clock[w.id];
+        check(out);
+        for (const auto& v : workers) {
+          if (waiting[v.id] && SspReadAllowed(clock[v.id], slowest(), v.staleness)) {
+            ADD_FAILURE() << "worker " << v.id << " still waits for clock " << clock[v.id]
+                          << " though the slowest pushed " << slowest();
+          }
+        }
+      }
+      EXPECT_GT(slowest(), 20);  // the schedule made progress
+    }
+  }
+}
+
+TEST_F(ShardTest, BackupClosesTheClockWithoutTheLastKAndDropsItsPush) {
+  Start(wire::Mode::Backup, {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}, {13, 2, 2}}, /*k=*/1);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  auto out = Push(kWorkerB, 0, 3, gb);  // 2 of 3 pushed: clock 0 closes
+  ExpectPushReply(out.at(0), 0);
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(1));
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  // The step is the batch-weighted mean of the two pushes: (1 ga + 3 gb) / 4.
+  std::vector<float> w1(3);
+  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * (ga[i] + 3 * gb[i]) / 4;
+  ExpectNear(Params(), w1);
+  // The third worker's push comes late: refused as Stale, dropped, counted.
+  EXPECT_EQ(ErrorOf(Push(13, 0, 2, {9.0f, 9.0f, 9.0f})), wire::ErrorCode::Stale);
+  EXPECT_EQ(shard_->dropped_pushes(), 1u);
+  ExpectNear(Params(), w1);
+}
+
+TEST_F(ShardTest, ParkedReadReportsHowLongItWaited) {
+  Start(wire::Mode::Bsp);
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  clock_.Advance(std::chrono::milliseconds(1500));
+  Push(kWorkerA, 0, 1, {0.0f, 0.0f, 0.0f});
+  auto out = Push(kWorkerB, 0, 3, {0.0f, 0.0f, 0.0f});
+  ASSERT_EQ(out.size(), 2u);
+  Decoded d = MustDecode(out[1]);
+  ASSERT_EQ(d.type(), wire::Body::PullReply);
+  EXPECT_NEAR(d.As<wire::PullReply>()->waited_seconds(), 1.5, 1e-3);
 }
 
 }  // namespace
