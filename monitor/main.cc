@@ -1,17 +1,22 @@
 // pacer-monitor: the control plane of one job.
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "monitor/monitor.h"
 #include "ps/cli.h"
+#include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
   pacer::MonitorOptions opts;
   std::string log_level = "info";
   std::string metrics_addr;
-  std::string mode = "bsp";
+  std::string mode;
+  std::string policy_name = "pacer";
+  int staleness = -1, staleness_range = -1;
+  double policy_interval_s = 0.5;
   double lease_s = 3;
   double report_threshold = 0.85;
   double shard_resend_ms = 300, stop_grace_s = 2;
@@ -25,8 +30,39 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pacer::AddMetricsFlag(app, &metrics_addr);
   app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
-  app.add_option("--mode", mode, "Consistency mode")
-      ->check(CLI::IsMember({"bsp", "asp"}))->capture_default_str();
+  app.add_option("--policy", policy_name,
+                 "Straggler policy: fixed (even batches), adaptive-batch (batch sizes follow "
+                 "measured speed, LB-BSP), pacer (adaptive-batch + dssp). Default: pacer, or "
+                 "fixed when --mode is given")
+      ->check(CLI::IsMember({"fixed", "adaptive-batch", "pacer"}))->capture_default_str();
+  app.add_option("--mode", mode,
+                 "Consistency mode enforced by the shards: bsp, asp, ssp, dssp or backup "
+                 "(default: dssp for --policy pacer, else bsp)")
+      ->check(CLI::IsMember({"bsp", "asp", "ssp", "dssp", "backup"}));
+  app.add_option("--staleness", staleness,
+                 "ssp: the bound s; dssp: its lower bound s_L (default: 3 for ssp, 0 for dssp)")
+      ->check(CLI::Range(0, 64));
+  app.add_option("--staleness-range", staleness_range,
+                 "dssp: r_max, the most extra iterations past s_L (default: 4)")
+      ->check(CLI::Range(0, 64));
+  app.add_option("--backup-workers", opts.backup_workers,
+                 "backup: k, the workers a synchronous round does not wait for")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--staleness-aware-lr", opts.staleness_aware_lr,
+                 "Weight a gradient computed on parameters tau steps old by 1/(1+tau) "
+                 "(ssp, dssp, asp)")
+      ->capture_default_str();
+  app.add_option("--policy-interval", policy_interval_s,
+                 "Seconds between rounds of the batch-size rule")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-batch", opts.policy.batch.b_max,
+                 "Largest batch the policy assigns (a worker's memory limit may lower it)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--deadband", opts.policy.batch.deadband,
+                 "Relative batch change the policy skips as noise")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.5));
   app.add_option("--lr", opts.learning_rate, "SGD learning rate")->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--momentum", opts.momentum, "SGD momentum")->capture_default_str()
@@ -73,7 +109,39 @@ int main(int argc, char** argv) {
     std::random_device rd;
     opts.job_id = (uint64_t{rd()} << 32 | rd()) | 1;
   }
-  opts.mode = mode == "asp" ? pacer::wire::Mode::Asp : pacer::wire::Mode::Bsp;
+  if (app.count("--policy") == 0 && !mode.empty()) policy_name = "fixed";
+  opts.policy.kind = *pacer::policy::ParseKind(policy_name);
+  if (mode.empty()) mode = opts.policy.kind == pacer::policy::Kind::kPacer ? "dssp" : "bsp";
+  if (opts.policy.kind == pacer::policy::Kind::kPacer && mode != "dssp") {
+    std::fprintf(stderr,
+                 "--policy pacer is adaptive-batch with --mode dssp; for adaptive batch sizes "
+                 "over --mode %s use --policy adaptive-batch\n",
+                 mode.c_str());
+    return pacer::kExitUsage;
+  }
+  const std::map<std::string, pacer::wire::Mode> modes = {
+      {"bsp", pacer::wire::Mode::Bsp},   {"asp", pacer::wire::Mode::Asp},
+      {"ssp", pacer::wire::Mode::Ssp},   {"dssp", pacer::wire::Mode::Dssp},
+      {"backup", pacer::wire::Mode::Backup}};
+  opts.mode = modes.at(mode);
+  opts.policy.staleness = staleness >= 0 ? staleness : (mode == "ssp" ? 3 : 0);
+  opts.policy.staleness_range = staleness_range >= 0 ? staleness_range : 4;
+  opts.policy.interval = pacer::FromSeconds(policy_interval_s);
+  if (opts.policy.staleness + opts.policy.staleness_range > pacer::kMaxStalenessBound) {
+    std::fprintf(stderr, "--staleness plus --staleness-range is %u; at most %u\n",
+                 opts.policy.staleness + opts.policy.staleness_range, pacer::kMaxStalenessBound);
+    return pacer::kExitUsage;
+  }
+  if (uint64_t{opts.policy.batch.b_min} * opts.min_workers > opts.global_batch) {
+    std::fprintf(stderr, "--min-batch %u times --min-workers %u is above --global-batch %u\n",
+                 opts.policy.batch.b_min, opts.min_workers, opts.global_batch);
+    return pacer::kExitUsage;
+  }
+  if (opts.policy.batch.b_min > opts.policy.batch.b_max) {
+    std::fprintf(stderr, "--min-batch %u is above --max-batch %u\n", opts.policy.batch.b_min,
+                 opts.policy.batch.b_max);
+    return pacer::kExitUsage;
+  }
   opts.lease = pacer::FromSeconds(lease_s);
   opts.shard_resend = pacer::FromSeconds(shard_resend_ms / 1000.0);
   opts.stop_grace = pacer::FromSeconds(stop_grace_s);

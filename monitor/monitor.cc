@@ -8,13 +8,33 @@
 #include "spdlog/spdlog.h"
 
 namespace pacer {
+namespace {
+
+policy::PolicyOptions PolicyFor(const MonitorOptions& o) {
+  policy::PolicyOptions p = o.policy;
+  p.mode = o.mode;
+  p.batch.global_batch = o.global_batch;
+  return p;
+}
+
+}  // namespace
 
 MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
     : options_(options),
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       rejects_(*registry_, "monitor"),
-      created_at_(clock->Now()) {
+      created_at_(clock->Now()),
+      policy_(PolicyFor(options)) {
+  m_decisions_ = &prometheus::BuildCounter()
+                      .Name("pacer_monitor_policy_decisions_total")
+                      .Help("Policy rounds that changed some worker's batch size")
+                      .Register(*registry_)
+                      .Add({});
+  m_batch_ = &prometheus::BuildGauge()
+                  .Name("pacer_monitor_worker_batch_size")
+                  .Help("Batch size the policy assigns to each worker")
+                  .Register(*registry_);
   m_live_workers_ = &prometheus::BuildGauge()
                          .Name("pacer_monitor_live_workers")
                          .Help("Workers in the current membership")
@@ -75,10 +95,14 @@ void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorC
 }
 
 flatbuffers::Offset<wire::JobConfig> MonitorCore::BuildJob(flatbuffers::FlatBufferBuilder& fbb) const {
+  wire::Policy p = wire::Policy::Fixed;
+  if (options_.policy.kind == policy::Kind::kAdaptiveBatch) p = wire::Policy::AdaptiveBatch;
+  if (options_.policy.kind == policy::Kind::kPacer) p = wire::Policy::Pacer;
   return wire::CreateJobConfig(fbb, options_.mode, options_.learning_rate, options_.momentum,
                                options_.global_batch, options_.epochs, options_.time_cap_seconds,
                                options_.target_accuracy, options_.seed,
-                               options_.eval_interval_seconds, options_.heartbeat_interval_ms);
+                               options_.eval_interval_seconds, options_.heartbeat_interval_ms,
+                               options_.backup_workers, p, options_.staleness_aware_lr);
 }
 
 flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
@@ -172,13 +196,14 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   w.rank = next_rank_++;
   w.last_seen = clock_->Now();
   if (state_ == wire::JobState::Running) {
-    w.batch = worker_batch_;
     uint64_t min_clock = UINT64_MAX;
     for (uint32_t id : LiveWorkers()) min_clock = std::min(min_clock, workers_[id].clock);
     w.clock = min_clock == UINT64_MAX ? 0 : min_clock;
+    w.start_clock = w.clock;
   }
   workers_[w.id] = w;
   spdlog::info("worker {} registered as rank {}", w.id, w.rank);
+  if (map_built_) UpdatePolicyWorkers();
   ChangeMembership("worker " + std::to_string(w.id) + " joined");
   workers_[w.id].joined_version = membership_version_;
   auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
@@ -264,6 +289,16 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     w.done = true;
     spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
     ChangeMembership("worker " + std::to_string(w.id) + " finished");
+    if (map_built_) UpdatePolicyWorkers();
+  } else if (hb->iterations() > 0 || hb->memory_limit_batch() > 0) {
+    policy::TimingReport r;
+    r.iterations = hb->iterations();
+    r.samples = uint64_t{hb->iterations()} * hb->batch();
+    r.compute_seconds = double{hb->compute_seconds_per_sample()} * static_cast<double>(r.samples);
+    r.communication_seconds = double{hb->communication_seconds()} * hb->iterations();
+    r.wait_seconds = double{hb->wait_seconds()} * hb->iterations();
+    r.memory_limit_batch = hb->memory_limit_batch();
+    policy_.Report(w.id, r);
   }
   // A worker runs once the job runs and every shard knows it is a member.
   wire::JobState state = state_;
@@ -272,7 +307,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   flatbuffers::Offset<wire::ShardMap> map = 0;
   if (state == wire::JobState::Running) map = BuildShardMap(fbb);
-  auto assignment = wire::CreateAssignment(fbb, w.batch, 0);
+  auto assignment = wire::CreateAssignment(fbb, w.batch, w.staleness, w.staleness_range);
   auto reason = fbb.CreateString(stop_reason_);
   uint32_t partition = partition_count_ ? w.rank % partition_count_ : 0;
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
@@ -305,6 +340,34 @@ void MonitorCore::ChangeMembership(const std::string& why) {
   m_live_workers_->Set(static_cast<double>(LiveWorkers().size()));
   SPDLOG_DEBUG("membership v{}: {}", membership_version_, why);
   (void)why;
+}
+
+bool MonitorCore::ApplyAssignments() {
+  bool bounds = false;
+  for (const auto& [id, a] : policy_.assignments()) {
+    auto it = workers_.find(id);
+    if (it == workers_.end()) continue;
+    WorkerState& w = it->second;
+    bounds |= w.staleness != a.staleness || w.staleness_range != a.staleness_range;
+    w.batch = a.batch;
+    w.staleness = a.staleness;
+    w.staleness_range = a.staleness_range;
+    m_batch_->Add({{"worker_rank", std::to_string(w.rank)}}).Set(a.batch);
+  }
+  return bounds;
+}
+
+void MonitorCore::UpdatePolicyWorkers() {
+  policy_.SetWorkers(LiveWorkers());
+  if (ApplyAssignments()) ChangeMembership("staleness bounds changed");
+}
+
+bool MonitorCore::SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {
+  if (!policy_.SetBounds(worker, staleness, staleness_range)) return false;
+  if (ApplyAssignments()) ChangeMembership("staleness bounds of worker " + std::to_string(worker));
+  spdlog::info("worker {}: staleness bounds set to s={} r_max={}", worker, staleness,
+               staleness_range);
+  return true;
 }
 
 uint64_t MonitorCore::MinAckedMembership() const {
@@ -342,7 +405,8 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
     std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
     for (uint32_t id : live) {
       const WorkerState& w = workers_.at(id);
-      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch));
+      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch, w.start_clock,
+                                             w.staleness, w.staleness_range));
     }
     env.request_id = s.membership_request = ++next_shard_request_;
     s.membership_request_version = membership_version_;
@@ -394,6 +458,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       spdlog::warn("worker {} (rank {}) missed its lease ({:.1f} s without a heartbeat); declared dead",
                    id, w.rank, ToSeconds(now - w.last_seen));
       ChangeMembership("worker " + std::to_string(id) + " lost");
+      if (map_built_) UpdatePolicyWorkers();
     }
   }
   if (state_ == wire::JobState::Stopped) return;
@@ -408,12 +473,14 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     map_version_ = 1;
     std::vector<uint32_t> live = LiveWorkers();
     partition_count_ = static_cast<uint32_t>(live.size());
-    worker_batch_ = std::max<uint32_t>(1, options_.global_batch / partition_count_);
-    for (uint32_t id : live) workers_[id].batch = worker_batch_;
+    policy_.SetWorkers(live);
+    ApplyAssignments();
     ChangeMembership("batch sizes assigned");
     for (auto& [id, w] : workers_) w.joined_version = std::min(w.joined_version, membership_version_);
-    spdlog::info("shard map v{} built over {} shards; {} workers, batch {} each", map_version_,
-                 shards_.size(), partition_count_, worker_batch_);
+    spdlog::info("shard map v{} built over {} shards; {} workers share global batch {} ({} policy, "
+                 "{} mode)",
+                 map_version_, shards_.size(), partition_count_, options_.global_batch,
+                 policy::KindName(options_.policy.kind), wire::EnumNameMode(options_.mode));
     SendToShards(true, out);
   }
   if (map_built_ && state_ == wire::JobState::Waiting) {
@@ -430,6 +497,15 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   }
   SendToShards(false, out);
 
+  if (state_ == wire::JobState::Running && policy_.Round(now)) {
+    ApplyAssignments();
+    m_decisions_->Increment();
+    std::string sizes;
+    for (const auto& [id, a] : policy_.assignments()) {
+      sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
+    }
+    spdlog::info("policy round {}: batch sizes (worker:batch) {}", policy_.rounds(), sizes);
+  }
   if (state_ == wire::JobState::Running) {
     if (options_.time_cap_seconds > 0 && ToSeconds(now - *started_at_) >= options_.time_cap_seconds) {
       StopJob(fmt::format("time cap of {:g} s reached", options_.time_cap_seconds), out);

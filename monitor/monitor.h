@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "monitor/policy.h"
 #include "prometheus/registry.h"
 #include "ps/clock.h"
 #include "ps/metrics.h"
@@ -30,8 +31,15 @@ struct MonitorOptions {
   std::string listen = "tcp://127.0.0.1:0";
   // The job's id; every message carries it (--job-id). 0 is not allowed.
   uint64_t job_id = 1;
-  // Consistency mode (--mode): bsp or asp.
+  // Consistency mode (--mode), enforced by the shards.
   wire::Mode mode = wire::Mode::Bsp;
+  // k of mode backup (--backup-workers).
+  uint32_t backup_workers = 1;
+  // Weight a gradient that missed tau steps by 1 / (1 + tau) (--staleness-aware-lr).
+  bool staleness_aware_lr = true;
+  // The straggler policy (--policy and its flags). Its mode, global batch
+  // and kind are taken from this struct's other fields at start.
+  policy::PolicyOptions policy;
   // Server-side SGD (--lr, --momentum).
   float learning_rate = 0.1f;
   float momentum = 0.9f;
@@ -69,6 +77,9 @@ struct WorkerState {
   uint32_t id = 0;
   uint32_t rank = 0;
   uint32_t batch = 0;
+  uint32_t staleness = 0;        // s or s_L
+  uint32_t staleness_range = 0;  // r_max
+  uint64_t start_clock = 0;      // the clock it started at
   uint64_t clock = 0;
   uint64_t joined_version = 0;  // membership version that first included it
   TimePoint last_seen{};
@@ -107,6 +118,10 @@ class MonitorCore {
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::optional<double> seconds_running() const;
+  const policy::StragglerPolicy& straggler_policy() const { return policy_; }
+  // Changes a live worker's staleness bounds at run time (the shards hear
+  // through the next membership). False for an unknown worker.
+  bool SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
   prometheus::Registry& registry() { return *registry_; }
   double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }
 
@@ -134,6 +149,11 @@ class MonitorCore {
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void ChangeMembership(const std::string& why);
+  // Gives the policy the current live set and copies its assignments into
+  // workers_; bumps the membership when a bound changed.
+  void UpdatePolicyWorkers();
+  // Copies the policy's assignments into workers_; true when a bound changed.
+  bool ApplyAssignments();
   void SendToShards(bool force, std::vector<Outgoing>* out);
   void StopJob(const std::string& reason, std::vector<Outgoing>* out);
   uint64_t MinAckedMembership() const;
@@ -154,7 +174,7 @@ class MonitorCore {
 
   uint32_t next_id_ = 1;  // 0 is the monitor itself
   uint32_t next_rank_ = 0;
-  uint32_t worker_batch_ = 0;
+  policy::StragglerPolicy policy_;
   uint32_t partition_count_ = 0;
   std::map<uint32_t, WorkerState> workers_;
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id
@@ -176,6 +196,8 @@ class MonitorCore {
   prometheus::Gauge* m_membership_ = nullptr;
   prometheus::Gauge* m_accuracy_ = nullptr;
   prometheus::Counter* m_dead_ = nullptr;
+  prometheus::Counter* m_decisions_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_batch_ = nullptr;
 };
 
 class MonitorServer {

@@ -1,6 +1,7 @@
 #include "monitor/policy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -131,6 +132,144 @@ absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
   std::map<uint32_t, uint32_t> out;
   for (const auto& x : e) out[x.id] = x.size;
   return out;
+}
+
+std::optional<Kind> ParseKind(const std::string& name) {
+  if (name == "fixed") return Kind::kFixed;
+  if (name == "adaptive-batch") return Kind::kAdaptiveBatch;
+  if (name == "pacer") return Kind::kPacer;
+  return std::nullopt;
+}
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kFixed: return "fixed";
+    case Kind::kAdaptiveBatch: return "adaptive-batch";
+    case Kind::kPacer: return "pacer";
+  }
+  return "?";
+}
+
+StragglerPolicy::StragglerPolicy(const PolicyOptions& options,
+                                 std::unique_ptr<SpeedPredictor> predictor)
+    : options_(options),
+      predictor_(predictor ? std::move(predictor) : std::make_unique<EwmaTrendPredictor>()) {}
+
+Assignment StragglerPolicy::Default() const {
+  Assignment a;
+  if (options_.mode == wire::Mode::Ssp || options_.mode == wire::Mode::Dssp) {
+    a.staleness = options_.staleness;
+  }
+  if (options_.mode == wire::Mode::Dssp) a.staleness_range = options_.staleness_range;
+  return a;
+}
+
+Assignment StragglerPolicy::assignment(uint32_t worker) const {
+  auto it = assignments_.find(worker);
+  return it == assignments_.end() ? Assignment{} : it->second;
+}
+
+void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
+  if (targets.empty()) return;
+  std::vector<Entry> e;
+  for (const auto& [id, target] : targets) {
+    uint32_t hi = options_.batch.b_max;
+    auto lim = memory_limit_.find(id);
+    if (lim != memory_limit_.end() && lim->second > 0) hi = std::min(hi, lim->second);
+    e.push_back({id, std::min(options_.batch.b_min, hi), hi, std::max(target, 1e-9), 0});
+  }
+  Distribute(e, options_.batch.global_batch);
+  for (const auto& x : e) assignments_[x.id].batch = std::max<uint32_t>(1, x.size);
+}
+
+void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
+  std::map<uint32_t, double> targets;
+  const double even = static_cast<double>(options_.batch.global_batch) /
+                      static_cast<double>(std::max<size_t>(1, ids.size()));
+  bool changed = ids.size() != assignments_.size();
+  for (uint32_t id : ids) {
+    auto it = assignments_.find(id);
+    if (it == assignments_.end() || options_.kind == Kind::kFixed) {
+      changed |= it == assignments_.end();
+      targets[id] = even;
+    } else {
+      targets[id] = it->second.batch;
+    }
+  }
+  if (!changed) return;
+  for (auto it = assignments_.begin(); it != assignments_.end();) {
+    if (!targets.count(it->first)) {
+      predictor_->Forget(it->first);
+      pending_.erase(it->first);
+      memory_limit_.erase(it->first);
+      communication_.erase(it->first);
+      it = assignments_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [id, t] : targets) {
+    if (!assignments_.count(id)) assignments_[id] = Default();
+  }
+  Redistribute(targets);
+}
+
+void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
+  if (!assignments_.count(worker)) return;
+  if (r.memory_limit_batch > 0) memory_limit_[worker] = r.memory_limit_batch;
+  if (r.iterations == 0) return;
+  TimingReport& p = pending_[worker];
+  p.iterations += r.iterations;
+  p.samples += r.samples;
+  p.compute_seconds += r.compute_seconds;
+  p.communication_seconds += r.communication_seconds;
+  p.wait_seconds += r.wait_seconds;
+}
+
+bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {
+  auto it = assignments_.find(worker);
+  if (it == assignments_.end()) return false;
+  it->second.staleness = staleness;
+  it->second.staleness_range = staleness_range;
+  return true;
+}
+
+bool StragglerPolicy::Round(TimePoint now) {
+  if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
+  if (last_round_ && now - *last_round_ < options_.interval) return false;
+  for (const auto& [id, a] : assignments_) {
+    auto p = pending_.find(id);
+    if (p == pending_.end() || p->second.iterations < options_.min_iterations) return false;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  last_round_ = now;
+  ++rounds_;
+  std::map<uint32_t, WorkerTiming> timings;
+  for (const auto& [id, a] : assignments_) {
+    const TimingReport& p = pending_.at(id);
+    predictor_->Observe(id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)),
+                        now);
+    communication_[id] = p.communication_seconds / p.iterations;
+    WorkerTiming t;
+    t.batch = a.batch;
+    t.seconds_per_sample = predictor_->Predict(id).value_or(0);
+    t.communication_seconds = communication_[id];
+    auto lim = memory_limit_.find(id);
+    t.memory_limit_batch = lim == memory_limit_.end() ? 0 : lim->second;
+    timings[id] = t;
+  }
+  pending_.clear();
+  auto next = RebalanceBatches(timings, options_.batch);
+  bool changed = false;
+  if (next.ok()) {
+    for (const auto& [id, b] : *next) {
+      changed |= assignments_[id].batch != b;
+      assignments_[id].batch = b;
+    }
+  }
+  last_decision_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return changed;
 }
 
 }  // namespace pacer::policy

@@ -9,18 +9,21 @@
 // [b_min, min(b_max, the worker's memory limit)], and the sizes are rescaled
 // so that sum(b_i) == B exactly: the global batch stays fixed.
 //
-// Status: the batch-size rule and the speed predictor. Wiring into the
-// monitor, staleness bounds (SSP/DSSP) and the policies `fixed`,
-// `adaptive-batch` and `pacer` come next (issue 3).
+// StragglerPolicy below wraps the rule, a speed predictor and the staleness
+// bounds into the three policies the monitor runs: `fixed`, `adaptive-batch`
+// and `pacer` (adaptive batch + DSSP), fed by the workers' timing reports.
 #ifndef PACER_MONITOR_POLICY_H_
 #define PACER_MONITOR_POLICY_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "ps/clock.h"
+#include "ps/wire.h"
 
 namespace pacer::policy {
 
@@ -85,6 +88,92 @@ struct WorkerTiming {
 // `workers` is empty.
 absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
     const std::map<uint32_t, WorkerTiming>& workers, const BatchOptions& options);
+
+enum class Kind { kFixed, kAdaptiveBatch, kPacer };
+// "fixed", "adaptive-batch", "pacer"; nullopt for anything else.
+std::optional<Kind> ParseKind(const std::string& name);
+const char* KindName(Kind kind);
+
+// What the policy sets for one worker.
+struct Assignment {
+  uint32_t batch = 0;
+  uint32_t staleness = 0;        // s (ssp) or s_L (dssp); 0 otherwise
+  uint32_t staleness_range = 0;  // r_max (dssp); 0 otherwise
+  bool operator==(const Assignment&) const = default;
+};
+
+// One worker's timing report: totals over `iterations` iterations.
+struct TimingReport {
+  uint32_t iterations = 0;
+  uint64_t samples = 0;
+  double compute_seconds = 0;
+  double communication_seconds = 0;
+  double wait_seconds = 0;
+  uint32_t memory_limit_batch = 0;  // 0: no limit
+};
+
+struct PolicyOptions {
+  // pacer-monitor defaults to kPacer (with mode dssp); the library to kFixed.
+  Kind kind = Kind::kFixed;
+  // The job's consistency mode: decides which bounds are set.
+  wire::Mode mode = wire::Mode::Bsp;
+  BatchOptions batch;
+  // s for ssp, s_L for dssp.
+  uint32_t staleness = 0;
+  // r_max for dssp.
+  uint32_t staleness_range = 0;
+  // Time between two rounds of the batch rule.
+  Duration interval = std::chrono::milliseconds(500);
+  // A round needs at least this many fresh iterations from every worker.
+  uint32_t min_iterations = 2;
+};
+
+// The straggler policy of one job. Single-threaded; time comes from the
+// caller (`now`), so tests drive it with a fake clock.
+class StragglerPolicy {
+ public:
+  StragglerPolicy(const PolicyOptions& options,
+                  std::unique_ptr<SpeedPredictor> predictor = nullptr);
+
+  // Sets the live workers. New ones get an even share, departed ones are
+  // forgotten, and the sizes are redistributed so that they add up to B.
+  void SetWorkers(const std::vector<uint32_t>& ids);
+  // Accumulates a report from `worker` (ignored for unknown workers).
+  void Report(uint32_t worker, const TimingReport& report);
+  // Runs a round of the batch rule when one is due (adaptive-batch, pacer)
+  // and every worker reported enough since the last one. Returns true when
+  // some assignment changed.
+  bool Round(TimePoint now);
+  // Overrides one worker's bounds (an operator's decision); false for an
+  // unknown worker.
+  bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
+
+  const std::map<uint32_t, Assignment>& assignments() const { return assignments_; }
+  Assignment assignment(uint32_t worker) const;
+  // The last predicted seconds per sample of a worker (nullopt: none yet).
+  std::optional<double> predicted_seconds_per_sample(uint32_t worker) const {
+    return predictor_->Predict(worker);
+  }
+  // Seconds the last Round spent deciding (for the simulator and metrics).
+  double last_decision_seconds() const { return last_decision_seconds_; }
+  uint64_t rounds() const { return rounds_; }
+  const PolicyOptions& options() const { return options_; }
+
+ private:
+  Assignment Default() const;
+  // Spreads B over the current targets (exact sum, within the clamps).
+  void Redistribute(const std::map<uint32_t, double>& targets);
+
+  const PolicyOptions options_;
+  std::unique_ptr<SpeedPredictor> predictor_;
+  std::map<uint32_t, Assignment> assignments_;
+  std::map<uint32_t, TimingReport> pending_;     // since the last round
+  std::map<uint32_t, uint32_t> memory_limit_;
+  std::map<uint32_t, double> communication_;     // per iteration, last round
+  std::optional<TimePoint> last_round_;
+  double last_decision_seconds_ = 0;
+  uint64_t rounds_ = 0;
+};
 
 }  // namespace pacer::policy
 

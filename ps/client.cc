@@ -163,14 +163,19 @@ absl::Status PsClient::Init() {
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }
 
-absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
+absl::Status PsClient::Push(uint64_t clock, uint32_t batch, std::optional<int64_t> read_applied) {
   return Broadcast(
       [&](size_t i, RpcChannel& ch) {
         const Slice& sl = slices_[i];
         flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
         auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
         Frame payload(grads_, grads_->data() + sl.offset, sl.length * sizeof(float));
-        return ch.Send(fbb, wire::CreatePush(fbb, clock, batch, kv), sl.length ? payload : Frame());
+        wire::PushBuilder pb(fbb);
+        pb.add_clock(clock);
+        pb.add_batch(batch);
+        pb.add_keys(kv);
+        if (read_applied) pb.add_read_applied(*read_applied);
+        return ch.Send(fbb, pb.Finish(), sl.length ? payload : Frame());
       },
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }

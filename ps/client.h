@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,7 +77,9 @@ class PsClient {
   // to every shard, concurrently; an empty push to shards without our keys.
   // grads() travels zero-copy: after an error return, a send to another
   // shard may still be reading it (a change then fails that push's CRC).
-  absl::Status Push(uint64_t clock, uint32_t batch);
+  // `read_applied`: the applied clock the last Pull returned, the version
+  // the gradient was computed on (the shards weigh stale gradients by it).
+  absl::Status Push(uint64_t clock, uint32_t batch, std::optional<int64_t> read_applied = {});
   // Pulls the parameters for `clock` into params(), concurrently from every
   // shard. latest=true reads the current values without waiting on the
   // barrier. Returns the lowest clock the shards have applied through.

@@ -10,8 +10,9 @@
 namespace pacer {
 namespace {
 
-// Clocks a push may run ahead of the last applied one (BSP needs 1).
-constexpr int64_t kMaxOpenClocks = 16;
+// Clocks a push may run ahead of the last applied one (BSP needs 1; a read
+// at most kMaxStalenessBound past it, and its push, one more).
+constexpr int64_t kMaxOpenClocks = kMaxStalenessBound + 1;
 // Push times kept per worker for DSSP's extrapolation.
 constexpr size_t kPushTimes = 8;
 
@@ -75,6 +76,11 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                    .Help("DSSP: extra iterations r* granted to workers past their lower bound")
                    .Register(*registry_)
                    .Add({});
+  m_staleness_ = &prometheus::BuildHistogram()
+                       .Name("pacer_shard_push_staleness_steps")
+                       .Help("Steps a pushed gradient's parameters were behind the step it joins")
+                       .Register(*registry_)
+                       .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
   m_clock_ = &prometheus::BuildGauge()
                   .Name("pacer_shard_applied_clock")
                   .Help("Highest clock whose step has been applied (-1: none)")
@@ -345,13 +351,27 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   m_push_->Increment();
   m_push_bytes_->Increment(static_cast<double>(d.payload.size()));
-  if (Asynchronous()) return OnAsyncPush(peer, d, member->second, out);
-  return OnSyncPush(peer, d, out);
+  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d, member->second, out);
+  return OnSyncPush(peer, d, member->second, out);
 }
 
-bool ShardCore::Asynchronous() const {
-  return job_.mode == wire::Mode::Asp || job_.mode == wire::Mode::Ssp ||
-         job_.mode == wire::Mode::Dssp;
+float ShardCore::StalenessWeight(const wire::Push* push) {
+  // The step this gradient joins is clock c; it was computed on parameters
+  // through read_applied, so it missed the steps read_applied+1 .. c-1.
+  // (asp: applied_clock_ is the newest clock pushed by anyone.)
+  const int64_t newest = job_.mode == wire::Mode::Asp ? applied_clock_
+                                                      : static_cast<int64_t>(push->clock()) - 1;
+  const auto read = push->read_applied();
+  const int64_t tau = read ? std::max<int64_t>(0, newest - *read) : 0;
+  m_staleness_->Observe(static_cast<double>(tau));
+  if (tau > 0) ++stale_pushes_;
+  return job_.staleness_aware_lr ? 1.0f / static_cast<float>(1 + tau) : 1.0f;
+}
+
+void ShardCore::RecordPush(Member& member, uint64_t clock) {
+  member.pushed = std::max(member.pushed, static_cast<int64_t>(clock));
+  member.push_times.push_back(Seconds(clock_->Now()));
+  if (member.push_times.size() > kPushTimes) member.push_times.pop_front();
 }
 
 void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
@@ -364,7 +384,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
   } else {
     // One step on this gradient, weighted b_i / B.
     if (options_.apply_updates && m->keys() != nullptr) {
-      const float scale = static_cast<float>(m->batch()) /
+      const float scale = StalenessWeight(m) * static_cast<float>(m->batch()) /
                           static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
       const float* src = d.floats().data();
       std::vector<float>& params = MutableParams();
@@ -375,9 +395,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
         src += s.length;
       }
     }
-    member.pushed = static_cast<int64_t>(clock);
-    member.push_times.push_back(Seconds(clock_->Now()));
-    if (member.push_times.size() > kPushTimes) member.push_times.pop_front();
+    RecordPush(member, clock);
     m_updates_->Increment();
     ++updates_applied_;
     ++steps_;
@@ -390,7 +408,8 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
   Advance(out);
 }
 
-void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
+                           std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   const uint64_t clock = m->clock();
   std::span<const float> values = d.floats();
@@ -419,7 +438,7 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outg
   }
   OpenClock& oc = it->second;
   if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
-    const float weight = static_cast<float>(m->batch());
+    const float weight = StalenessWeight(m) * static_cast<float>(m->batch());
     if (options_.apply_updates && m->keys() != nullptr) {
       const float* src = values.data();
       for (const wire::KeyLen* k : *m->keys()) {
@@ -429,6 +448,7 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outg
       }
     }
     oc.batch_sum += m->batch();
+    RecordPush(member, clock);
     m_updates_->Increment();
     ++updates_applied_;
   } else {
@@ -458,21 +478,22 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
       return true;
     case wire::Mode::Ssp:
     case wire::Mode::Dssp: {
-      const int64_t slowest = slowest_pushed();
+      // Every clock up to c - s - 1 must be in the parameters read: its step
+      // applied, i.e. every live worker pushed it.
       auto me = live_.find(worker);
       const uint32_t s = me == live_.end() ? 0 : me->second.staleness;
-      if (SspReadAllowed(clock, slowest, s)) return true;
+      if (SspReadAllowed(clock, applied_clock_, s)) return true;
       if (job_.mode == wire::Mode::Ssp || me == live_.end()) return false;
       // DSSP: this worker would block at s_L; grant it r* extra iterations,
       // chosen from its push times and the slowest worker's.
       const Member* slow = nullptr;
       for (const auto& [id, m] : live_) {
-        if (m.pushed == slowest) slow = &m;
+        if (slow == nullptr || m.pushed < slow->pushed) slow = &m;
       }
       std::vector<double> mine(me->second.push_times.begin(), me->second.push_times.end());
       std::vector<double> theirs(slow->push_times.begin(), slow->push_times.end());
       const uint32_t r = DsspExtraIterations(mine, theirs, me->second.staleness_range);
-      if (!SspReadAllowed(clock, slowest, s + r)) return false;
+      if (!SspReadAllowed(clock, applied_clock_, s + r)) return false;
       // Counted once per read that needed the grant.
       me->second.last_grant = r;
       m_grants_->Increment(r);
@@ -550,7 +571,7 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
 }
 
 void ShardCore::Advance(std::vector<Outgoing>* out) {
-  if (!Asynchronous()) {
+  if (job_.mode != wire::Mode::Asp) {
     // Backup mode closes a clock once all but k live workers pushed it.
     const size_t k = job_.mode == wire::Mode::Backup ? job_.backup_workers : 0;
     const size_t needed = live_.size() > k ? live_.size() - k : 1;
@@ -607,7 +628,8 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
       }
     }
   }
-  if (Asynchronous() && !parked_.empty() && now - parked_.front().parked_at >= options_.stall_report &&
+  if ((job_.mode == wire::Mode::Ssp || job_.mode == wire::Mode::Dssp) && !parked_.empty() &&
+      now - parked_.front().parked_at >= options_.stall_report &&
       now - async_reported_ >= options_.stall_report) {
     async_reported_ = now;
     const int64_t slowest = slowest_pushed();

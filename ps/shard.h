@@ -45,12 +45,15 @@ struct ShardJob {
   uint64_t job_id = 0;
   wire::Mode mode = wire::Mode::Bsp;
   SgdOptions sgd;
-  // B: in the asynchronous modes (asp, ssp, dssp) each push is one step on
-  // its gradient weighted by b_i / B, so a round of pushes moves the model as
-  // far as one synchronous step.
+  // B: in asp each push is one step on its gradient weighted by b_i / B, so
+  // a round of pushes moves the model as far as one synchronous step.
   uint32_t global_batch = 192;
   // k of mode Backup: a clock closes once all but k live workers pushed it.
   uint32_t backup_workers = 0;
+  // Staleness-aware learning rate (Zhang et al., IJCAI 2016): a gradient
+  // computed on parameters tau steps behind the step it joins is weighted
+  // 1 / (1 + tau).
+  bool staleness_aware_lr = true;
 };
 
 // Single-threaded: one thread calls every method.
@@ -84,7 +87,10 @@ class ShardCore {
   uint64_t incomplete_steps() const { return incomplete_steps_; }
   // Backup mode: pushes that came after their clock closed, dropped.
   uint64_t dropped_pushes() const { return dropped_pushes_; }
-  // Asynchronous modes: the lowest clock every live worker has pushed (-1: none).
+  // Pushes whose gradient was stale (tau > 0), and the sum of their tau.
+  uint64_t stale_pushes() const { return stale_pushes_; }
+  // The lowest clock every live worker has pushed (-1: none; applied clock
+  // when nobody is live).
   int64_t slowest_pushed() const;
   // DSSP: the extra iterations r* granted on the last read of `worker` that
   // went past its lower bound (0 when none).
@@ -147,12 +153,15 @@ class ShardCore {
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
   void Advance(std::vector<Outgoing>* out);
-  bool Asynchronous() const;
+  void RecordPush(Member& member, uint64_t clock);
+  // tau of a push, and the weight the staleness-aware learning rate gives it.
+  float StalenessWeight(const wire::Push* push);
   // Whether `worker` may read clock `clock` now (the mode's rule).
   bool PullReady(uint32_t worker, uint64_t clock);
   void OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
                    std::vector<Outgoing>* out);
-  void OnSyncPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
+                  std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
@@ -200,6 +209,7 @@ class ShardCore {
   uint64_t incomplete_steps_ = 0;
   uint64_t updates_applied_ = 0;
   uint64_t dropped_pushes_ = 0;
+  uint64_t stale_pushes_ = 0;
 
   // Metrics.
   prometheus::Counter* m_push_ = nullptr;
@@ -212,6 +222,7 @@ class ShardCore {
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;
+  prometheus::Histogram* m_staleness_ = nullptr;
   prometheus::Gauge* m_clock_ = nullptr;
   prometheus::Gauge* m_keys_ = nullptr;
   prometheus::Gauge* m_live_ = nullptr;

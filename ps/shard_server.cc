@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         job.sgd.momentum = r->job()->momentum();
         job.global_batch = r->job()->global_batch();
         job.backup_workers = r->job()->backup_workers();
+        job.staleness_aware_lr = r->job()->staleness_aware_lr();
       }
       s->id_ = r->id();
       ShardOptions sopts = options.shard;

@@ -11,6 +11,10 @@
 
 namespace pacer {
 
+// The largest staleness bound a shard enforces (s, or s_L + r_max): each
+// clock a read may run ahead holds an accumulator at the shard.
+inline constexpr uint32_t kMaxStalenessBound = 15;
+
 // SSP (Ho et al., NIPS 2013): a worker at clock `clock` may read once every
 // live worker has pushed clock - s - 1, i.e. once `slowest_pushed` (the
 // lowest clock pushed by every live worker; -1 when none) is at least that.

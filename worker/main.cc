@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   std::string layers = "784,256,128,10";
   double request_timeout_s = 60, start_timeout_s = 120, progress_s = 1;
   std::string progress = "auto";
+  std::string schedule;
+  int contention = 0, pin_cpu = -1;
 
   CLI::App app{"pacer-worker: a Pacer training worker. It registers with the monitor, trains an "
                "MLP on its partition of Fashion-MNIST on the CPU, and pushes gradients to and "
@@ -53,6 +55,23 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "live", "plain"}))->capture_default_str();
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--slowdown", opts.slowdown,
+                 "Straggler emulation: stretch every iteration's compute to FACTOR times by "
+                 "sleeping")
+      ->capture_default_str()->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--slowdown-schedule", schedule,
+                 "Straggler emulation over time: SECONDS:FACTOR,... by elapsed training second, "
+                 "e.g. 0:1,30:4,60:1 (before its first step: --slowdown)");
+  app.add_option("--cpu-contention", contention,
+                 "Emulate a shared node: start N busy threads in this process (with --pin-cpu "
+                 "they share the worker's CPU)")
+      ->capture_default_str()->check(CLI::Range(0, 64));
+  app.add_option("--pin-cpu", pin_cpu, "Pin the worker (and its --cpu-contention threads) to this CPU")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-batch", opts.max_batch,
+                 "Largest batch this worker can hold, reported to the policy as its memory "
+                 "limit (0: no limit)")
+      ->capture_default_str();
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
 
@@ -73,6 +92,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pacer-worker: --layers must start with 784 and end with 10\n");
     return pacer::kExitUsage;
   }
+  if (!schedule.empty()) {
+    auto steps = pacer::worker::ParseSlowdownSchedule(schedule);
+    if (!steps.ok()) {
+      std::fprintf(stderr, "pacer-worker: --slowdown-schedule: %s\n",
+                   std::string(steps.status().message()).c_str());
+      return pacer::kExitUsage;
+    }
+    opts.slowdown_schedule = std::move(*steps);
+  }
   opts.request_timeout = pacer::FromSeconds(request_timeout_s);
   opts.start_timeout = pacer::FromSeconds(start_timeout_s);
   opts.progress_interval = pacer::FromSeconds(progress_s);
@@ -80,6 +108,19 @@ int main(int argc, char** argv) {
 
   pacer::SetupLogging("worker", log_level);
   pacer::TuneAllocatorForLargeBuffers();
+  std::unique_ptr<pacer::worker::CpuContention> contention_threads;
+  if (contention > 0 || pin_cpu >= 0) {
+    auto c = pacer::worker::CpuContention::Start(contention, pin_cpu);
+    if (!c.ok()) {
+      spdlog::error("{}", c.status().ToString());
+      return pacer::kExitFailure;
+    }
+    contention_threads = std::move(*c);
+    if (contention > 0) {
+      spdlog::info("emulating a shared node: {} busy thread(s){}", contention,
+                   pin_cpu >= 0 ? fmt::format(" on CPU {}", pin_cpu) : std::string());
+    }
+  }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
@@ -97,5 +138,13 @@ int main(int argc, char** argv) {
                result->rank, result->clocks, result->samples, result->seconds,
                result->samples / std::max(1e-9, result->seconds), result->last_loss,
                result->stop_reason);
+  // One machine-readable line for scripts (bench/stragglers, tests).
+  std::printf("worker summary: rank=%u clocks=%lu samples=%lu seconds=%.3f compute_s=%.3f "
+              "communication_s=%.3f wait_s=%.3f last_batch=%u\n",
+              result->rank, static_cast<unsigned long>(result->clocks),
+              static_cast<unsigned long>(result->samples), result->seconds,
+              result->compute_seconds, result->communication_seconds, result->wait_seconds,
+              result->last_batch);
+  std::fflush(stdout);
   return pacer::kExitOk;
 }

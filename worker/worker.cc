@@ -35,7 +35,7 @@ struct JobView {
   uint64_t start_clock = 0;
   uint32_t partition_index = 0;
   uint32_t partition_count = 1;
-  uint32_t batch = 0;
+  uint32_t batch = 0;       // the current assignment
   std::string stop_reason;
   absl::Status error;  // set when the monitor refuses us
 };
@@ -65,6 +65,12 @@ struct Worker::Impl {
   std::atomic<bool> done{false};      // finished its epochs
   std::atomic<bool> stop{false};      // the job stopped (or we must stop)
   std::atomic<bool> heartbeat_exit{false};
+  // Timings since the last heartbeat, for the policy (guarded by mu).
+  struct Window {
+    uint32_t iterations = 0;
+    uint64_t samples = 0;
+    double compute = 0, communication = 0, wait = 0;
+  } window;
 
   Dataset train;
   std::unique_ptr<ComputeBackend> backend;
@@ -131,9 +137,20 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
   while (!heartbeat_exit) {
     const TimePoint next = clock->Now() + heartbeat_interval;
     const bool finishing = done.load();
+    Window t;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      t = window;
+      window = Window{};
+    }
+    const double iters = std::max<uint32_t>(1, t.iterations);
     flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = wire::CreateHeartbeat(fbb, wire::Role::Worker, clock_now.load(),
-                                      samples_per_second.load(), finishing);
+    auto body = wire::CreateHeartbeat(
+        fbb, wire::Role::Worker, clock_now.load(), samples_per_second.load(), finishing,
+        t.iterations, static_cast<uint32_t>(std::lround(t.samples / iters)),
+        static_cast<float>(t.compute / std::max<double>(1, t.samples)),
+        static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
+        options.max_batch);
     auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
                                                                   Duration(std::chrono::seconds(1))));
     {
@@ -147,7 +164,9 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
           view.start_clock = r->start_clock();
           view.partition_index = r->partition_index();
           view.partition_count = std::max<uint32_t>(1, r->partition_count());
-          if (r->assignment() != nullptr) view.batch = r->assignment()->batch_size();
+        }
+        if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
+          view.batch = r->assignment()->batch_size();
         }
         if (r->state() == wire::JobState::Stopped) {
           view.stop_reason = r->stop_reason() ? r->stop_reason()->str() : "";
@@ -302,7 +321,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   const size_t end = n * (view.partition_index + 1) / view.partition_count;
   std::vector<uint32_t> order(end - begin);
   std::iota(order.begin(), order.end(), static_cast<uint32_t>(begin));
-  const int batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
+  int batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
   if (order.size() < static_cast<size_t>(batch)) {
     return absl::FailedPreconditionError(
         "data partition " + std::to_string(view.partition_index) + " has " +
@@ -310,10 +329,14 @@ absl::StatusOr<WorkerResult> Worker::Run() {
         std::to_string(batch));
   }
   const size_t features = w.train.features();
-  std::vector<float> x(static_cast<size_t>(batch) * features);
-  std::vector<uint8_t> y(static_cast<size_t>(batch));
+  std::vector<float> x;
+  std::vector<uint8_t> y;
   spdlog::info("worker {}: partition {}/{} (samples {}..{}), batch {}, from clock {}", w.id,
                view.partition_index, view.partition_count, begin, end, batch, view.start_clock);
+  if (o.slowdown != 1.0 || !o.slowdown_schedule.empty()) {
+    spdlog::info("worker {}: emulating a straggler: compute slowed {}x{}", w.id, o.slowdown,
+                 o.slowdown_schedule.empty() ? "" : " before its schedule");
+  }
 
   WorkerResult result;
   result.id = w.id;
@@ -329,7 +352,22 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   const bool tty = o.live_progress;
   absl::Status failure;
 
+  double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
   while (!w.stop && !cancel_) {
+    {
+      // A new assignment takes effect here, between iterations.
+      std::lock_guard<std::mutex> lock(w.mu);
+      const int assigned = static_cast<int>(std::clamp<uint32_t>(
+          w.view.batch, 1, static_cast<uint32_t>(order.size())));
+      if (assigned != batch) {
+        SPDLOG_DEBUG("worker {}: batch {} -> {} at clock {}", w.id, batch, assigned, clock);
+        batch = assigned;
+      }
+    }
+    if (static_cast<size_t>(batch) > y.size()) {
+      x.resize(static_cast<size_t>(batch) * features);
+      y.resize(static_cast<size_t>(batch));
+    }
     if (cursor + static_cast<size_t>(batch) > order.size()) {
       // Start the next epoch; the tail shorter than a batch is skipped.
       if (w.epochs > 0 && epoch == w.epochs) break;
@@ -338,12 +376,16 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       cursor = 0;
       ++epoch;
     }
+    const TimePoint pull_start = w.clock->Now();
     auto pulled = client.Pull(clock);
     if (!pulled.ok()) {
       if (w.stop || cancel_) break;
       failure = pulled.status();
       break;
     }
+    const TimePoint compute_start = w.clock->Now();
+    const double pull_seconds = ToSeconds(compute_start - pull_start);
+    const double waited = std::min(pull_seconds, client.last_wait_seconds());
     for (int i = 0; i < batch; ++i) {
       uint32_t s = order[cursor + static_cast<size_t>(i)];
       std::memcpy(x.data() + static_cast<size_t>(i) * features,
@@ -352,8 +394,30 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     }
     cursor += static_cast<size_t>(batch);
     float loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(), batch, client.grads());
+    // Straggler emulation: stretch this iteration's compute by sleeping.
+    const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(compute_start - t0));
+    if (factor != last_factor) {
+      spdlog::info("worker {}: slowdown now {}x", w.id, factor);
+      last_factor = factor;
+    }
+    if (factor > 1.0) {
+      const Duration spent = w.clock->Now() - compute_start;
+      w.clock->SleepUntil(w.clock->Now() + std::chrono::duration_cast<Duration>(spent * (factor - 1.0)));
+    }
+    const TimePoint push_start = w.clock->Now();
+    const double compute_seconds = ToSeconds(push_start - compute_start);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
-    absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch));
+    absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch), *pulled);
+    // Timings count even when the push comes too late (backup mode drops it).
+    const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
+    {
+      std::lock_guard<std::mutex> lock(w.mu);
+      ++w.window.iterations;
+      w.window.samples += static_cast<uint64_t>(batch);
+      w.window.compute += compute_seconds;
+      w.window.communication += communication;
+      w.window.wait += waited;
+    }
     if (!pushed.ok()) {
       if (w.stop || cancel_) break;
       if (WireCode(pushed) == wire::ErrorCode::Stale) {
@@ -368,6 +432,10 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       failure = pushed;
       break;
     }
+    result.compute_seconds += compute_seconds;
+    result.communication_seconds += communication;
+    result.wait_seconds += waited;
+    result.last_batch = static_cast<uint32_t>(batch);
     ++clock;
     ++result.clocks;
     result.samples += static_cast<uint64_t>(batch);

@@ -15,6 +15,7 @@
 #include "ps/transport.h"
 #include "worker/backend.h"
 #include "worker/mnist.h"
+#include "worker/straggler.h"
 
 namespace pacer::worker {
 
@@ -40,6 +41,13 @@ struct WorkerOptions {
   Duration progress_interval = std::chrono::seconds(1);
   bool live_progress = false;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Straggler emulation (worker/straggler.h): compute stretched to this
+  // factor, or to the schedule's factor by elapsed training second.
+  double slowdown = 1.0;
+  std::vector<SlowdownStep> slowdown_schedule;
+  // The largest batch this worker can hold, reported to the policy as its
+  // memory limit (--max-batch); 0: no limit.
+  uint32_t max_batch = 0;
 };
 
 // Figures of a finished run.
@@ -48,6 +56,10 @@ struct WorkerResult {
   uint32_t rank = 0;
   uint64_t clocks = 0;        // iterations completed
   uint64_t samples = 0;       // training samples processed
+  uint32_t last_batch = 0;    // the batch size of the last iteration
+  double compute_seconds = 0; // time computing (slowdown included)
+  double wait_seconds = 0;    // time parked on the consistency rule
+  double communication_seconds = 0;  // push + pull, less waiting
   double seconds = 0;         // training time
   double last_loss = 0;
   std::string stop_reason;
