@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@ struct ClusterSpec {
   std::vector<std::string> monitor_flags;
   std::vector<std::string> shard_flags;
   std::vector<std::string> worker_flags;
+  // Extra flags for the i-th worker started (from 0).
+  std::map<size_t, std::vector<std::string>> worker_flags_by_index;
 };
 
 class Cluster {
@@ -64,6 +67,10 @@ class Cluster {
     std::vector<std::string> w = {PACER_WORKER_BIN, "--monitor", monitor_address, "--progress",
                                   "plain"};
     w.insert(w.end(), spec_.worker_flags.begin(), spec_.worker_flags.end());
+    auto extra = spec_.worker_flags_by_index.find(workers.size());
+    if (extra != spec_.worker_flags_by_index.end()) {
+      w.insert(w.end(), extra->second.begin(), extra->second.end());
+    }
     workers.push_back(Process::Start(w, dir.path(), "worker" + std::to_string(workers.size())));
   }
 

@@ -7,7 +7,7 @@ target_compile_definitions(pacer_test_util PUBLIC
   PACER_MONITOR_BIN="$<TARGET_FILE:pacer-monitor>"
   PACER_WORKER_BIN="$<TARGET_FILE:pacer-worker>")
 
-foreach(t cluster_test bad_input_test help_test)
+foreach(t cluster_test straggler_cluster_test bad_input_test help_test)
   pacer_test(${t} cluster pacer_test_util pacer_ps)
   add_dependencies(${t} pacer-server pacer-monitor pacer-worker)
 endforeach()

@@ -455,5 +455,65 @@ TEST(MonitorRegistrationTest, RetriedWorkerRegistrationKeepsOneMember) {
   EXPECT_EQ(core.LiveWorkers().size(), 2u);
 }
 
+
+// The straggler policy at work: timing reports in, batch sizes and bounds out.
+TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
+  options_.mode = wire::Mode::Dssp;
+  options_.policy.kind = policy::Kind::kPacer;
+  options_.policy.staleness = 1;
+  options_.policy.staleness_range = 3;
+  core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  StartJob();
+  // The membership the shard got at the start carried each worker's bounds;
+  // check the next one, after a bounds change, below.
+  auto report = [&](uint32_t id, double compute_per_sample) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeartbeatBuilder hb(fbb);
+    hb.add_role(wire::Role::Worker);
+    hb.add_iterations(5);
+    hb.add_batch(96);
+    hb.add_compute_seconds_per_sample(static_cast<float>(compute_per_sample));
+    hb.add_communication_seconds(0.002f);
+    auto body = hb.Finish();
+    return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
+  };
+  Decoded first = report(worker_a_, 1e-4);
+  EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->batch_size(), 96u);
+  EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->staleness_bound(), 1u);
+  EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->staleness_range(), 3u);
+  report(worker_b_, 4e-4);  // B is 4x slower
+  Tick();                   // a policy round
+  Decoded reply_a = report(worker_a_, 1e-4);
+  Decoded reply_b = report(worker_b_, 4e-4);
+  const auto* a = reply_a.As<wire::HeartbeatReply>()->assignment();
+  const auto* b = reply_b.As<wire::HeartbeatReply>()->assignment();
+  // Equal iteration times want shares of about 4:1 of 192.
+  EXPECT_EQ(a->batch_size() + b->batch_size(), 192u);
+  EXPECT_LT(b->batch_size() * 2, a->batch_size());
+  EXPECT_EQ(core_->workers().at(worker_b_).batch, b->batch_size());
+
+  // An operator narrows B's bounds: the shards hear through a new membership.
+  const uint64_t before = core_->membership_version();
+  ASSERT_TRUE(core_->SetWorkerBounds(worker_b_, 0, 2));
+  EXPECT_GT(core_->membership_version(), before);
+  clock_.Advance(std::chrono::seconds(1));
+  Tick();
+  auto members = Take(0, wire::Body::Membership);
+  ASSERT_FALSE(members.empty());
+  bool seen = false;
+  for (const auto* w : *members.back().As<wire::Membership>()->workers()) {
+    if (w->id() == worker_b_) {
+      EXPECT_EQ(w->staleness(), 0u);
+      EXPECT_EQ(w->staleness_range(), 2u);
+      seen = true;
+    } else {
+      EXPECT_EQ(w->staleness(), 1u);
+      EXPECT_EQ(w->staleness_range(), 3u);
+    }
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_FALSE(core_->SetWorkerBounds(999, 0, 0));
+}
+
 }  // namespace
 }  // namespace pacer

@@ -141,5 +141,147 @@ TEST(EwmaTrendPredictorTest, TracksLevelAndTrend) {
   EXPECT_TRUE(p.Predict(1).has_value());
 }
 
+// ---------------------------------------------------------------------------
+// StragglerPolicy: the rounds the monitor runs, driven by a fake clock.
+
+class StragglerPolicyTest : public ::testing::Test {
+ protected:
+  static PolicyOptions Options(Kind kind, wire::Mode mode = wire::Mode::Bsp) {
+    PolicyOptions o;
+    o.kind = kind;
+    o.mode = mode;
+    o.batch.global_batch = 192;
+    o.interval = std::chrono::milliseconds(500);
+    o.min_iterations = 2;
+    return o;
+  }
+  // Every worker reports `iterations` iterations at its current batch with
+  // seconds-per-sample `spp[id]` and 2 ms of communication each.
+  void ReportAll(StragglerPolicy& p, const std::map<uint32_t, double>& spp, uint32_t iterations = 4) {
+    for (const auto& [id, a] : p.assignments()) {
+      TimingReport r;
+      r.iterations = iterations;
+      r.samples = uint64_t{a.batch} * iterations;
+      r.compute_seconds = spp.at(id) * static_cast<double>(r.samples);
+      r.communication_seconds = 0.002 * iterations;
+      p.Report(id, r);
+    }
+  }
+  static uint32_t Total(const StragglerPolicy& p) {
+    uint32_t t = 0;
+    for (const auto& [id, a] : p.assignments()) t += a.batch;
+    return t;
+  }
+  FakeClock clock_{TimePoint{} + std::chrono::hours(1)};
+};
+
+TEST_F(StragglerPolicyTest, AdaptiveBatchConvergesToSpeedShareWithinAFewRounds) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  EXPECT_EQ(p.assignment(1).batch, 64u);
+  EXPECT_EQ(Total(p), 192u);
+  const std::map<uint32_t, double> spp = {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}};  // 3 is 4x slow
+  for (int round = 0; round < 4; ++round) {
+    ReportAll(p, spp);
+    p.Round(clock_.Now());
+    EXPECT_EQ(Total(p), 192u) << "round " << round;
+    clock_.Advance(std::chrono::milliseconds(500));
+  }
+  // Equal iteration times b_i * spp_i + comm: 4:4:1 -> about 85, 85, 21.
+  EXPECT_NEAR(p.assignment(3).batch, 21.3, 2.0);
+  EXPECT_NEAR(p.assignment(1).batch, 85.3, 2.0);
+  EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
+  EXPECT_EQ(p.rounds(), 4u);
+  EXPECT_LT(p.last_decision_seconds(), 0.01);
+}
+
+TEST_F(StragglerPolicyTest, RoundsWaitForTheIntervalAndForEveryWorkersReport) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2});
+  // Only worker 1 reported: no round.
+  TimingReport r{4, 256, 0.1, 0.01, 0, 0};
+  p.Report(1, r);
+  EXPECT_FALSE(p.Round(clock_.Now()));
+  EXPECT_EQ(p.rounds(), 0u);
+  TimingReport slow{4, 256, 0.4, 0.01, 0, 0};
+  p.Report(2, slow);
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_EQ(p.rounds(), 1u);
+  // Fresh reports, but the interval has not passed.
+  p.Report(1, r);
+  p.Report(2, slow);
+  clock_.Advance(std::chrono::milliseconds(100));
+  EXPECT_FALSE(p.Round(clock_.Now()));
+  clock_.Advance(std::chrono::milliseconds(400));
+  p.Round(clock_.Now());
+  EXPECT_EQ(p.rounds(), 2u);
+}
+
+TEST_F(StragglerPolicyTest, FixedNeverMovesAndSplitsEvenly) {
+  StragglerPolicy p(Options(Kind::kFixed));
+  p.SetWorkers({1, 2, 3, 4, 5});  // 192 / 5 = 38.4: sizes 39,39,38,38,38
+  EXPECT_EQ(Total(p), 192u);
+  for (const auto& [id, a] : p.assignments()) EXPECT_TRUE(a.batch == 38 || a.batch == 39);
+  const auto before = p.assignments();
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}, {4, 1e-4}, {5, 9e-4}});
+  EXPECT_FALSE(p.Round(clock_.Now()));
+  EXPECT_EQ(p.assignments(), before);
+}
+
+TEST_F(StragglerPolicyTest, JoinsAndLeavesKeepTheGlobalBatch) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}});
+  p.Round(clock_.Now());
+  const uint32_t slow = p.assignment(3).batch;
+  p.SetWorkers({1, 2, 3, 4});  // a newcomer gets an even share, others shrink
+  EXPECT_EQ(Total(p), 192u);
+  EXPECT_NEAR(p.assignment(4).batch, 48, 12);
+  EXPECT_LE(p.assignment(3).batch, slow);
+  p.SetWorkers({1, 4});  // two leave: their share goes to the rest
+  EXPECT_EQ(Total(p), 192u);
+  EXPECT_EQ(p.assignments().size(), 2u);
+  EXPECT_FALSE(p.predicted_seconds_per_sample(3).has_value());
+}
+
+TEST_F(StragglerPolicyTest, BoundsFollowTheModeAndCanBeChanged) {
+  PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+  o.staleness = 1;
+  o.staleness_range = 4;
+  StragglerPolicy p(o);
+  p.SetWorkers({1, 2});
+  EXPECT_EQ(p.assignment(1), (Assignment{96, 1, 4}));
+  EXPECT_TRUE(p.SetBounds(2, 0, 2));
+  EXPECT_EQ(p.assignment(2), (Assignment{96, 0, 2}));
+  EXPECT_FALSE(p.SetBounds(9, 0, 2));
+
+  PolicyOptions b = Options(Kind::kFixed, wire::Mode::Bsp);
+  b.staleness = 3;  // ignored: bsp has no bound
+  StragglerPolicy q(b);
+  q.SetWorkers({1});
+  EXPECT_EQ(q.assignment(1), (Assignment{192, 0, 0}));
+}
+
+TEST_F(StragglerPolicyTest, MemoryLimitCapsAWorker) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  // Worker 1 is the fastest but holds at most 70 samples.
+  for (int round = 0; round < 4; ++round) {
+    ReportAll(p, {{1, 0.5e-4}, {2, 1e-4}, {3, 1e-4}});
+    p.Report(1, TimingReport{0, 0, 0, 0, 0, 70});
+    p.Round(clock_.Now());
+    clock_.Advance(std::chrono::seconds(1));
+  }
+  EXPECT_EQ(p.assignment(1).batch, 70u);
+  EXPECT_EQ(Total(p), 192u);
+}
+
+TEST(PolicyKindTest, NamesRoundTrip) {
+  for (Kind k : {Kind::kFixed, Kind::kAdaptiveBatch, Kind::kPacer}) {
+    EXPECT_EQ(ParseKind(KindName(k)), k);
+  }
+  EXPECT_FALSE(ParseKind("fastest").has_value());
+}
+
 }  // namespace
 }  // namespace pacer::policy

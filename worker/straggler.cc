@@ -55,6 +55,9 @@ double SlowdownAt(const std::vector<SlowdownStep>& schedule, double base, double
 }
 
 absl::Status PinCurrentThread(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return absl::InvalidArgumentError("no CPU " + std::to_string(cpu));
+  }
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
