@@ -99,10 +99,11 @@ void Distribute(std::vector<Entry>& e, uint64_t total) {
 
 }  // namespace
 
-absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
-    const std::map<uint32_t, WorkerTiming>& workers, const BatchOptions& options) {
+absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> workers,
+                           const BatchOptions& options, std::vector<uint32_t>* sizes) {
   if (workers.empty()) return absl::InvalidArgumentError("no workers to size");
   std::vector<Entry> e;
+  e.reserve(workers.size());
   uint64_t lo_sum = 0, hi_sum = 0;
   double mean_time = 0;
   for (const auto& [id, w] : workers) {
@@ -129,8 +130,18 @@ absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
     e[i++].target = std::max(target, 1e-9);
   }
   Distribute(e, options.global_batch);
+  sizes->resize(e.size());
+  for (size_t k = 0; k < e.size(); ++k) (*sizes)[k] = e[k].size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
+    const std::map<uint32_t, WorkerTiming>& workers, const BatchOptions& options) {
+  std::vector<std::pair<uint32_t, WorkerTiming>> v(workers.begin(), workers.end());
+  std::vector<uint32_t> sizes;
+  if (absl::Status s = RebalanceInto(v, options, &sizes); !s.ok()) return s;
   std::map<uint32_t, uint32_t> out;
-  for (const auto& x : e) out[x.id] = x.size;
+  for (size_t k = 0; k < v.size(); ++k) out.emplace_hint(out.end(), v[k].first, sizes[k]);
   return out;
 }
 
@@ -174,8 +185,8 @@ void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
   std::vector<Entry> e;
   for (const auto& [id, target] : targets) {
     uint32_t hi = options_.batch.b_max;
-    auto lim = memory_limit_.find(id);
-    if (lim != memory_limit_.end() && lim->second > 0) hi = std::min(hi, lim->second);
+    const uint32_t limit = slots_.at(id).memory_limit;
+    if (limit > 0) hi = std::min(hi, limit);
     e.push_back({id, std::min(options_.batch.b_min, hi), hi, std::max(target, 1e-9), 0});
   }
   Distribute(e, options_.batch.global_batch);
@@ -200,25 +211,28 @@ void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
   for (auto it = assignments_.begin(); it != assignments_.end();) {
     if (!targets.count(it->first)) {
       predictor_->Forget(it->first);
-      pending_.erase(it->first);
-      memory_limit_.erase(it->first);
-      communication_.erase(it->first);
+      slots_.erase(it->first);
       it = assignments_.erase(it);
     } else {
       ++it;
     }
   }
   for (const auto& [id, t] : targets) {
-    if (!assignments_.count(id)) assignments_[id] = Default();
+    if (!assignments_.count(id)) {
+      assignments_[id] = Default();
+      slots_[id] = Slot{};
+    }
   }
   Redistribute(targets);
 }
 
 void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
-  if (!assignments_.count(worker)) return;
-  if (r.memory_limit_batch > 0) memory_limit_[worker] = r.memory_limit_batch;
+  auto it = slots_.find(worker);
+  if (it == slots_.end()) return;
+  Slot& slot = it->second;
+  if (r.memory_limit_batch > 0) slot.memory_limit = r.memory_limit_batch;
   if (r.iterations == 0) return;
-  TimingReport& p = pending_[worker];
+  TimingReport& p = slot.pending;
   p.iterations += r.iterations;
   p.samples += r.samples;
   p.compute_seconds += r.compute_seconds;
@@ -237,34 +251,35 @@ bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t st
 bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
   if (last_round_ && now - *last_round_ < options_.interval) return false;
-  for (const auto& [id, a] : assignments_) {
-    auto p = pending_.find(id);
-    if (p == pending_.end() || p->second.iterations < options_.min_iterations) return false;
+  for (const auto& [id, slot] : slots_) {
+    if (slot.pending.iterations < options_.min_iterations) return false;
   }
   const auto started = std::chrono::steady_clock::now();
   last_round_ = now;
   ++rounds_;
-  std::map<uint32_t, WorkerTiming> timings;
-  for (const auto& [id, a] : assignments_) {
-    const TimingReport& p = pending_.at(id);
+  // slots_ and assignments_ hold the same keys: walk them together.
+  timings_.clear();
+  timings_.reserve(slots_.size());
+  auto a = assignments_.begin();
+  for (auto& [id, slot] : slots_) {
+    TimingReport& p = slot.pending;
     predictor_->Observe(id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)),
                         now);
-    communication_[id] = p.communication_seconds / p.iterations;
     WorkerTiming t;
-    t.batch = a.batch;
+    t.batch = a->second.batch;
     t.seconds_per_sample = predictor_->Predict(id).value_or(0);
-    t.communication_seconds = communication_[id];
-    auto lim = memory_limit_.find(id);
-    t.memory_limit_batch = lim == memory_limit_.end() ? 0 : lim->second;
-    timings[id] = t;
+    t.communication_seconds = p.communication_seconds / p.iterations;
+    t.memory_limit_batch = slot.memory_limit;
+    timings_.emplace_back(id, t);
+    p = TimingReport{};
+    ++a;
   }
-  pending_.clear();
-  auto next = RebalanceBatches(timings, options_.batch);
   bool changed = false;
-  if (next.ok()) {
-    for (const auto& [id, b] : *next) {
-      changed |= assignments_[id].batch != b;
-      assignments_[id].batch = b;
+  if (RebalanceInto(timings_, options_.batch, &sizes_).ok()) {
+    size_t k = 0;
+    for (auto& [id, assignment] : assignments_) {
+      changed |= assignment.batch != sizes_[k];
+      assignment.batch = sizes_[k++];
     }
   }
   last_decision_seconds_ =

@@ -19,7 +19,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ps/clock.h"
@@ -88,6 +91,9 @@ struct WorkerTiming {
 // `workers` is empty.
 absl::StatusOr<std::map<uint32_t, uint32_t>> RebalanceBatches(
     const std::map<uint32_t, WorkerTiming>& workers, const BatchOptions& options);
+// The same rule on a vector: (*sizes)[i] is the new size of workers[i].
+absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> workers,
+                           const BatchOptions& options, std::vector<uint32_t>* sizes);
 
 enum class Kind { kFixed, kAdaptiveBatch, kPacer };
 // "fixed", "adaptive-batch", "pacer"; nullopt for anything else.
@@ -164,12 +170,19 @@ class StragglerPolicy {
   // Spreads B over the current targets (exact sum, within the clamps).
   void Redistribute(const std::map<uint32_t, double>& targets);
 
+  struct Slot {
+    TimingReport pending;       // since the last round
+    uint32_t memory_limit = 0;  // 0: none reported
+  };
+
   const PolicyOptions options_;
   std::unique_ptr<SpeedPredictor> predictor_;
+  // The same keys in both: the live workers.
   std::map<uint32_t, Assignment> assignments_;
-  std::map<uint32_t, TimingReport> pending_;     // since the last round
-  std::map<uint32_t, uint32_t> memory_limit_;
-  std::map<uint32_t, double> communication_;     // per iteration, last round
+  std::map<uint32_t, Slot> slots_;
+  // Scratch of Round, kept to avoid allocations.
+  std::vector<std::pair<uint32_t, WorkerTiming>> timings_;
+  std::vector<uint32_t> sizes_;
   std::optional<TimePoint> last_round_;
   double last_decision_seconds_ = 0;
   uint64_t rounds_ = 0;

@@ -1,0 +1,281 @@
+#include "bench/cluster_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <queue>
+#include <random>
+#include <set>
+
+#include "ps/clock.h"
+#include "ps/staleness.h"
+
+namespace pacer::sim {
+
+absl::StatusOr<Scenario> ParseScenario(const std::string& name) {
+  if (name == "none") return Scenario::kNone;
+  if (name == "static") return Scenario::kStatic;
+  if (name == "hetero") return Scenario::kHetero;
+  if (name == "bursts") return Scenario::kBursts;
+  if (name == "moving") return Scenario::kMoving;
+  return absl::InvalidArgumentError("unknown scenario '" + name +
+                                    "' (none, static, hetero, bursts, moving)");
+}
+
+namespace {
+
+// Slowdown factor of each worker over time.
+class SpeedTrace {
+ public:
+  explicit SpeedTrace(const SimOptions& o) : o_(o), bursts_(static_cast<size_t>(o.workers)) {
+    if (o.scenario != Scenario::kBursts) return;
+    std::mt19937_64 rng(o.seed);
+    std::exponential_distribution<double> gap(std::max(1e-9, o.burst_rate));
+    for (auto& b : bursts_) {
+      for (double t = gap(rng); t < o.seconds; t += o.burst_seconds + gap(rng)) {
+        b.emplace_back(t, t + o.burst_seconds);
+      }
+    }
+  }
+
+  double Factor(int worker, double t) const {
+    const int n = o_.workers;
+    switch (o_.scenario) {
+      case Scenario::kNone: return 1;
+      case Scenario::kStatic: return worker == n - 1 ? o_.slow_factor : 1;
+      case Scenario::kHetero:
+        return n == 1 ? 1 : 1 + (o_.slow_factor - 1) * worker / static_cast<double>(n - 1);
+      case Scenario::kMoving: {
+        const auto slot = static_cast<int64_t>(std::floor(t / std::max(1e-9, o_.move_every)));
+        return worker == static_cast<int>((n - 1 + slot) % n) ? o_.slow_factor : 1;
+      }
+      case Scenario::kBursts: {
+        const auto& b = bursts_[static_cast<size_t>(worker)];
+        auto it = std::upper_bound(b.begin(), b.end(), std::make_pair(t, 1e300));
+        if (it == b.begin()) return 1;
+        --it;
+        return t < it->second ? o_.slow_factor : 1;
+      }
+    }
+    return 1;
+  }
+
+ private:
+  const SimOptions& o_;
+  std::vector<std::vector<std::pair<double, double>>> bursts_;
+};
+
+struct SimWorker {
+  uint64_t clock = 0;  // the clock it reads next
+  uint32_t batch = 0;  // of the iteration in flight
+  bool blocked = false;
+  double blocked_since = 0;
+  int64_t pushed = -1;
+  std::deque<double> push_times;
+  double compute = 0, wait = 0;  // of the iteration in flight
+  double wait_total = 0;
+};
+
+struct Event {
+  double time;
+  uint64_t seq;
+  int worker;
+  bool push;  // false: a read attempt
+  bool operator>(const Event& e) const { return time != e.time ? time > e.time : seq > e.seq; }
+};
+
+TimePoint At(double seconds) { return TimePoint{} + FromSeconds(seconds); }
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
+  if (o.workers < 1) return absl::InvalidArgumentError("at least one worker");
+  if (o.batch < 1 || o.seconds <= 0 || o.seconds_per_sample <= 0 || o.communication < 0) {
+    return absl::InvalidArgumentError("batch, seconds and seconds per sample must be positive");
+  }
+  if (o.staleness + o.staleness_range > kMaxStalenessBound) {
+    return absl::InvalidArgumentError("staleness bound above " + std::to_string(kMaxStalenessBound));
+  }
+  const int n = o.workers;
+  const SpeedTrace trace(o);
+  policy::PolicyOptions popts;
+  popts.kind = o.policy;
+  popts.mode = o.mode;
+  popts.batch.global_batch = o.batch * static_cast<uint32_t>(n);
+  popts.batch.deadband = o.deadband;
+  popts.staleness = o.staleness;
+  popts.staleness_range = o.staleness_range;
+  popts.interval = FromSeconds(o.policy_interval);
+  policy::StragglerPolicy policy(popts);
+  std::vector<uint32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint32_t>(i);
+  policy.SetWorkers(ids);
+
+  std::vector<SimWorker> w(static_cast<size_t>(n));
+  std::set<std::pair<int64_t, int>> by_pushed;  // (pushed, worker): begin() is the slowest
+  for (int i = 0; i < n; ++i) by_pushed.insert({-1, i});
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
+  uint64_t seq = 0;
+  int64_t applied = -1;
+  struct Open {
+    int count = 0;
+    double samples = 0;
+  };
+  std::map<uint64_t, Open> open;
+  std::vector<int> blocked;
+  SimResult r;
+  double decision_total = 0;
+  const double half_comm = o.communication / 2;
+  const size_t needed =
+      o.mode == wire::Mode::Backup && o.backup_workers < static_cast<uint32_t>(n)
+          ? static_cast<size_t>(n) - o.backup_workers
+          : static_cast<size_t>(n);
+
+  auto allowed = [&](int i, uint64_t c) {
+    const auto& me = w[static_cast<size_t>(i)];
+    const policy::Assignment a = policy.assignment(static_cast<uint32_t>(i));
+    switch (o.mode) {
+      case wire::Mode::Asp: return true;
+      case wire::Mode::Ssp: return SspReadAllowed(c, applied, a.staleness);
+      case wire::Mode::Dssp: {
+        if (SspReadAllowed(c, applied, a.staleness)) return true;
+        const auto& slow = w[static_cast<size_t>(by_pushed.begin()->second)];
+        std::vector<double> mine(me.push_times.begin(), me.push_times.end());
+        std::vector<double> theirs(slow.push_times.begin(), slow.push_times.end());
+        const uint32_t extra = DsspExtraIterations(mine, theirs, a.staleness_range);
+        return SspReadAllowed(c, applied, a.staleness + extra);
+      }
+      default: return SspReadAllowed(c, applied, 0);  // bsp, backup
+    }
+  };
+  // Starts worker i's iteration at time t (its read is allowed).
+  auto start = [&](int i, double t) {
+    SimWorker& me = w[static_cast<size_t>(i)];
+    if (me.blocked) {
+      me.wait = t - me.blocked_since;
+      me.wait_total += me.wait;
+      me.blocked = false;
+    } else {
+      me.wait = 0;
+    }
+    me.batch = std::max<uint32_t>(1, policy.assignment(static_cast<uint32_t>(i)).batch);
+    me.compute = (me.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t);
+    events.push({t + half_comm + me.compute + half_comm, seq++, i, true});
+  };
+  auto try_read = [&](int i, double t) {
+    SimWorker& me = w[static_cast<size_t>(i)];
+    if (allowed(i, me.clock)) return start(i, t);
+    if (!me.blocked) {
+      me.blocked = true;
+      me.blocked_since = t;
+      blocked.push_back(i);
+    }
+  };
+  auto recheck_blocked = [&](double t) {
+    std::vector<int> still;
+    for (int i : blocked) {
+      if (allowed(i, w[static_cast<size_t>(i)].clock)) {
+        start(i, t);
+      } else {
+        still.push_back(i);
+      }
+    }
+    blocked.swap(still);
+  };
+
+  for (int i = 0; i < n; ++i) events.push({0, seq++, i, false});
+  while (!events.empty() && events.top().time <= o.seconds) {
+    const Event e = events.top();
+    events.pop();
+    if (!e.push) {
+      try_read(e.worker, e.time);
+      continue;
+    }
+    SimWorker& me = w[static_cast<size_t>(e.worker)];
+    const uint64_t c = me.clock;
+    policy::TimingReport rep;
+    rep.iterations = 1;
+    rep.samples = me.batch;
+    rep.compute_seconds = me.compute;
+    rep.communication_seconds = o.communication;
+    rep.wait_seconds = me.wait;
+    policy.Report(static_cast<uint32_t>(e.worker), rep);
+    auto record_push = [&] {
+      by_pushed.erase({me.pushed, e.worker});
+      me.pushed = std::max(me.pushed, static_cast<int64_t>(c));
+      by_pushed.insert({me.pushed, e.worker});
+      me.push_times.push_back(e.time);
+      if (me.push_times.size() > 8) me.push_times.pop_front();
+    };
+    if (o.mode == wire::Mode::Asp) {
+      record_push();
+      r.samples += me.batch;
+      applied = std::max(applied, static_cast<int64_t>(c));
+      ++r.clocks;
+      me.clock = c + 1;
+      events.push({e.time, seq++, e.worker, false});
+    } else if (static_cast<int64_t>(c) <= applied) {
+      // Backup: the clock closed without this push; it is dropped and the
+      // worker reads the latest parameters, then goes on from there.
+      ++r.dropped;
+      me.clock = static_cast<uint64_t>(applied + 1);
+      events.push({e.time + half_comm, seq++, e.worker, false});
+    } else {
+      record_push();
+      Open& oc = open[c];
+      ++oc.count;
+      oc.samples += me.batch;
+      bool closed = false;
+      for (auto it = open.begin();
+           it != open.end() && static_cast<int64_t>(it->first) == applied + 1 &&
+           static_cast<size_t>(it->second.count) >= needed;
+           it = open.erase(it)) {
+        applied = static_cast<int64_t>(it->first);
+        r.samples += it->second.samples;
+        ++r.clocks;
+        closed = true;
+      }
+      me.clock = c + 1;
+      if (closed) recheck_blocked(e.time);
+      try_read(e.worker, e.time);
+    }
+    if (policy.Round(At(e.time))) {
+      // New sizes take effect at each worker's next iteration start.
+    }
+    if (policy.rounds() > r.rounds) {
+      r.rounds = policy.rounds();
+      decision_total += policy.last_decision_seconds();
+      r.decision_max_seconds = std::max(r.decision_max_seconds, policy.last_decision_seconds());
+    }
+  }
+
+  // The ideal: each worker on its own at the starting batch, never waiting.
+  double ideal_samples = 0;
+  for (int i = 0; i < n; ++i) {
+    for (double t = 0;;) {
+      t += (o.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t) +
+           o.communication;
+      if (t > o.seconds) break;
+      ideal_samples += o.batch;
+    }
+  }
+  double waited = 0;
+  for (int i = 0; i < n; ++i) {
+    const SimWorker& me = w[static_cast<size_t>(i)];
+    waited += me.wait_total + (me.blocked ? o.seconds - me.blocked_since : 0);
+  }
+  r.throughput = r.samples / o.seconds;
+  r.ideal_throughput = ideal_samples / o.seconds;
+  r.fraction = r.ideal_throughput > 0 ? r.throughput / r.ideal_throughput : 0;
+  r.wait_fraction = waited / (o.seconds * n);
+  r.decision_mean_seconds = r.rounds ? decision_total / static_cast<double>(r.rounds) : 0;
+  r.min_batch = UINT32_MAX;
+  for (const auto& [id, a] : policy.assignments()) {
+    r.min_batch = std::min(r.min_batch, a.batch);
+    r.max_batch = std::max(r.max_batch, a.batch);
+  }
+  return r;
+}
+
+}  // namespace pacer::sim

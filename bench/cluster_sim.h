@@ -1,0 +1,78 @@
+// A discrete-event simulator of a Pacer cluster: simulated workers with
+// speed traces, driven by the same straggler policy (monitor/policy.h) and
+// the same shard-side consistency rules (ps/staleness.h) as the real
+// processes. It answers "what throughput does this policy keep with these
+// stragglers at N workers" far past what one machine can run.
+//
+// Model of one iteration of worker i at batch b (switched at iteration
+// starts, from the policy's assignment):
+//   wait until the consistency rule lets it read clock c,
+//   pull (comm/2), compute b * spp_i(t) + overhead, push (comm/2),
+// where spp_i(t) is the per-sample compute time from its speed trace and
+// comm = model bytes / bandwidth + latency. The push joins clock c's step at
+// the shard. Differences from the shard: a blocked read is re-checked when
+// a clock closes (the shard re-checks on every push), so a DSSP grant that
+// only later push times would allow is given one clock later.
+#ifndef PACER_BENCH_CLUSTER_SIM_H_
+#define PACER_BENCH_CLUSTER_SIM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "monitor/policy.h"
+#include "ps/wire.h"
+
+namespace pacer::sim {
+
+enum class Scenario {
+  kNone,     // every worker at base speed
+  kStatic,   // one worker `slow_factor` x slower for the whole run
+  kHetero,   // static heterogeneity: factors spread evenly over [1, slow_factor]
+  kBursts,   // each worker slows `slow_factor` x for random bursts
+  kMoving,   // one `slow_factor` x straggler that moves to the next worker
+};
+absl::StatusOr<Scenario> ParseScenario(const std::string& name);
+
+struct SimOptions {
+  int workers = 4;
+  wire::Mode mode = wire::Mode::Bsp;
+  policy::Kind policy = policy::Kind::kFixed;
+  uint32_t batch = 64;                // per worker at the start; B = batch * workers
+  uint32_t staleness = 0;             // s (ssp) or s_L (dssp)
+  uint32_t staleness_range = 4;       // r_max (dssp)
+  uint32_t backup_workers = 1;        // k (backup)
+  double policy_interval = 0.5;       // seconds of simulated time
+  double deadband = 0.05;
+  Scenario scenario = Scenario::kNone;
+  double slow_factor = 4;
+  double move_every = 20;             // kMoving: seconds per worker
+  double burst_rate = 0.05;           // kBursts: bursts per worker per second
+  double burst_seconds = 2;           // kBursts: length of one burst
+  double seconds_per_sample = 33e-6;  // base compute per sample
+  double iteration_overhead = 0;      // compute per iteration, any batch
+  double communication = 5e-3;        // seconds per iteration (pull + push)
+  double seconds = 60;                // simulated time
+  uint64_t seed = 1;
+};
+
+struct SimResult {
+  double samples = 0;           // applied samples (dropped pushes excluded)
+  double throughput = 0;        // samples per simulated second
+  double ideal_throughput = 0;  // sum of the workers' speeds, never waiting
+  double fraction = 0;          // throughput / ideal
+  double wait_fraction = 0;     // share of worker time spent waiting
+  uint64_t clocks = 0;          // steps applied
+  uint64_t dropped = 0;         // backup: pushes dropped
+  uint64_t rounds = 0;          // policy rounds
+  double decision_mean_seconds = 0;  // real time per policy round
+  double decision_max_seconds = 0;
+  uint32_t min_batch = 0, max_batch = 0;  // final assignment
+};
+
+absl::StatusOr<SimResult> Simulate(const SimOptions& options);
+
+}  // namespace pacer::sim
+
+#endif  // PACER_BENCH_CLUSTER_SIM_H_

@@ -1,0 +1,96 @@
+// The cluster simulator (bench/cluster_sim.h) against figures worked out by
+// hand, so that what bench/RESULTS.md reports from it can be trusted.
+#include "bench/cluster_sim.h"
+
+#include <gtest/gtest.h>
+
+namespace pacer::sim {
+namespace {
+
+SimOptions Base() {
+  SimOptions o;
+  o.workers = 3;
+  o.batch = 64;
+  o.seconds_per_sample = 50e-6;  // 3.2 ms of compute per iteration
+  o.communication = 4e-3;
+  o.seconds = 30;
+  return o;
+}
+
+TEST(SimTest, EqualWorkersUnderBspReachTheIdeal) {
+  auto r = Simulate(Base());
+  ASSERT_TRUE(r.ok()) << r.status();
+  // 3 workers x 64 samples per 7.2 ms.
+  EXPECT_NEAR(r->ideal_throughput, 3 * 64 / 7.2e-3, 30);
+  EXPECT_NEAR(r->fraction, 1.0, 0.01);
+  EXPECT_LT(r->wait_fraction, 0.01);
+}
+
+TEST(SimTest, BspRunsAtTheStragglersPace) {
+  SimOptions o = Base();
+  o.scenario = Scenario::kStatic;
+  o.slow_factor = 4;
+  auto r = Simulate(o);
+  ASSERT_TRUE(r.ok());
+  // Every clock takes the straggler's 4 x 3.2 + 4 = 16.8 ms.
+  EXPECT_NEAR(r->throughput, 3 * 64 / 16.8e-3, 0.01 * 3 * 64 / 16.8e-3);
+  EXPECT_NEAR(r->clocks, 30 / 16.8e-3, 5);
+}
+
+TEST(SimTest, AdaptiveBatchRecoversAStaticStraggler) {
+  SimOptions o = Base();
+  o.scenario = Scenario::kStatic;
+  o.slow_factor = 4;
+  o.policy = policy::Kind::kAdaptiveBatch;
+  auto r = Simulate(o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->fraction, 0.9);
+  EXPECT_LT(r->min_batch * 2, r->max_batch);  // the straggler got the small batch
+  EXPECT_GT(r->rounds, 10u);
+}
+
+TEST(SimTest, AspNeverWaitsAndBackupDropsTheStragglersPushes) {
+  SimOptions o = Base();
+  o.scenario = Scenario::kStatic;
+  o.slow_factor = 4;
+  o.mode = wire::Mode::Asp;
+  auto asp = Simulate(o);
+  ASSERT_TRUE(asp.ok());
+  EXPECT_NEAR(asp->fraction, 1.0, 0.01);
+  EXPECT_EQ(asp->wait_fraction, 0);
+  o.mode = wire::Mode::Backup;
+  o.backup_workers = 1;
+  auto backup = Simulate(o);
+  ASSERT_TRUE(backup.ok());
+  EXPECT_GT(backup->dropped, 0u);
+  // The two fast workers close every clock: 2 x 64 per 7.2 ms.
+  EXPECT_NEAR(backup->throughput, 2 * 64 / 7.2e-3, 0.03 * 2 * 64 / 7.2e-3);
+}
+
+TEST(SimTest, SspAbsorbsAShortBurstThatBspWaitsFor) {
+  SimOptions o = Base();
+  o.scenario = Scenario::kBursts;
+  o.burst_rate = 0.5;
+  o.burst_seconds = 0.02;  // a few iterations
+  o.seed = 5;
+  auto bsp = Simulate(o);
+  o.mode = wire::Mode::Ssp;
+  o.staleness = 3;
+  auto ssp = Simulate(o);
+  ASSERT_TRUE(bsp.ok() && ssp.ok());
+  EXPECT_GT(ssp->throughput, bsp->throughput);
+}
+
+TEST(SimTest, BadOptionsAreRefused) {
+  SimOptions o = Base();
+  o.workers = 0;
+  EXPECT_FALSE(Simulate(o).ok());
+  o = Base();
+  o.staleness = 10;
+  o.staleness_range = 10;
+  EXPECT_FALSE(Simulate(o).ok());
+  EXPECT_FALSE(ParseScenario("sideways").ok());
+}
+
+}  // namespace
+}  // namespace pacer::sim
