@@ -10,13 +10,14 @@
 #       [--batch PER_WORKER] [--monitor-args "FLAGS"] [--worker-args "FLAGS"]
 #       [--worker-args-I "FLAGS"] (I: the I-th worker started, from 0)
 #       [--out DIR] (keep every process's stdout and log there) [--quiet]
+#       [--keep-training] (run to --time-cap; the target is only timed)
 #
 # Example, a 4x straggler under the pacer policy:
 #   deploy/local-cluster.sh --policy pacer --worker-args-2 "--slowdown 4"
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-shards=2 workers=3 time_cap=120 target=0.85 policy="" mode="" batch=64 out="" quiet=0
+shards=2 workers=3 time_cap=120 target=0.85 policy="" mode="" batch=64 out="" quiet=0 keep=0
 monitor_args="" worker_args=""
 declare -A worker_args_i=()
 while [ $# -gt 0 ]; do
@@ -33,7 +34,8 @@ while [ $# -gt 0 ]; do
     --worker-args-[0-9]*) worker_args_i[${1#--worker-args-}]=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --quiet) quiet=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --keep-training) keep=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +91,8 @@ address_of() {
   return 1
 }
 
+stop_at=$target
+[ "$keep" -eq 0 ] || stop_at=0
 policy_flags=()
 [ -z "$policy" ] || policy_flags+=(--policy "$policy")
 [ -z "$mode" ] || policy_flags+=(--mode "$mode")
@@ -97,7 +101,7 @@ echo "[cluster] 1 monitor, $shards shard(s), $workers worker(s)," \
 # shellcheck disable=SC2086  # the *-args options are word-split on purpose
 start monitor "$tmp/monitor" "$bin/monitor/pacer-monitor" --listen tcp://127.0.0.1:0 \
   "${policy_flags[@]}" --min-shards "$shards" --min-workers "$workers" \
-  --global-batch $((batch * workers)) --lr 0.1 --momentum 0.9 --target-accuracy "$target" \
+  --global-batch $((batch * workers)) --lr 0.1 --momentum 0.9 --target-accuracy "$stop_at" \
   --report-accuracy "$target" --time-cap "$time_cap" --eval-interval 0.5 $monitor_args
 monitor_pid=${pids[-1]}
 monitor=$(address_of "$tmp/monitor.out" listening)

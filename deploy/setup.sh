@@ -34,14 +34,15 @@ done
 #  reference CRC-32); ISA-L (the same CRC-32, 3x faster: ps/wire.h);
 #  Eigen + OpenBLAS (CPU compute: Eigen expressions, OpenBLAS GEMM, never the
 #  reference libblas3); CLI11 (flags); spdlog (logs); abseil (Status/StatusOr);
-#  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set.
+#  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set;
+#  gnuplot-nox (bench/stragglers draws its accuracy-over-time plot with it).
 packages=(
   build-essential cmake ninja-build pkg-config
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
   librocksdb-dev prometheus-cpp-dev zlib1g-dev libisal-dev
   libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist gnuplot-nox
 )
 
 missing=()

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   std::string mode;
   std::string policy_name = "pacer";
   int staleness = -1, staleness_range = -1;
-  double policy_interval_s = 0.5;
+  double policy_interval_s = 0.25;
   double lease_s = 3;
   double report_threshold = 0.85;
   double shard_resend_ms = 300, stop_grace_s = 2;

@@ -498,7 +498,11 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   SendToShards(false, out);
 
   if (state_ == wire::JobState::Running && policy_.Round(now)) {
-    ApplyAssignments();
+    if (ApplyAssignments()) {
+      ChangeMembership(policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
+      spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",
+                   100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
+    }
     m_decisions_->Increment();
     std::string sizes;
     for (const auto& [id, a] : policy_.assignments()) {

@@ -120,11 +120,32 @@ absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> wo
                                       std::to_string(options.global_batch));
   }
   mean_time /= static_cast<double>(workers.size());
+  // The rule b_i' = b_i * tbar / t_i settles where every t_i = b_i * spp_i +
+  // comm_i is the same T. With the sizes adding up to B, that fixed point is
+  //   T = (B + sum comm_i / spp_i) / sum 1 / spp_i,  b_i = (T - comm_i) / spp_i,
+  // so we go there in one round rather than iterate towards it (comm does
+  // not shrink with the batch, so plain iteration only creeps up on it).
+  double inv_sum = 0, comm_sum = 0;
+  bool measured = true;
+  for (const auto& [id, w] : workers) {
+    if (w.seconds_per_sample <= 0 || w.batch == 0) measured = false;
+    if (w.seconds_per_sample > 0) {
+      inv_sum += 1 / w.seconds_per_sample;
+      comm_sum += w.communication_seconds / w.seconds_per_sample;
+    }
+  }
+  const double time = measured ? (options.global_batch + comm_sum) / inv_sum : 0;
   size_t i = 0;
   for (const auto& [id, w] : workers) {
-    const double t = w.batch * w.seconds_per_sample + w.communication_seconds;
-    double target = (t > 0 && w.batch > 0) ? w.batch * mean_time / t : w.batch;
-    if (w.batch == 0) target = static_cast<double>(options.global_batch) / workers.size();
+    double target;
+    if (w.batch == 0) {
+      target = static_cast<double>(options.global_batch) / workers.size();
+    } else if (measured) {
+      target = std::max(0.0, time - w.communication_seconds) / w.seconds_per_sample;
+    } else {
+      const double t = w.batch * w.seconds_per_sample + w.communication_seconds;
+      target = t > 0 ? w.batch * mean_time / t : w.batch;
+    }
     // Deadband: small changes keep the current size.
     if (w.batch > 0 && std::abs(target - w.batch) <= options.deadband * w.batch) target = w.batch;
     e[i++].target = std::max(target, 1e-9);
@@ -260,6 +281,7 @@ bool StragglerPolicy::Round(TimePoint now) {
   // slots_ and assignments_ hold the same keys: walk them together.
   timings_.clear();
   timings_.reserve(slots_.size());
+  double max_time = 0, sum_time = 0;
   auto a = assignments_.begin();
   for (auto& [id, slot] : slots_) {
     TimingReport& p = slot.pending;
@@ -271,6 +293,10 @@ bool StragglerPolicy::Round(TimePoint now) {
     t.communication_seconds = p.communication_seconds / p.iterations;
     t.memory_limit_batch = slot.memory_limit;
     timings_.emplace_back(id, t);
+    // Measured time per iteration, waiting excluded.
+    const double measured = (p.compute_seconds + p.communication_seconds) / p.iterations;
+    max_time = std::max(max_time, measured);
+    sum_time += measured;
     p = TimingReport{};
     ++a;
   }
@@ -280,6 +306,18 @@ bool StragglerPolicy::Round(TimePoint now) {
     for (auto& [id, assignment] : assignments_) {
       changed |= assignment.batch != sizes_[k];
       assignment.batch = sizes_[k++];
+    }
+  }
+  const double mean_time = sum_time / static_cast<double>(slots_.size());
+  last_imbalance_ = mean_time > 0 ? max_time / mean_time - 1 : 0;
+  if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp) {
+    const bool open = last_imbalance_ > options_.imbalance;
+    if (open != slack_open_) {
+      slack_open_ = open;
+      for (auto& [id, assignment] : assignments_) {
+        assignment.staleness_range = open ? options_.staleness_range : 0;
+      }
+      changed = true;
     }
   }
   last_decision_seconds_ =

@@ -4,7 +4,9 @@
 // Semi-dynamic load balancing (LB-BSP, OmniLearn): between iterations each
 // worker's batch is re-sized so that all workers finish together,
 //   b_i' = b_i * tbar / t_i,
-// with t_i worker i's predicted time per iteration and tbar their mean;
+// with t_i worker i's predicted time per iteration and tbar their mean. As
+// t_i = b_i * spp_i + comm_i, the rule's fixed point (all t_i equal, sizes
+// adding up to B) is solved for directly, so one round gets there;
 // changes inside a deadband are skipped, sizes are clamped to
 // [b_min, min(b_max, the worker's memory limit)], and the sizes are rescaled
 // so that sum(b_i) == B exactly: the global batch stays fixed.
@@ -128,8 +130,13 @@ struct PolicyOptions {
   uint32_t staleness = 0;
   // r_max for dssp.
   uint32_t staleness_range = 0;
+  // pacer: DSSP's slack (r_max above) is opened only while the measured
+  // iteration times are out of balance by more than this (max over mean,
+  // minus 1): a straggler the batch rule has not absorbed yet. Once the
+  // sizes have caught up, r_max goes back to 0 and steps stay fresh.
+  double imbalance = 0.10;
   // Time between two rounds of the batch rule.
-  Duration interval = std::chrono::milliseconds(500);
+  Duration interval = std::chrono::milliseconds(250);
   // A round needs at least this many fresh iterations from every worker.
   uint32_t min_iterations = 2;
 };
@@ -160,6 +167,10 @@ class StragglerPolicy {
   std::optional<double> predicted_seconds_per_sample(uint32_t worker) const {
     return predictor_->Predict(worker);
   }
+  // pacer: whether DSSP's slack is open (see PolicyOptions::imbalance), and
+  // the imbalance measured in the last round.
+  bool slack_open() const { return slack_open_; }
+  double last_imbalance() const { return last_imbalance_; }
   // Seconds the last Round spent deciding (for the simulator and metrics).
   double last_decision_seconds() const { return last_decision_seconds_; }
   uint64_t rounds() const { return rounds_; }
@@ -186,6 +197,8 @@ class StragglerPolicy {
   std::optional<TimePoint> last_round_;
   double last_decision_seconds_ = 0;
   uint64_t rounds_ = 0;
+  bool slack_open_ = true;
+  double last_imbalance_ = 0;
 };
 
 }  // namespace pacer::policy

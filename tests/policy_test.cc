@@ -276,6 +276,36 @@ TEST_F(StragglerPolicyTest, MemoryLimitCapsAWorker) {
   EXPECT_EQ(Total(p), 192u);
 }
 
+TEST_F(StragglerPolicyTest, PacerOpensDsspSlackOnlyWhileOutOfBalance) {
+  PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+  o.staleness_range = 4;
+  StragglerPolicy p(o);
+  p.SetWorkers({1, 2, 3});
+  EXPECT_TRUE(p.slack_open());  // nothing measured yet
+  EXPECT_EQ(p.assignment(1).staleness_range, 4u);
+  // Balanced workers: the slack closes, reads stay fresh.
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}});
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_FALSE(p.slack_open());
+  EXPECT_EQ(p.assignment(3).staleness_range, 0u);
+  // Worker 3 turns 4x slow: measured times diverge, the slack opens while
+  // the batch rule catches up ...
+  clock_.Advance(std::chrono::seconds(1));
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}});
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_TRUE(p.slack_open());
+  EXPECT_GT(p.last_imbalance(), 0.1);
+  EXPECT_EQ(p.assignment(1).staleness_range, 4u);
+  // ... and closes once the sizes have absorbed it.
+  for (int round = 0; round < 4 && p.slack_open(); ++round) {
+    clock_.Advance(std::chrono::seconds(1));
+    ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}});
+    p.Round(clock_.Now());
+  }
+  EXPECT_FALSE(p.slack_open());
+  EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
+}
+
 TEST(PolicyKindTest, NamesRoundTrip) {
   for (Kind k : {Kind::kFixed, Kind::kAdaptiveBatch, Kind::kPacer}) {
     EXPECT_EQ(ParseKind(KindName(k)), k);
