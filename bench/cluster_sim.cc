@@ -250,15 +250,25 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     }
   }
 
-  // The ideal: each worker on its own at the starting batch, never waiting.
+  // The ideal: the sum of the workers' speeds when the global batch B is
+  // split in proportion to speed and nobody waits. Each iteration then takes
+  // the same T*, with (b_i * spp + overhead) * f_i + comm = T* for every i
+  // and sum b_i = B:
+  //   T* = (B + sum (comm + overhead f_i) / (spp f_i)) / sum 1 / (spp f_i),
+  // and the cluster does B samples per T*. Speeds change with the trace, so
+  // T* is taken on a 10 ms grid.
   double ideal_samples = 0;
-  for (int i = 0; i < n; ++i) {
-    for (double t = 0;;) {
-      t += (o.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t) +
-           o.communication;
-      if (t > o.seconds) break;
-      ideal_samples += o.batch;
+  const double B = static_cast<double>(o.batch) * n;
+  const double step = 0.01;
+  for (double t = 0; t < o.seconds; t += step) {
+    double inv = 0, extra = 0;
+    for (int i = 0; i < n; ++i) {
+      const double f = trace.Factor(i, t);
+      inv += 1 / (o.seconds_per_sample * f);
+      extra += (o.communication + o.iteration_overhead * f) / (o.seconds_per_sample * f);
     }
+    const double t_star = (B + extra) / inv;
+    ideal_samples += B / t_star * std::min(step, o.seconds - t);
   }
   double waited = 0;
   for (int i = 0; i < n; ++i) {

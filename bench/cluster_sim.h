@@ -9,7 +9,8 @@
 //   wait until the consistency rule lets it read clock c,
 //   pull (comm/2), compute b * spp_i(t) + overhead, push (comm/2),
 // where spp_i(t) is the per-sample compute time from its speed trace and
-// comm = model bytes / bandwidth + latency. The push joins clock c's step at
+// comm given directly, or (pacer-sim --model-bytes) as pull + push of the
+// model: 2 x model bytes / bandwidth + latency. The push joins clock c's step at
 // the shard. Differences from the shard: a blocked read is re-checked when
 // a clock closes (the shard re-checks on every push), so a DSSP grant that
 // only later push times would allow is given one clock later.
@@ -60,7 +61,9 @@ struct SimOptions {
 struct SimResult {
   double samples = 0;           // applied samples (dropped pushes excluded)
   double throughput = 0;        // samples per simulated second
-  double ideal_throughput = 0;  // sum of the workers' speeds, never waiting
+  // The sum of the workers' speeds: B split in proportion to speed, nobody
+  // waiting (the best a synchronous policy with global batch B can do).
+  double ideal_throughput = 0;
   double fraction = 0;          // throughput / ideal
   double wait_fraction = 0;     // share of worker time spent waiting
   uint64_t clocks = 0;          // steps applied

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   pacer::sim::SimOptions o;
   std::string mode = "bsp", policy = "fixed", scenario = "none";
   bool csv = false, header = false;
+  double model_bytes = 0, bandwidth = 1.25e9, latency = 100e-6;
   CLI::App app{"pacer-sim: simulates a Pacer cluster with the real straggler policy and "
                "consistency rules, and prints its throughput as a fraction of the ideal.",
                "pacer-sim"};
@@ -42,6 +43,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--communication", o.communication, "Seconds of pull + push per iteration")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--model-bytes", model_bytes,
+                 "When set, communication = 2 x model bytes / --bandwidth + --latency "
+                 "(a pull and a push of the model)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--bandwidth", bandwidth, "Bytes per second, with --model-bytes")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--latency", latency, "Seconds per iteration on top, with --model-bytes")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seconds", o.seconds, "Simulated seconds")->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "Seed of the burst trace")->capture_default_str();
@@ -60,6 +69,7 @@ int main(int argc, char** argv) {
       {"ssp", pacer::wire::Mode::Ssp},   {"dssp", pacer::wire::Mode::Dssp},
       {"backup", pacer::wire::Mode::Backup}};
   o.mode = modes.at(mode);
+  if (model_bytes > 0) o.communication = 2 * model_bytes / bandwidth + latency;
   o.policy = *pacer::policy::ParseKind(policy);
   auto sc = pacer::sim::ParseScenario(scenario);
   if (!sc.ok()) {

@@ -127,9 +127,12 @@ int main(int argc, char** argv) {
   opts.policy.staleness = staleness >= 0 ? staleness : (mode == "ssp" ? 3 : 0);
   opts.policy.staleness_range = staleness_range >= 0 ? staleness_range : 4;
   opts.policy.interval = pacer::FromSeconds(policy_interval_s);
-  if (opts.policy.staleness + opts.policy.staleness_range > pacer::kMaxStalenessBound) {
-    std::fprintf(stderr, "--staleness plus --staleness-range is %u; at most %u\n",
-                 opts.policy.staleness + opts.policy.staleness_range, pacer::kMaxStalenessBound);
+  const uint32_t widest =
+      opts.policy.staleness + (mode == "dssp" ? opts.policy.staleness_range : 0);
+  if (widest > pacer::kMaxStalenessBound) {
+    std::fprintf(stderr, "the staleness bound (--staleness%s) comes to %u; at most %u\n",
+                 mode == "dssp" ? " plus --staleness-range" : "", widest,
+                 pacer::kMaxStalenessBound);
     return pacer::kExitUsage;
   }
   if (uint64_t{opts.policy.batch.b_min} * opts.min_workers > opts.global_batch) {

@@ -5,6 +5,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "ps/partition.h"
+#include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
@@ -363,6 +364,7 @@ void MonitorCore::UpdatePolicyWorkers() {
 }
 
 bool MonitorCore::SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {
+  if (staleness + uint64_t{staleness_range} > kMaxStalenessBound) return false;
   if (!policy_.SetBounds(worker, staleness, staleness_range)) return false;
   if (ApplyAssignments()) ChangeMembership("staleness bounds of worker " + std::to_string(worker));
   spdlog::info("worker {}: staleness bounds set to s={} r_max={}", worker, staleness,

@@ -120,7 +120,8 @@ class MonitorCore {
   std::optional<double> seconds_running() const;
   const policy::StragglerPolicy& straggler_policy() const { return policy_; }
   // Changes a live worker's staleness bounds at run time (the shards hear
-  // through the next membership). False for an unknown worker.
+  // through the next membership). False for an unknown worker or bounds
+  // above kMaxStalenessBound together.
   bool SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
   prometheus::Registry& registry() { return *registry_; }
   double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }

@@ -1,5 +1,7 @@
 #include "monitor/policy.h"
 
+#include "spdlog/spdlog.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -192,7 +194,9 @@ Assignment StragglerPolicy::Default() const {
   if (options_.mode == wire::Mode::Ssp || options_.mode == wire::Mode::Dssp) {
     a.staleness = options_.staleness;
   }
-  if (options_.mode == wire::Mode::Dssp) a.staleness_range = options_.staleness_range;
+  if (options_.mode == wire::Mode::Dssp && (options_.kind != Kind::kPacer || slack_open_)) {
+    a.staleness_range = options_.staleness_range;
+  }
   return a;
 }
 
@@ -204,11 +208,19 @@ Assignment StragglerPolicy::assignment(uint32_t worker) const {
 void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
   if (targets.empty()) return;
   std::vector<Entry> e;
+  uint64_t lo_sum = 0, hi_sum = 0;
   for (const auto& [id, target] : targets) {
     uint32_t hi = options_.batch.b_max;
     const uint32_t limit = slots_.at(id).memory_limit;
     if (limit > 0) hi = std::min(hi, limit);
     e.push_back({id, std::min(options_.batch.b_min, hi), hi, std::max(target, 1e-9), 0});
+    lo_sum += e.back().lo;
+    hi_sum += hi;
+  }
+  if (lo_sum > options_.batch.global_batch || hi_sum < options_.batch.global_batch) {
+    spdlog::warn("policy: {} workers with batch limits [{}, {}] in all cannot hold the global "
+                 "batch {}; the sizes will not add up to it",
+                 targets.size(), lo_sum, hi_sum, options_.batch.global_batch);
   }
   Distribute(e, options_.batch.global_batch);
   for (const auto& x : e) assignments_[x.id].batch = std::max<uint32_t>(1, x.size);
@@ -251,7 +263,16 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
   auto it = slots_.find(worker);
   if (it == slots_.end()) return;
   Slot& slot = it->second;
-  if (r.memory_limit_batch > 0) slot.memory_limit = r.memory_limit_batch;
+  if (r.memory_limit_batch > 0 && r.memory_limit_batch != slot.memory_limit) {
+    slot.memory_limit = r.memory_limit_batch;
+    // A worker whose batch no longer fits is cut down at once, whatever the
+    // policy; the others take up the difference.
+    if (assignments_.at(worker).batch > slot.memory_limit) {
+      std::map<uint32_t, double> targets;
+      for (const auto& [id, a] : assignments_) targets[id] = a.batch;
+      Redistribute(targets);
+    }
+  }
   if (r.iterations == 0) return;
   TimingReport& p = slot.pending;
   p.iterations += r.iterations;
@@ -266,6 +287,7 @@ bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t st
   if (it == assignments_.end()) return false;
   it->second.staleness = staleness;
   it->second.staleness_range = staleness_range;
+  slots_.at(worker).pinned_bounds = true;  // pacer's slack no longer moves them
   return true;
 }
 
@@ -273,7 +295,7 @@ bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
   if (last_round_ && now - *last_round_ < options_.interval) return false;
   for (const auto& [id, slot] : slots_) {
-    if (slot.pending.iterations < options_.min_iterations) return false;
+    if (slot.pending.iterations < std::max<uint32_t>(1, options_.min_iterations)) return false;
   }
   const auto started = std::chrono::steady_clock::now();
   last_round_ = now;
@@ -301,12 +323,14 @@ bool StragglerPolicy::Round(TimePoint now) {
     ++a;
   }
   bool changed = false;
-  if (RebalanceInto(timings_, options_.batch, &sizes_).ok()) {
+  if (absl::Status s = RebalanceInto(timings_, options_.batch, &sizes_); s.ok()) {
     size_t k = 0;
     for (auto& [id, assignment] : assignments_) {
       changed |= assignment.batch != sizes_[k];
       assignment.batch = sizes_[k++];
     }
+  } else if (rounds_ == 1 || rounds_ % 100 == 0) {
+    spdlog::warn("policy round {}: sizes kept: {}", rounds_, s.ToString());
   }
   const double mean_time = sum_time / static_cast<double>(slots_.size());
   last_imbalance_ = mean_time > 0 ? max_time / mean_time - 1 : 0;
@@ -315,6 +339,7 @@ bool StragglerPolicy::Round(TimePoint now) {
     if (open != slack_open_) {
       slack_open_ = open;
       for (auto& [id, assignment] : assignments_) {
+        if (slots_.at(id).pinned_bounds) continue;
         assignment.staleness_range = open ? options_.staleness_range : 0;
       }
       changed = true;

@@ -157,8 +157,8 @@ class StragglerPolicy {
   // and every worker reported enough since the last one. Returns true when
   // some assignment changed.
   bool Round(TimePoint now);
-  // Overrides one worker's bounds (an operator's decision); false for an
-  // unknown worker.
+  // Overrides one worker's bounds (an operator's decision; pacer's slack
+  // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
 
   const std::map<uint32_t, Assignment>& assignments() const { return assignments_; }
@@ -184,6 +184,7 @@ class StragglerPolicy {
   struct Slot {
     TimingReport pending;       // since the last round
     uint32_t memory_limit = 0;  // 0: none reported
+    bool pinned_bounds = false; // set by SetBounds
   };
 
   const PolicyOptions options_;

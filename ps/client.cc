@@ -163,7 +163,7 @@ absl::Status PsClient::Init() {
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }
 
-absl::Status PsClient::Push(uint64_t clock, uint32_t batch, std::optional<int64_t> read_applied) {
+absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
   return Broadcast(
       [&](size_t i, RpcChannel& ch) {
         const Slice& sl = slices_[i];
@@ -174,7 +174,8 @@ absl::Status PsClient::Push(uint64_t clock, uint32_t batch, std::optional<int64_
         pb.add_clock(clock);
         pb.add_batch(batch);
         pb.add_keys(kv);
-        if (read_applied) pb.add_read_applied(*read_applied);
+        if (read_applied_) pb.add_read_applied(*read_applied_);
+        if (read_steps_) pb.add_read_steps(*read_steps_);
         return ch.Send(fbb, pb.Finish(), sl.length ? payload : Frame());
       },
       [](size_t, const Decoded&) { return absl::OkStatus(); });
@@ -182,6 +183,7 @@ absl::Status PsClient::Push(uint64_t clock, uint32_t batch, std::optional<int64_
 
 absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
   int64_t applied = std::numeric_limits<int64_t>::max();
+  uint64_t steps = std::numeric_limits<uint64_t>::max();
   last_wait_seconds_ = 0;
   absl::Status s = Broadcast(
       [&](size_t i, RpcChannel& ch) {
@@ -209,10 +211,13 @@ absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
         }
         if (sl.length) std::memcpy(params_->data() + sl.offset, d.payload.data(), d.payload.size());
         applied = std::min(applied, r->applied_clock());
+        steps = std::min(steps, r->steps());
         last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r->waited_seconds()));
         return absl::OkStatus();
       });
   if (!s.ok()) return s;
+  read_applied_ = applied;
+  read_steps_ = steps;
   return applied;
 }
 

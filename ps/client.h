@@ -77,9 +77,10 @@ class PsClient {
   // to every shard, concurrently; an empty push to shards without our keys.
   // grads() travels zero-copy: after an error return, a send to another
   // shard may still be reading it (a change then fails that push's CRC).
-  // `read_applied`: the applied clock the last Pull returned, the version
-  // the gradient was computed on (the shards weigh stale gradients by it).
-  absl::Status Push(uint64_t clock, uint32_t batch, std::optional<int64_t> read_applied = {});
+  // The push names the version the gradient was computed on: the applied
+  // clock and step count the last Pull returned (the shards weigh stale
+  // gradients by it).
+  absl::Status Push(uint64_t clock, uint32_t batch);
   // Pulls the parameters for `clock` into params(), concurrently from every
   // shard. latest=true reads the current values without waiting on the
   // barrier. Returns the lowest clock the shards have applied through.
@@ -106,6 +107,9 @@ class PsClient {
   std::shared_ptr<std::vector<float>> params_;
   std::shared_ptr<std::vector<float>> grads_;
   double last_wait_seconds_ = 0;
+  // What the last successful Pull read (lowest over the shards).
+  std::optional<int64_t> read_applied_;
+  std::optional<uint64_t> read_steps_;
 };
 
 }  // namespace pacer

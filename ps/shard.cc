@@ -73,7 +73,7 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                        .Add({});
   m_grants_ = &prometheus::BuildCounter()
                    .Name("pacer_shard_dssp_extra_iterations_total")
-                   .Help("DSSP: extra iterations r* granted to workers past their lower bound")
+                   .Help("DSSP: sum of r* over the reads that went past their lower bound s_L")
                    .Register(*registry_)
                    .Add({});
   m_staleness_ = &prometheus::BuildHistogram()
@@ -356,13 +356,20 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
 }
 
 float ShardCore::StalenessWeight(const wire::Push* push) {
-  // The step this gradient joins is clock c; it was computed on parameters
-  // through read_applied, so it missed the steps read_applied+1 .. c-1.
-  // (asp: applied_clock_ is the newest clock pushed by anyone.)
-  const int64_t newest = job_.mode == wire::Mode::Asp ? applied_clock_
-                                                      : static_cast<int64_t>(push->clock()) - 1;
-  const auto read = push->read_applied();
-  const int64_t tau = read ? std::max<int64_t>(0, newest - *read) : 0;
+  int64_t tau = 0;
+  if (job_.mode == wire::Mode::Asp) {
+    // Steps applied since the read, counted in rounds of one push per live
+    // worker: each push moves the model b_i/B of a step, so a worker in
+    // lockstep with the others reads fresh parameters.
+    if (const auto read = push->read_steps()) {
+      const uint64_t since = steps_ > *read ? steps_ - *read : 0;
+      tau = static_cast<int64_t>(since / std::max<size_t>(1, live_.size()));
+    }
+  } else if (const auto read = push->read_applied()) {
+    // The step this gradient joins is clock c; it was computed on parameters
+    // through read_applied, so it missed the steps read_applied+1 .. c-1.
+    tau = std::max<int64_t>(0, static_cast<int64_t>(push->clock()) - 1 - *read);
+  }
   m_staleness_->Observe(static_cast<double>(tau));
   if (tau > 0) ++stale_pushes_;
   return job_.staleness_aware_lr ? 1.0f / static_cast<float>(1 + tau) : 1.0f;
@@ -565,7 +572,7 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   m_pull_bytes_->Increment(static_cast<double>(total * sizeof(float)));
   flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
-  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited));
+  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited), steps_);
   out->push_back({peer, EncodeBody(ReplyEnvelope(to), fbb, body, std::move(payload),
                                    options_.check_crc)});
 }

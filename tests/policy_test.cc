@@ -306,6 +306,30 @@ TEST_F(StragglerPolicyTest, PacerOpensDsspSlackOnlyWhileOutOfBalance) {
   EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
 }
 
+TEST_F(StragglerPolicyTest, OperatorBoundsSurvivePacersSlack) {
+  PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+  o.staleness_range = 4;
+  StragglerPolicy p(o);
+  p.SetWorkers({1, 2});
+  ASSERT_TRUE(p.SetBounds(2, 1, 2));
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}});  // balanced: pacer closes the slack
+  p.Round(clock_.Now());
+  ASSERT_FALSE(p.slack_open());
+  EXPECT_EQ(p.assignment(1).staleness_range, 0u);
+  EXPECT_EQ(p.assignment(2), (Assignment{96, 1, 2}));
+  p.SetWorkers({1, 2, 3});  // a newcomer joins with the slack closed
+  EXPECT_EQ(p.assignment(3).staleness_range, 0u);
+}
+
+TEST_F(StragglerPolicyTest, MemoryLimitCutsABatchEvenUnderFixed) {
+  StragglerPolicy p(Options(Kind::kFixed));
+  p.SetWorkers({1, 2, 3});
+  p.Report(1, TimingReport{0, 0, 0, 0, 0, 50});
+  EXPECT_EQ(p.assignment(1).batch, 50u);
+  EXPECT_EQ(Total(p), 192u);
+  EXPECT_EQ(p.assignment(2).batch + p.assignment(3).batch, 142u);
+}
+
 TEST(PolicyKindTest, NamesRoundTrip) {
   for (Kind k : {Kind::kFixed, Kind::kAdaptiveBatch, Kind::kPacer}) {
     EXPECT_EQ(ParseKind(KindName(k)), k);

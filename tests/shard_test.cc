@@ -62,7 +62,7 @@ class ShardTest : public ::testing::Test {
 
   void Start(wire::Mode mode,
              const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}},
-             uint32_t backup_workers = 0) {
+             uint32_t backup_workers = 0, bool staleness_aware_lr = true) {
     ShardOptions opts;
     opts.pull_timeout = std::chrono::seconds(5);
     shard_ = std::make_unique<ShardCore>(opts, &clock_);
@@ -73,6 +73,7 @@ class ShardTest : public ::testing::Test {
     job.sgd.momentum = kMomentum;
     job.global_batch = kGlobalBatch;
     job.backup_workers = backup_workers;
+    job.staleness_aware_lr = staleness_aware_lr;
     shard_->Configure(job, kShardId);
 
     ExpectAck(Declare(kKeys));
@@ -119,6 +120,22 @@ class ShardTest : public ::testing::Test {
                                         const std::vector<wire::KeyLen>& keys = kKeys) {
     flatbuffers::FlatBufferBuilder fbb;
     return Send(sender, fbb, wire::CreatePushDirect(fbb, clock, batch, &keys), Floats(grads));
+  }
+  // A push that names the version it was computed on.
+  std::vector<ShardCore::Outgoing> PushRead(uint32_t sender, uint64_t clock, uint32_t batch,
+                                            const std::vector<float>& grads,
+                                            std::optional<int64_t> read_applied,
+                                            std::optional<uint64_t> read_steps = {}) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto kv = fbb.CreateVectorOfStructs(kKeys);
+    wire::PushBuilder pb(fbb);
+    pb.add_clock(clock);
+    pb.add_batch(batch);
+    pb.add_keys(kv);
+    if (read_applied) pb.add_read_applied(*read_applied);
+    if (read_steps) pb.add_read_steps(*read_steps);
+    auto body = pb.Finish();
+    return Send(sender, fbb, body, Floats(grads));
   }
   std::vector<ShardCore::Outgoing> Pull(uint32_t sender, uint64_t clock,
                                         const std::vector<wire::KeyLen>& keys = kKeys,
@@ -788,6 +805,59 @@ TEST_F(ShardTest, ParkedReadReportsHowLongItWaited) {
   Decoded d = MustDecode(out[1]);
   ASSERT_EQ(d.type(), wire::Body::PullReply);
   EXPECT_NEAR(d.As<wire::PullReply>()->waited_seconds(), 1.5, 1e-3);
+}
+
+// The staleness-aware learning rate: a gradient that missed tau steps joins
+// the step weighted 1/(1+tau), checked against a hand computation.
+TEST_F(ShardTest, StaleGradientIsWeightedOneOverOnePlusTau) {
+  for (bool aware : {true, false}) {
+    SCOPED_TRACE(aware ? "staleness-aware" : "plain");
+    Start(wire::Mode::Ssp, {{kWorkerA, 0, 1, 2}, {kWorkerB, 1, 3, 2}}, 0, aware);
+    const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+    const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+    // Clock 0, both fresh (read through -1): v1 = (ga + 3 gb) / 4.
+    PushRead(kWorkerA, 0, 1, ga, -1);
+    PushRead(kWorkerB, 0, 3, gb, -1);
+    ASSERT_EQ(shard_->applied_clock(), 0);
+    // Clock 1: A computed on the initial parameters (read through -1: it
+    // missed clock 0's step, tau = 1); B read through 0 (fresh).
+    PushRead(kWorkerA, 1, 1, ga, -1);
+    PushRead(kWorkerB, 1, 3, gb, 0);
+    ASSERT_EQ(shard_->applied_clock(), 1);
+    const float wa = aware ? 0.5f : 1.0f;
+    std::vector<float> want(3);
+    for (size_t i = 0; i < 3; ++i) {
+      const float v1 = (ga[i] + 3 * gb[i]) / 4;
+      const float w1 = kW0[i] - kLr * v1;
+      const float v2 = kMomentum * v1 + (wa * ga[i] + 3 * gb[i]) / 4;
+      want[i] = w1 - kLr * v2;
+    }
+    ExpectNear(Params(), want);
+    EXPECT_EQ(shard_->stale_pushes(), 1u);
+  }
+}
+
+TEST_F(ShardTest, AspCountsStalenessInRoundsOfPushes) {
+  Start(wire::Mode::Asp);
+  const std::vector<float> g = {1.0f, 1.0f, 1.0f};
+  // B pushes four times (4 steps); A then pushes a gradient read at step 0:
+  // 4 steps behind = 2 rounds of the 2 live workers, so tau = 2.
+  for (uint64_t c = 0; c < 4; ++c) PushRead(kWorkerB, c, 3, g, {}, c);
+  const std::vector<float> before = Params();
+  PushRead(kWorkerA, 0, 1, {4.0f, 4.0f, 4.0f}, {}, 0);
+  EXPECT_EQ(shard_->stale_pushes(), 1u);
+  // B's fresh pushes: v_k = mu v_{k-1} + (3/4) g. A's: weight 1/(1+2) times
+  // b/B = 1/4, on a gradient of 4: v5 = mu v4 + 1/3.
+  float v = 0;
+  for (int k = 0; k < 4; ++k) v = kMomentum * v + 0.75f;
+  const float v5 = kMomentum * v + 4.0f / 12.0f;
+  std::vector<float> want(3);
+  for (size_t i = 0; i < 3; ++i) want[i] = before[i] - kLr * v5;
+  ExpectNear(Params(), want);
+  // A push in lockstep (read one step ago, one push of the other worker
+  // since: less than a round) counts as fresh.
+  PushRead(kWorkerA, 1, 1, g, {}, 4);
+  EXPECT_EQ(shard_->stale_pushes(), 1u);
 }
 
 }  // namespace

@@ -20,10 +20,10 @@ long SummaryField(const std::string& out, const std::string& key) {
 // the global batch stays 192, and training still reaches the threshold.
 TEST(StragglerClusterTest, FourTimesSlowerWorkerGetsUnderHalfTheBatchAndTrainingConverges) {
   ClusterSpec spec;
-  spec.monitor_flags = {"--policy", "pacer", "--global-batch", "192", "--target-accuracy", "0.8",
+  spec.monitor_flags = {"--policy", "pacer", "--global-batch", "192", "--target-accuracy", "0.85",
                         "--time-cap", "90", "--eval-interval", "0.5", "--policy-interval", "0.3",
                         "--seed", "3"};
-  spec.worker_flags = {"--test-limit", "2000"};
+  spec.worker_flags = {};
   spec.worker_flags_by_index[2] = {"--slowdown", "4"};
   Cluster c(spec);
   ASSERT_TRUE(c.Start());
@@ -32,7 +32,7 @@ TEST(StragglerClusterTest, FourTimesSlowerWorkerGetsUnderHalfTheBatchAndTraining
   const std::string out = c.monitor->Stdout();
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m, std::regex("final test accuracy: ([0-9.]+)"))) << c.Logs();
-  EXPECT_GE(std::stod(m[1]), 0.8) << c.Logs();
+  EXPECT_GE(std::stod(m[1]), 0.85) << c.Logs();
   EXPECT_NE(out.find("stop reason: target accuracy"), std::string::npos) << c.Logs();
   // The monitor logged at least one policy round.
   EXPECT_NE(c.monitor->Stderr().find("policy round"), std::string::npos) << c.Logs();

@@ -155,6 +155,14 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
                                                                   Duration(std::chrono::seconds(1))));
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (!reply.ok() && t.iterations > 0) {
+        // Not delivered: the timings go with the next heartbeat.
+        window.iterations += t.iterations;
+        window.samples += t.samples;
+        window.compute += t.compute;
+        window.communication += t.communication;
+        window.wait += t.wait;
+      }
       if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
         const auto* r = reply->As<wire::HeartbeatReply>();
         view.state = r->state();
@@ -357,8 +365,9 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     {
       // A new assignment takes effect here, between iterations.
       std::lock_guard<std::mutex> lock(w.mu);
-      const int assigned = static_cast<int>(std::clamp<uint32_t>(
-          w.view.batch, 1, static_cast<uint32_t>(order.size())));
+      uint32_t cap = static_cast<uint32_t>(order.size());
+      if (o.max_batch > 0) cap = std::min(cap, o.max_batch);  // our memory limit
+      const int assigned = static_cast<int>(std::clamp<uint32_t>(w.view.batch, 1, cap));
       if (assigned != batch) {
         SPDLOG_DEBUG("worker {}: batch {} -> {} at clock {}", w.id, batch, assigned, clock);
         batch = assigned;
@@ -407,7 +416,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     const TimePoint push_start = w.clock->Now();
     const double compute_seconds = ToSeconds(push_start - compute_start);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
-    absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch), *pulled);
+    absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch));
     // Timings count even when the push comes too late (backup mode drops it).
     const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
     {
