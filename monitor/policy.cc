@@ -335,7 +335,8 @@ bool StragglerPolicy::Round(TimePoint now) {
   const double mean_time = sum_time / static_cast<double>(slots_.size());
   last_imbalance_ = mean_time > 0 ? max_time / mean_time - 1 : 0;
   if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp) {
-    const bool open = last_imbalance_ > options_.imbalance;
+    const bool open = slack_open_ ? last_imbalance_ >= options_.imbalance_close
+                                  : last_imbalance_ > options_.imbalance_open;
     if (open != slack_open_) {
       slack_open_ = open;
       for (auto& [id, assignment] : assignments_) {

@@ -130,11 +130,15 @@ struct PolicyOptions {
   uint32_t staleness = 0;
   // r_max for dssp.
   uint32_t staleness_range = 0;
-  // pacer: DSSP's slack (r_max above) is opened only while the measured
-  // iteration times are out of balance by more than this (max over mean,
+  // pacer: DSSP's slack (r_max above) is opened when the measured iteration
+  // times are out of balance by more than `imbalance_open` (max over mean,
   // minus 1): a straggler the batch rule has not absorbed yet. Once the
-  // sizes have caught up, r_max goes back to 0 and steps stay fresh.
-  double imbalance = 0.10;
+  // sizes have caught up (imbalance below `imbalance_close`), r_max goes
+  // back to 0 and steps stay fresh. The gap between the two keeps
+  // measurement noise (about 10% per round on a busy machine) from
+  // flapping it.
+  double imbalance_open = 0.25;
+  double imbalance_close = 0.10;
   // Time between two rounds of the batch rule.
   Duration interval = std::chrono::milliseconds(250);
   // A round needs at least this many fresh iterations from every worker.

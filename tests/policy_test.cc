@@ -330,6 +330,31 @@ TEST_F(StragglerPolicyTest, MemoryLimitCutsABatchEvenUnderFixed) {
   EXPECT_EQ(p.assignment(2).batch + p.assignment(3).batch, 142u);
 }
 
+TEST_F(StragglerPolicyTest, PacerSlackHasHysteresisAgainstNoise) {
+  PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+  o.staleness_range = 4;
+  o.batch.deadband = 0.99;  // keep sizes still: only the slack is under test
+  StragglerPolicy p(o);
+  p.SetWorkers({1, 2});
+  auto round = [&](double spp2) {
+    clock_.Advance(std::chrono::seconds(1));
+    ReportAll(p, {{1, 1e-4}, {2, spp2}});
+    p.Round(clock_.Now());
+  };
+  round(1e-4);  // balanced: closes
+  ASSERT_FALSE(p.slack_open());
+  // 96 x 1.3e-4 + 2 ms against 96 x 1e-4 + 2 ms: about 12% over the mean,
+  // noise-sized: stays closed.
+  round(1.3e-4);
+  EXPECT_FALSE(p.slack_open()) << p.last_imbalance();
+  round(4e-4);  // a real straggler: opens
+  EXPECT_TRUE(p.slack_open());
+  round(1.3e-4);  // still above the closing threshold: stays open
+  EXPECT_TRUE(p.slack_open()) << p.last_imbalance();
+  round(1e-4);
+  EXPECT_FALSE(p.slack_open());
+}
+
 TEST(PolicyKindTest, NamesRoundTrip) {
   for (Kind k : {Kind::kFixed, Kind::kAdaptiveBatch, Kind::kPacer}) {
     EXPECT_EQ(ParseKind(KindName(k)), k);
