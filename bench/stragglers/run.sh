@@ -16,6 +16,7 @@
 #                 checks the script, not the figures.
 #   --no-results  do not rewrite the section of bench/RESULTS.md.
 #   --modes "M.." / --scenarios "S.."  run only these (default: all).
+#   --report-only  run nothing: rebuild the tables and plot from DIR's CSVs.
 #
 # Writes DIR/runs.csv (one row per run), DIR/curves.csv (accuracy over time),
 # DIR/summary.md (the tables) and DIR/accuracy.png (gnuplot), and replaces the
@@ -24,6 +25,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 reps=3 seconds=30 out="$root/bench/stragglers/out" quick=0 results=1 only_modes="" only_scenarios=""
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2 ;;
@@ -33,7 +35,8 @@ while [ $# -gt 0 ]; do
     --no-results) results=0; shift ;;
     --modes) only_modes=$2; shift 2 ;;
     --scenarios) only_scenarios=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --report-only) report_only=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stragglers: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -69,10 +72,12 @@ scenario_args() {
 }
 
 runs_csv="$out/runs.csv" curves_csv="$out/curves.csv"
-# wait_wI, spp_wI (compute s per sample), comm_wI (communication s per
-# iteration): worker I in launch order (worker 2 is the straggler).
-echo "config,scenario,mode,rep,time_to_085,final_accuracy,samples_per_s,compute_s,communication_s,wait_s,wait_w0,wait_w1,wait_w2,clocks,seconds,spp_w0,spp_w1,spp_w2,comm_w0,comm_w1,comm_w2" > "$runs_csv"
-echo "config,scenario,mode,rep,seconds,accuracy" > "$curves_csv"
+if [ "$report_only" -eq 0 ]; then
+  # wait_wI, spp_wI (compute s per sample), comm_wI (communication s per
+  # iteration): worker I in launch order (worker 2 is the straggler).
+  echo "config,scenario,mode,rep,time_to_085,final_accuracy,samples_per_s,compute_s,communication_s,wait_s,wait_w0,wait_w1,wait_w2,clocks,seconds,spp_w0,spp_w1,spp_w2,comm_w0,comm_w1,comm_w2" > "$runs_csv"
+  echo "config,scenario,mode,rep,seconds,accuracy" > "$curves_csv"
+fi
 
 # run CONFIG BATCH SCENARIO MODE REP
 run() {
@@ -108,6 +113,7 @@ run() {
   echo "[stragglers] $config $scenario $mode #$rep: time to 0.85 ${ttt:-not reached} s, final ${acc:-?}" >&2
 }
 
+if [ "$report_only" -eq 0 ]; then
 start=$(date +%s)
 for rep in $(seq 1 "$reps"); do
   for scenario in none slow; do
@@ -123,7 +129,22 @@ if [ "$quick" -eq 0 ]; then
   for mode in bsp pacer; do run compute 1024 none "$mode" 1; done
   for mode in "${modes[@]}"; do run compute 1024 slow "$mode" 1; done
 fi
-elapsed=$(( $(date +%s) - start ))
+echo $(( $(date +%s) - start )) > "$out/elapsed"
+fi
+elapsed=$(cat "$out/elapsed" 2>/dev/null || echo "?")
+# Test accuracy is noisy near 0.85 (it wanders by about 0.01 between
+# evaluations), so besides the first evaluation at or above 0.85 we report
+# the first time the mean of three consecutive evaluations reaches it.
+smoothed_csv="$out/smoothed.csv"
+awk -F, 'NR > 1 {
+    k = $1 "," $2 "," $3 "," $4
+    if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+    i = ++len[k]; a[k, i] = $6; t[k, i] = $5
+    if (i >= 3 && !(k in hit) && (a[k, i] + a[k, i - 1] + a[k, i - 2]) / 3 >= 0.85) hit[k] = t[k, i]
+  }
+  END { print "config,scenario,mode,rep,smoothed_time_to_085"
+        for (j = 1; j <= n; j++) print order[j] "," ((order[j] in hit) ? hit[order[j]] : "NA") }' \
+  "$curves_csv" > "$smoothed_csv"
 
 # Calibration inputs, measured in the benchmark's own configuration (BSP, one
 # 4x straggler, first run): the two other workers' compute per sample and
@@ -157,6 +178,11 @@ ttt() {
   awk -F, -v c="$1" -v s="$2" -v m="$3" -v cap="$seconds" '$1 == c && $2 == s && $3 == m { print ($5 == "NA" ? cap + 1000 : $5) }' "$runs_csv" | median | awk -v cap="$seconds" '{ if ($1 == "NA" || $1 > cap) print "not reached"; else printf "%.2f\n", $1 }'
 }
 
+# The same from smoothed.csv.
+tts() {
+  awk -F, -v c="$1" -v s="$2" -v m="$3" -v cap="$seconds" 'NR > 1 && $1 == c && $2 == s && $3 == m { print ($5 == "NA" ? cap + 1000 : $5) }' "$smoothed_csv" | median | awk -v cap="$seconds" '{ if ($1 == "NA" || $1 > cap) print "not reached"; else printf "%.2f\n", $1 }'
+}
+
 summary="$out/summary.md"
 {
   echo "<!-- stragglers:begin (written by bench/stragglers/run.sh; edits here are overwritten) -->"
@@ -165,7 +191,10 @@ summary="$out/summary.md"
   echo "times to 0.85 and final accuracies are medians of $reps runs for *none* and *slow*,"
   echo "single runs otherwise. Plot: \`$(realpath --relative-to="$root" "$out")/accuracy.png\`"
   echo "(test accuracy against wall time, one line per mode, the 4x-straggler scenario);"
-  echo "per-run rows: \`runs.csv\`, curves: \`curves.csv\` in the same folder."
+  echo "per-run rows: \`runs.csv\`, curves: \`curves.csv\` in the same folder. *first*: the"
+  echo "first evaluation at or above 0.85; *mean3*: the first time three consecutive"
+  echo "evaluations average 0.85 (test accuracy wanders by about 0.01 between evaluations,"
+  echo "so *first* is partly luck)."
   echo
   for config in main compute; do
     grep -q "^$config," "$runs_csv" || continue
@@ -175,26 +204,31 @@ summary="$out/summary.md"
       echo "**Compute-bound configuration** (batch 1024 per worker, B = 3072):"
     fi
     echo
-    t0=$(field "$config" none bsp 5)
+    t0=$(ttt "$config" none bsp)
+    t0s=$(tts "$config" none bsp)
     read -r c m <<< "$(awk -F, -v k="$config" '$1 == k && $2 == "none" && $3 == "bsp" && $8 != "NA" {
       comp += $8; all += $8 + $9 + $10 } END { printf "%.3f %.3f\n", comp / all, 1 - comp / all }' "$runs_csv")"
     floor=$(awk -v t="$t0" -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", t * (1.33 * c + m) }')
+    floors=$(awk -v t="$t0s" -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", t * (1.33 * c + m) }')
     bspbound=$(awk -v t="$t0" -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", t * (4 * c + m) }')
-    echo "No-straggler BSP: T0 = $t0 s to 0.85; compute share c = $c, communication and"
-    echo "waiting m = $m (from the workers' own timings). Floor with one 4x straggler:"
-    echo "T0 (1.33 c + m) = $floor s; BSP's expected T0 (4 c + m) = $bspbound s."
+    bspbounds=$(awk -v t="$t0s" -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", t * (4 * c + m) }')
+    echo "No-straggler BSP: T0 = $t0 s to 0.85 (first), $t0s s (mean3); compute share"
+    echo "c = $c, communication and waiting m = $m (from the workers' own timings)."
+    echo "Floor with one 4x straggler, T0 (1.33 c + m): $floor s (first), $floors s (mean3);"
+    echo "BSP's expected T0 (4 c + m): $bspbound s (first), $bspbounds s (mean3)."
     echo
     scen=(none slow moving contention)
     [ "$config" = compute ] && scen=(none slow)
-    printf "| mode |"; for s in "${scen[@]}"; do printf " %s: to 0.85 (s) | %s: final acc |" "$s" "$s"; done; echo
-    printf "|---|"; for _ in "${scen[@]}"; do printf -- "---:|---:|"; done; echo
+    printf "| mode |"; for s in "${scen[@]}"; do printf " %s: first (s) | mean3 (s) | final acc |" "$s"; done; echo
+    printf "|---|"; for _ in "${scen[@]}"; do printf -- "---:|---:|---:|"; done; echo
     for mode in "${modes[@]}"; do
       printf "| %s |" "$mode"
       for s in "${scen[@]}"; do
         if grep -q "^$config,$s,$mode," "$runs_csv"; then
-          printf " %s | %s |" "$(ttt "$config" "$s" "$mode")" "$(field "$config" "$s" "$mode" 6)"
+          printf " %s | %s | %s |" "$(ttt "$config" "$s" "$mode")" "$(tts "$config" "$s" "$mode")" \
+            "$(field "$config" "$s" "$mode" 6 | awk '{ if ($1 == "NA") print "NA"; else printf "%.4f", $1 }')"
         else
-          printf " – | – |"
+          printf " – | – | – |"
         fi
       done
       echo
@@ -203,15 +237,18 @@ summary="$out/summary.md"
     echo "Per-worker wait (s, whole run; worker 2 is the straggler) and throughput with the"
     echo "4x straggler:"
     echo
-    echo "| mode | wait w0 | wait w1 | wait w2 | samples/s | ratio to floor (to 0.85) |"
-    echo "|---|---:|---:|---:|---:|---:|"
+    echo "| mode | wait w0 | wait w1 | wait w2 | samples/s | to floor (first) | to floor (mean3) | to BSP none (mean3) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
     for mode in "${modes[@]}"; do
       grep -q "^$config,slow,$mode," "$runs_csv" || continue
       t=$(ttt "$config" slow "$mode")
-      ratio=$(awk -v t="$t" -v f="$floor" 'BEGIN { if (t ~ /not/) print "–"; else printf "%.2f", t / f }')
-      printf "| %s | %s | %s | %s | %s | %s |\n" "$mode" "$(field "$config" slow "$mode" 11)" \
+      ts=$(tts "$config" slow "$mode")
+      ratio=$(awk -v t="$t" -v f="$floor" 'BEGIN { if (t ~ /not/ || f == 0) print "–"; else printf "%.2f", t / f }')
+      ratios=$(awk -v t="$ts" -v f="$floors" 'BEGIN { if (t ~ /not/ || f == 0) print "–"; else printf "%.2f", t / f }')
+      ratiob=$(awk -v t="$ts" -v f="$t0s" 'BEGIN { if (t ~ /not/ || f ~ /not/) print "–"; else printf "%.2f", t / f }')
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n" "$mode" "$(field "$config" slow "$mode" 11)" \
         "$(field "$config" slow "$mode" 12)" "$(field "$config" slow "$mode" 13)" \
-        "$(field "$config" slow "$mode" 7)" "$ratio"
+        "$(field "$config" slow "$mode" 7)" "$ratio" "$ratios" "$ratiob"
     done
     echo
   done
