@@ -17,6 +17,7 @@
 #   --no-results  do not rewrite the section of bench/RESULTS.md.
 #   --modes "M.." / --scenarios "S.."  run only these (default: all).
 #   --report-only  run nothing: rebuild the tables and plot from DIR's CSVs.
+#   --no-compute   skip the compute-bound configuration.
 #
 # Writes DIR/runs.csv (one row per run), DIR/curves.csv (accuracy over time),
 # DIR/summary.md (the tables) and DIR/accuracy.png (gnuplot), and replaces the
@@ -25,7 +26,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 reps=3 seconds=30 out="$root/bench/stragglers/out" quick=0 results=1 only_modes="" only_scenarios=""
-report_only=0
+report_only=0 no_compute=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2 ;;
@@ -36,7 +37,8 @@ while [ $# -gt 0 ]; do
     --modes) only_modes=$2; shift 2 ;;
     --scenarios) only_scenarios=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-compute) no_compute=1; shift ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stragglers: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -125,7 +127,7 @@ for scenario in moving contention; do
   wanted "$scenario" || continue
   for mode in "${modes[@]}"; do run main 64 "$scenario" "$mode" 1; done
 done
-if [ "$quick" -eq 0 ]; then
+if [ "$quick" -eq 0 ] && [ "$no_compute" -eq 0 ]; then
   for mode in bsp pacer; do run compute 1024 none "$mode" 1; done
   for mode in "${modes[@]}"; do run compute 1024 slow "$mode" 1; done
 fi
