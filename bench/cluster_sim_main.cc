@@ -64,11 +64,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", kHeader);
     return 0;
   }
-  const std::map<std::string, pacer::wire::Mode> modes = {
-      {"bsp", pacer::wire::Mode::Bsp},   {"asp", pacer::wire::Mode::Asp},
-      {"ssp", pacer::wire::Mode::Ssp},   {"dssp", pacer::wire::Mode::Dssp},
-      {"backup", pacer::wire::Mode::Backup}};
-  o.mode = modes.at(mode);
+  o.mode = *pacer::ParseMode(mode);  // CLI11 checked the name
   if (model_bytes > 0) o.communication = 2 * model_bytes / bandwidth + latency;
   o.policy = *pacer::policy::ParseKind(policy);
   auto sc = pacer::sim::ParseScenario(scenario);

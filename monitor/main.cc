@@ -119,11 +119,7 @@ int main(int argc, char** argv) {
                  mode.c_str());
     return pacer::kExitUsage;
   }
-  const std::map<std::string, pacer::wire::Mode> modes = {
-      {"bsp", pacer::wire::Mode::Bsp},   {"asp", pacer::wire::Mode::Asp},
-      {"ssp", pacer::wire::Mode::Ssp},   {"dssp", pacer::wire::Mode::Dssp},
-      {"backup", pacer::wire::Mode::Backup}};
-  opts.mode = modes.at(mode);
+  opts.mode = *pacer::ParseMode(mode);  // CLI11 checked the name
   opts.policy.staleness = staleness >= 0 ? staleness : (mode == "ssp" ? 3 : 0);
   opts.policy.staleness_range = staleness_range >= 0 ? staleness_range : 4;
   opts.policy.interval = pacer::FromSeconds(policy_interval_s);

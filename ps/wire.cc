@@ -1,5 +1,7 @@
 #include "ps/wire.h"
 
+#include <cctype>
+
 #include <isa-l/crc.h>
 
 #include <cstring>
@@ -38,6 +40,15 @@ bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
+}
+
+std::optional<wire::Mode> ParseMode(const std::string& name) {
+  for (wire::Mode m : wire::EnumValuesMode()) {
+    std::string lower = wire::EnumNameMode(m);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == name) return m;
+  }
+  return std::nullopt;
 }
 
 const char* ErrorCodeName(wire::ErrorCode code) {

@@ -45,6 +45,9 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t size);
 // Why a received message was refused. The names are the `reason` label of the
 // rejected-message counters.
 const char* ErrorCodeName(wire::ErrorCode code);
+// "bsp", "asp", "ssp", "dssp", "backup" (the schema's names, lower case);
+// nullopt for anything else.
+std::optional<wire::Mode> ParseMode(const std::string& name);
 
 struct DecodeOptions {
   uint64_t job_id = 0;         // messages from other jobs are refused

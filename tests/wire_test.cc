@@ -378,3 +378,17 @@ TEST(WireCrcTest, Crc32MatchesZlibCrc32) {
 
 }  // namespace
 }  // namespace pacer
+
+namespace pacer {
+namespace {
+
+TEST(ParseModeTest, LowerCaseSchemaNames) {
+  EXPECT_EQ(ParseMode("bsp"), wire::Mode::Bsp);
+  EXPECT_EQ(ParseMode("dssp"), wire::Mode::Dssp);
+  EXPECT_EQ(ParseMode("backup"), wire::Mode::Backup);
+  EXPECT_FALSE(ParseMode("Bsp").has_value());
+  EXPECT_FALSE(ParseMode("sideways").has_value());
+}
+
+}  // namespace
+}  // namespace pacer

@@ -298,16 +298,7 @@ EOF
 
 cat "$summary"
 if [ "$results" -eq 1 ]; then
-  python3 - "$root/bench/RESULTS.md" "$summary" <<'EOF'
-import re, sys
-path, summary = sys.argv[1], open(sys.argv[2]).read().strip()
-text = open(path).read()
-pattern = re.compile(r"<!-- stragglers:begin.*?<!-- stragglers:end -->", re.S)
-if pattern.search(text):
-    text = pattern.sub(lambda _: summary, text)
-else:
-    text = text.rstrip() + "\n\n## Stragglers (bench/stragglers)\n\n" + summary + "\n"
-open(path, "w").write(text)
-EOF
+  "$root/bench/stragglers/put-section.py" "$root/bench/RESULTS.md" stragglers \
+    "Stragglers (bench/stragglers)" "$summary"
   echo "[stragglers] bench/RESULTS.md updated" >&2
 fi

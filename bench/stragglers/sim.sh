@@ -79,15 +79,6 @@ summary="$out/sim.md"
 } > "$summary"
 cat "$summary"
 if [ "$results" -eq 1 ]; then
-  python3 - "$root/bench/RESULTS.md" "$summary" <<'PY'
-import re, sys
-path, summary = sys.argv[1], open(sys.argv[2]).read().strip()
-text = open(path).read()
-pattern = re.compile(r"<!-- sim:begin.*?<!-- sim:end -->", re.S)
-if pattern.search(text):
-    text = pattern.sub(lambda _: summary, text)
-else:
-    text = text.rstrip() + "\n\n## Cluster simulator (bench/stragglers/sim.sh)\n\n" + summary + "\n"
-open(path, "w").write(text)
-PY
+  "$root/bench/stragglers/put-section.py" "$root/bench/RESULTS.md" sim \
+    "Cluster simulator (bench/stragglers/sim.sh)" "$summary"
 fi
