@@ -69,6 +69,8 @@ class SpeedTrace {
 struct SimWorker {
   uint64_t clock = 0;  // the clock it reads next
   uint32_t batch = 0;  // of the iteration in flight
+  uint32_t assigned = 0;  // batch from the last heartbeat reply
+  policy::TimingReport unreported;  // since the last heartbeat
   bool blocked = false;
   double blocked_since = 0;
   int64_t pushed = -1;
@@ -77,11 +79,13 @@ struct SimWorker {
   double wait_total = 0;
 };
 
+enum class EventKind { kRead, kPush, kHeartbeat };
+
 struct Event {
   double time;
   uint64_t seq;
   int worker;
-  bool push;  // false: a read attempt
+  EventKind kind;
   bool operator>(const Event& e) const { return time != e.time ? time > e.time : seq > e.seq; }
 };
 
@@ -104,6 +108,8 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   popts.mode = o.mode;
   popts.batch.global_batch = o.batch * static_cast<uint32_t>(n);
   popts.batch.deadband = o.deadband;
+  popts.level_shift = o.level_shift;
+  popts.catch_up_iterations = o.catch_up;
   popts.staleness = o.staleness;
   popts.staleness_range = o.staleness_range;
   popts.interval = FromSeconds(o.policy_interval);
@@ -159,9 +165,10 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     } else {
       me.wait = 0;
     }
-    me.batch = std::max<uint32_t>(1, policy.assignment(static_cast<uint32_t>(i)).batch);
+    me.batch = std::max<uint32_t>(
+        1, o.report_interval > 0 ? me.assigned : policy.assignment(static_cast<uint32_t>(i)).batch);
     me.compute = (me.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t);
-    events.push({t + half_comm + me.compute + half_comm, seq++, i, true});
+    events.push({t + half_comm + me.compute + half_comm, seq++, i, EventKind::kPush});
   };
   auto try_read = [&](int i, double t) {
     SimWorker& me = w[static_cast<size_t>(i)];
@@ -184,15 +191,41 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     blocked.swap(still);
   };
 
-  for (int i = 0; i < n; ++i) events.push({0, seq++, i, false});
+  auto count_round = [&] {
+    if (policy.rounds() > r.rounds) {
+      r.rounds = policy.rounds();
+      decision_total += policy.last_decision_seconds();
+      r.decision_max_seconds = std::max(r.decision_max_seconds, policy.last_decision_seconds());
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    w[static_cast<size_t>(i)].assigned = policy.assignment(static_cast<uint32_t>(i)).batch;
+    events.push({0, seq++, i, EventKind::kRead});
+    if (o.report_interval > 0) {
+      events.push({o.report_interval * (i + 0.5) / n, seq++, i, EventKind::kHeartbeat});
+    }
+  }
   while (!events.empty() && events.top().time <= o.seconds) {
     const Event e = events.top();
     events.pop();
-    if (!e.push) {
+    if (e.kind == EventKind::kRead) {
       try_read(e.worker, e.time);
       continue;
     }
     SimWorker& me = w[static_cast<size_t>(e.worker)];
+    if (e.kind == EventKind::kHeartbeat) {
+      // The monitor takes the report, runs a round if one is due (or
+      // urgent), and replies with the worker's assignment.
+      me.unreported.clock = me.clock;
+      me.unreported.at = At(e.time);
+      policy.Report(static_cast<uint32_t>(e.worker), me.unreported);
+      me.unreported = policy::TimingReport{};
+      policy.Round(At(e.time));
+      count_round();
+      me.assigned = policy.assignment(static_cast<uint32_t>(e.worker)).batch;
+      events.push({e.time + o.report_interval, seq++, e.worker, EventKind::kHeartbeat});
+      continue;
+    }
     const uint64_t c = me.clock;
     policy::TimingReport rep;
     rep.iterations = 1;
@@ -200,7 +233,17 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     rep.compute_seconds = me.compute;
     rep.communication_seconds = o.communication;
     rep.wait_seconds = me.wait;
-    policy.Report(static_cast<uint32_t>(e.worker), rep);
+    if (o.report_interval > 0) {
+      me.unreported.iterations += 1;
+      me.unreported.samples += rep.samples;
+      me.unreported.compute_seconds += rep.compute_seconds;
+      me.unreported.communication_seconds += rep.communication_seconds;
+      me.unreported.wait_seconds += rep.wait_seconds;
+    } else {
+      rep.clock = c + 1;
+      rep.at = At(e.time);
+      policy.Report(static_cast<uint32_t>(e.worker), rep);
+    }
     auto record_push = [&] {
       by_pushed.erase({me.pushed, e.worker});
       me.pushed = std::max(me.pushed, static_cast<int64_t>(c));
@@ -214,13 +257,13 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       applied = std::max(applied, static_cast<int64_t>(c));
       ++r.clocks;
       me.clock = c + 1;
-      events.push({e.time, seq++, e.worker, false});
+      events.push({e.time, seq++, e.worker, EventKind::kRead});
     } else if (static_cast<int64_t>(c) <= applied) {
       // Backup: the clock closed without this push; it is dropped and the
       // worker reads the latest parameters, then goes on from there.
       ++r.dropped;
       me.clock = static_cast<uint64_t>(applied + 1);
-      events.push({e.time + half_comm, seq++, e.worker, false});
+      events.push({e.time + half_comm, seq++, e.worker, EventKind::kRead});
     } else {
       record_push();
       Open& oc = open[c];
@@ -240,14 +283,10 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       if (closed) recheck_blocked(e.time);
       try_read(e.worker, e.time);
     }
-    if (policy.Round(At(e.time))) {
-      // New sizes take effect at each worker's next iteration start.
-    }
-    if (policy.rounds() > r.rounds) {
-      r.rounds = policy.rounds();
-      decision_total += policy.last_decision_seconds();
-      r.decision_max_seconds = std::max(r.decision_max_seconds, policy.last_decision_seconds());
-    }
+    // The monitor's own tick (new sizes take effect at each worker's next
+    // iteration start, or next heartbeat reply).
+    policy.Round(At(e.time));
+    count_round();
   }
 
   // The ideal: the sum of the workers' speeds when the global batch B is

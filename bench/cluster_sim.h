@@ -13,7 +13,12 @@
 // model: 2 x model bytes / bandwidth + latency. The push joins clock c's step at
 // the shard. Differences from the shard: a blocked read is re-checked when
 // a clock closes (the shard re-checks on every push), so a DSSP grant that
-// only later push times would allow is given one clock later.
+// only later push times would allow is given one clock later; bounds the
+// policy changes reach the shards at once (the monitor sends them within
+// its 20 ms tick).
+// Reports and assignments travel as in the real job: a worker's timings go
+// to the policy with its heartbeat (every `report_interval`), and the reply
+// carries its batch size, used from its next iteration on.
 #ifndef PACER_BENCH_CLUSTER_SIM_H_
 #define PACER_BENCH_CLUSTER_SIM_H_
 
@@ -45,7 +50,10 @@ struct SimOptions {
   uint32_t staleness_range = 4;       // r_max (dssp)
   uint32_t backup_workers = 1;        // k (backup)
   double policy_interval = 0.5;       // seconds of simulated time
+  double report_interval = 0.1;       // heartbeat period; 0: report with every push
   double deadband = 0.05;
+  double level_shift = 1.0;           // PolicyOptions::level_shift
+  uint32_t catch_up = 16;             // PolicyOptions::catch_up_iterations
   Scenario scenario = Scenario::kNone;
   double slow_factor = 4;
   double move_every = 20;             // kMoving: seconds per worker

@@ -27,6 +27,18 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--policy-interval", o.policy_interval, "Seconds between policy rounds")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--report-interval", o.report_interval,
+                 "Seconds between a worker's heartbeats, which carry its timings and bring back "
+                 "its batch size; 0: with every push")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--level-shift", o.level_shift,
+                 "A report off the predicted speed by more than this factor - 1 runs a round at "
+                 "once; 0: off")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--catch-up", o.catch_up,
+                 "pacer over dssp: iterations over which a worker that fell behind is sized "
+                 "to catch up; 0: off")
+      ->capture_default_str();
   app.add_option("--scenario", scenario, "none, static, hetero, bursts or moving")
       ->capture_default_str();
   app.add_option("--slow-factor", o.slow_factor, "How much slower a straggler is")

@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   app.add_option("--policy-interval", policy_interval_s,
                  "Seconds between rounds of the batch-size rule")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--level-shift", opts.policy.level_shift,
+                 "A worker whose reported speed is off its prediction by more than this "
+                 "(relative) triggers a policy round at once; 0 turns that off")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-batch", opts.policy.batch.b_max,

@@ -299,7 +299,12 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     r.communication_seconds = double{hb->communication_seconds()} * hb->iterations();
     r.wait_seconds = double{hb->wait_seconds()} * hb->iterations();
     r.memory_limit_batch = hb->memory_limit_batch();
+    r.clock = hb->clock();
+    r.at = w.last_seen;
     policy_.Report(w.id, r);
+    // A worker whose speed just shifted gets its new size in this reply
+    // rather than a heartbeat later.
+    if (state_ == wire::JobState::Running && policy_.urgent()) RunPolicy(w.last_seen);
   }
   // A worker runs once the job runs and every shard knows it is a member.
   wire::JobState state = state_;
@@ -450,6 +455,23 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
   }
 }
 
+void MonitorCore::RunPolicy(TimePoint now) {
+  const bool urgent = policy_.urgent();
+  if (!policy_.Round(now)) return;
+  if (ApplyAssignments()) {
+    ChangeMembership(policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
+    spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",
+                 100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
+  }
+  m_decisions_->Increment();
+  std::string sizes;
+  for (const auto& [id, a] : policy_.assignments()) {
+    sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
+  }
+  spdlog::info("policy round {}{}: batch sizes (worker:batch) {}", policy_.rounds(),
+               urgent ? " (a worker's speed shifted)" : "", sizes);
+}
+
 void MonitorCore::Tick(std::vector<Outgoing>* out) {
   const TimePoint now = clock_->Now();
   // Leases.
@@ -499,19 +521,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   }
   SendToShards(false, out);
 
-  if (state_ == wire::JobState::Running && policy_.Round(now)) {
-    if (ApplyAssignments()) {
-      ChangeMembership(policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
-      spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",
-                   100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
-    }
-    m_decisions_->Increment();
-    std::string sizes;
-    for (const auto& [id, a] : policy_.assignments()) {
-      sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
-    }
-    spdlog::info("policy round {}: batch sizes (worker:batch) {}", policy_.rounds(), sizes);
-  }
+  if (state_ == wire::JobState::Running) RunPolicy(now);
   if (state_ == wire::JobState::Running) {
     if (options_.time_cap_seconds > 0 && ToSeconds(now - *started_at_) >= options_.time_cap_seconds) {
       StopJob(fmt::format("time cap of {:g} s reached", options_.time_cap_seconds), out);

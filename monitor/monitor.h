@@ -155,6 +155,8 @@ class MonitorCore {
   void UpdatePolicyWorkers();
   // Copies the policy's assignments into workers_; true when a bound changed.
   bool ApplyAssignments();
+  // Runs a policy round when one is due and applies what it decides.
+  void RunPolicy(TimePoint now);
   void SendToShards(bool force, std::vector<Outgoing>* out);
   void StopJob(const std::string& reason, std::vector<Outgoing>* out);
   uint64_t MinAckedMembership() const;

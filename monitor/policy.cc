@@ -12,7 +12,9 @@ namespace pacer::policy {
 
 void EwmaTrendPredictor::Observe(uint32_t worker, double x, TimePoint /*at*/) {
   State& s = state_[worker];
-  if (s.observations == 0) {
+  const double predicted = std::max(s.level + s.trend, 0.5 * s.level);
+  if (s.observations == 0 ||
+      (shift_ > 0 && (x > predicted * (1 + shift_) || x * (1 + shift_) < predicted))) {
     s.level = x;
     s.trend = 0;
   } else {
@@ -27,7 +29,7 @@ std::optional<double> EwmaTrendPredictor::Predict(uint32_t worker) const {
   auto it = state_.find(worker);
   if (it == state_.end() || it->second.observations == 0) return std::nullopt;
   // A falling trend must not predict zero or negative time.
-  return std::max(it->second.level + it->second.trend, 0.1 * it->second.level);
+  return std::max(it->second.level + it->second.trend, 0.5 * it->second.level);
 }
 
 namespace {
@@ -143,7 +145,7 @@ absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> wo
     if (w.batch == 0) {
       target = static_cast<double>(options.global_batch) / workers.size();
     } else if (measured) {
-      target = std::max(0.0, time - w.communication_seconds) / w.seconds_per_sample;
+      target = std::max(0.0, time * w.time_share - w.communication_seconds) / w.seconds_per_sample;
     } else {
       const double t = w.batch * w.seconds_per_sample + w.communication_seconds;
       target = t > 0 ? w.batch * mean_time / t : w.batch;
@@ -187,7 +189,8 @@ const char* KindName(Kind kind) {
 StragglerPolicy::StragglerPolicy(const PolicyOptions& options,
                                  std::unique_ptr<SpeedPredictor> predictor)
     : options_(options),
-      predictor_(predictor ? std::move(predictor) : std::make_unique<EwmaTrendPredictor>()) {}
+      predictor_(predictor ? std::move(predictor)
+                           : std::make_unique<EwmaTrendPredictor>(0.5, 0.3, options.level_shift)) {}
 
 Assignment StragglerPolicy::Default() const {
   Assignment a;
@@ -273,7 +276,19 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
       Redistribute(targets);
     }
   }
+  if (r.at != TimePoint{} && r.clock >= slot.clock) {
+    slot.clock = r.clock;
+    slot.clock_at = r.at;
+  }
   if (r.iterations == 0) return;
+  if (options_.kind != Kind::kFixed && options_.level_shift > 0 && r.samples > 0) {
+    const std::optional<double> predicted = predictor_->Predict(worker);
+    const double x = r.compute_seconds / static_cast<double>(r.samples);
+    if (predicted && (x > *predicted * (1 + options_.level_shift) ||
+                      x * (1 + options_.level_shift) < *predicted)) {
+      urgent_ = true;
+    }
+  }
   TimingReport& p = slot.pending;
   p.iterations += r.iterations;
   p.samples += r.samples;
@@ -293,34 +308,74 @@ bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t st
 
 bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
-  if (last_round_ && now - *last_round_ < options_.interval) return false;
-  for (const auto& [id, slot] : slots_) {
-    if (slot.pending.iterations < std::max<uint32_t>(1, options_.min_iterations)) return false;
+  const bool urgent = urgent_;
+  if (!urgent) {
+    if (last_round_ && now - *last_round_ < options_.interval) return false;
+    for (const auto& [id, slot] : slots_) {
+      if (slot.pending.iterations < std::max<uint32_t>(1, options_.min_iterations)) return false;
+    }
   }
   const auto started = std::chrono::steady_clock::now();
   last_round_ = now;
+  urgent_ = false;
   ++rounds_;
   // slots_ and assignments_ hold the same keys: walk them together.
   timings_.clear();
   timings_.reserve(slots_.size());
   double max_time = 0, sum_time = 0;
+  size_t measured = 0;
   auto a = assignments_.begin();
   for (auto& [id, slot] : slots_) {
     TimingReport& p = slot.pending;
-    predictor_->Observe(id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)),
-                        now);
+    // In an urgent round a worker with nothing new keeps its prediction.
+    if (p.iterations > 0) {
+      predictor_->Observe(
+          id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)), now);
+      slot.communication = p.communication_seconds / p.iterations;
+      slot.measured = (p.compute_seconds + p.communication_seconds) / p.iterations;
+      slot.period = (p.compute_seconds + p.communication_seconds + p.wait_seconds) / p.iterations;
+    }
+    // The imbalance counts every worker's latest measurement (in an urgent
+    // round most are from earlier).
+    if (slot.measured > 0) {
+      max_time = std::max(max_time, slot.measured);
+      sum_time += slot.measured;
+      ++measured;
+    }
     WorkerTiming t;
     t.batch = a->second.batch;
     t.seconds_per_sample = predictor_->Predict(id).value_or(0);
-    t.communication_seconds = p.communication_seconds / p.iterations;
+    t.communication_seconds = slot.communication;
     t.memory_limit_batch = slot.memory_limit;
     timings_.emplace_back(id, t);
-    // Measured time per iteration, waiting excluded.
-    const double measured = (p.compute_seconds + p.communication_seconds) / p.iterations;
-    max_time = std::max(max_time, measured);
-    sum_time += measured;
     p = TimingReport{};
     ++a;
+  }
+  if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp &&
+      options_.catch_up_iterations > 0) {
+    // Each worker's clock now, extrapolated from its last report.
+    lags_.clear();
+    for (const auto& [id, slot] : slots_) {
+      double c = -1;
+      if (slot.clock_at != TimePoint{} && slot.period > 0) {
+        c = static_cast<double>(slot.clock) +
+            std::max(0.0, ToSeconds(now - slot.clock_at)) / slot.period;
+      }
+      lags_.push_back(c);
+    }
+    // The reference is the median worker, not the one furthest ahead: sizing
+    // most workers down against one outlier would hand it the rest of B.
+    median_ = lags_;
+    std::nth_element(median_.begin(), median_.begin() + median_.size() / 2, median_.end());
+    const double ahead = median_[median_.size() / 2];
+    for (size_t k = 0; k < timings_.size(); ++k) {
+      if (lags_[k] < 0) continue;
+      const double lag = ahead - lags_[k];
+      if (lag >= 2) {
+        timings_[k].second.time_share =
+            std::max(0.5, 1 - lag / static_cast<double>(options_.catch_up_iterations));
+      }
+    }
   }
   bool changed = false;
   if (absl::Status s = RebalanceInto(timings_, options_.batch, &sizes_); s.ok()) {
@@ -332,7 +387,7 @@ bool StragglerPolicy::Round(TimePoint now) {
   } else if (rounds_ == 1 || rounds_ % 100 == 0) {
     spdlog::warn("policy round {}: sizes kept: {}", rounds_, s.ToString());
   }
-  const double mean_time = sum_time / static_cast<double>(slots_.size());
+  const double mean_time = sum_time / static_cast<double>(std::max<size_t>(1, measured));
   last_imbalance_ = mean_time > 0 ? max_time / mean_time - 1 : 0;
   if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp) {
     const bool open = slack_open_ ? last_imbalance_ >= options_.imbalance_close

@@ -48,11 +48,15 @@ class SpeedPredictor {
 
 // Holt's linear (EWMA with trend) smoothing per worker:
 //   level' = a*x + (1-a)*(level + trend),  trend' = b*(level' - level) + (1-b)*trend,
-// prediction = level + trend (never below a small positive floor).
+// prediction = level + trend (never below half the level).
+// Holt's trend follows drift; a step (a burst of load starting or ending)
+// would take it several observations to follow and then overshoot. So an
+// observation off the prediction by more than a factor (1 + shift) is taken
+// as a level shift: level = x, trend = 0. shift <= 0 turns that off.
 class EwmaTrendPredictor final : public SpeedPredictor {
  public:
-  explicit EwmaTrendPredictor(double alpha = 0.5, double beta = 0.3)
-      : alpha_(alpha), beta_(beta) {}
+  explicit EwmaTrendPredictor(double alpha = 0.5, double beta = 0.3, double shift = 1.0)
+      : alpha_(alpha), beta_(beta), shift_(shift) {}
   void Observe(uint32_t worker, double seconds_per_sample, TimePoint at) override;
   std::optional<double> Predict(uint32_t worker) const override;
   void Forget(uint32_t worker) override { state_.erase(worker); }
@@ -65,6 +69,7 @@ class EwmaTrendPredictor final : public SpeedPredictor {
   };
   const double alpha_;
   const double beta_;
+  const double shift_;
   std::map<uint32_t, State> state_;
 };
 
@@ -85,6 +90,9 @@ struct WorkerTiming {
   double seconds_per_sample = 0;       // predicted compute time per sample
   double communication_seconds = 0;    // per iteration, independent of b_i
   uint32_t memory_limit_batch = 0;     // largest batch that fits; 0: no limit
+  // The share of the common iteration time this worker should take: below
+  // 1 for one that fell behind (DSSP lets it) and has to catch up.
+  double time_share = 1;
 };
 
 // The next batch sizes. Sizes respect the clamps and add up to
@@ -118,6 +126,10 @@ struct TimingReport {
   double communication_seconds = 0;
   double wait_seconds = 0;
   uint32_t memory_limit_batch = 0;  // 0: no limit
+  // Where the worker was when it reported: the clock it reads next, and
+  // when (0 / epoch: not known). Lets the policy see who fell behind.
+  uint64_t clock = 0;
+  TimePoint at{};
 };
 
 struct PolicyOptions {
@@ -143,6 +155,19 @@ struct PolicyOptions {
   Duration interval = std::chrono::milliseconds(250);
   // A round needs at least this many fresh iterations from every worker.
   uint32_t min_iterations = 2;
+  // A report whose compute time per sample is off the worker's prediction
+  // by more than a factor (1 + level_shift) (a straggler starting or
+  // ending) makes the next Round run at once, interval and min_iterations
+  // notwithstanding; workers with nothing fresh keep their prediction.
+  // Waiting out the interval would leave the others blocked on it (bsp) or
+  // let it fall behind by more than DSSP's slack. <= 0: off.
+  double level_shift = 1.0;
+  // pacer over dssp: a worker `lag` clocks behind the median worker
+  // (clocks extrapolated from their reports) is sized to take
+  // max(0.5, 1 - lag / catch_up_iterations) of the common iteration time,
+  // so that it closes the gap rather than trailing by it until the others
+  // block on DSSP's bound. Lags under 2 clocks are left alone. 0: off.
+  uint32_t catch_up_iterations = 16;
 };
 
 // The straggler policy of one job. Single-threaded; time comes from the
@@ -158,9 +183,13 @@ class StragglerPolicy {
   // Accumulates a report from `worker` (ignored for unknown workers).
   void Report(uint32_t worker, const TimingReport& report);
   // Runs a round of the batch rule when one is due (adaptive-batch, pacer)
-  // and every worker reported enough since the last one. Returns true when
-  // some assignment changed.
+  // and every worker reported enough since the last one, or at once after
+  // a level shift (see PolicyOptions::level_shift). Returns true when some
+  // assignment changed.
   bool Round(TimePoint now);
+  // Whether a report since the last round was a level shift: the next
+  // Round runs whatever the time.
+  bool urgent() const { return urgent_; }
   // Overrides one worker's bounds (an operator's decision; pacer's slack
   // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
@@ -187,6 +216,11 @@ class StragglerPolicy {
 
   struct Slot {
     TimingReport pending;       // since the last round
+    double communication = 0;   // per iteration, as last measured
+    double measured = 0;        // time per iteration, waiting excluded, as last measured
+    double period = 0;          // time per iteration, waiting included, as last measured
+    uint64_t clock = 0;         // from the latest report with a time
+    TimePoint clock_at{};
     uint32_t memory_limit = 0;  // 0: none reported
     bool pinned_bounds = false; // set by SetBounds
   };
@@ -199,9 +233,11 @@ class StragglerPolicy {
   // Scratch of Round, kept to avoid allocations.
   std::vector<std::pair<uint32_t, WorkerTiming>> timings_;
   std::vector<uint32_t> sizes_;
+  std::vector<double> lags_, median_;
   std::optional<TimePoint> last_round_;
   double last_decision_seconds_ = 0;
   uint64_t rounds_ = 0;
+  bool urgent_ = false;
   bool slack_open_ = true;
   double last_imbalance_ = 0;
 };

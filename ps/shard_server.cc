@@ -140,9 +140,9 @@ void ShardServer::Run() {
     }
   }
   spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "
-               "updates applied {}",
+               "updates applied {}, stale {}, dropped {}",
                id_, core_->steps(), core_->applied_clock(), core_->incomplete_steps(),
-               core_->updates_applied());
+               core_->updates_applied(), core_->stale_pushes(), core_->dropped_pushes());
   done_ = true;
 }
 

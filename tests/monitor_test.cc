@@ -515,5 +515,39 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
   EXPECT_FALSE(core_->SetWorkerBounds(999, 0, 0));
 }
 
+TEST_F(MonitorTest, AWorkerWhoseSpeedJumpsGetsItsNewSizeInTheSameReply) {
+  options_.policy.kind = policy::Kind::kAdaptiveBatch;
+  core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  StartJob();
+  auto report = [&](uint32_t id, double compute_per_sample) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeartbeatBuilder hb(fbb);
+    hb.add_role(wire::Role::Worker);
+    hb.add_iterations(5);
+    hb.add_batch(core_->workers().at(id).batch);
+    hb.add_compute_seconds_per_sample(static_cast<float>(compute_per_sample));
+    hb.add_communication_seconds(0.002f);
+    auto body = hb.Finish();
+    return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
+  };
+  report(worker_a_, 1e-4);
+  report(worker_b_, 1e-4);
+  Tick();  // a round with equal speeds: 96 each
+  ASSERT_EQ(core_->workers().at(worker_b_).batch, 96u);
+  clock_.Advance(std::chrono::milliseconds(10));  // far inside --policy-interval
+  // B becomes 4x slower: no tick, no report from A, and still its reply
+  // brings the smaller batch.
+  Decoded reply = report(worker_b_, 4e-4);
+  const uint32_t b = reply.As<wire::HeartbeatReply>()->assignment()->batch_size();
+  EXPECT_LT(b * 2, core_->workers().at(worker_a_).batch);
+  EXPECT_EQ(b + core_->workers().at(worker_a_).batch, 192u);
+  // A 30% wobble is noise: sizes stay until the next round.
+  clock_.Advance(std::chrono::milliseconds(10));
+  const uint32_t a_before = core_->workers().at(worker_a_).batch;
+  Decoded steady = report(worker_a_, 1.3e-4);
+  EXPECT_EQ(steady.As<wire::HeartbeatReply>()->assignment()->batch_size(), a_before);
+  EXPECT_EQ(core_->workers().at(worker_b_).batch, b);
+}
+
 }  // namespace
 }  // namespace pacer

@@ -141,6 +141,28 @@ TEST(EwmaTrendPredictorTest, TracksLevelAndTrend) {
   EXPECT_TRUE(p.Predict(1).has_value());
 }
 
+TEST(EwmaTrendPredictorTest, AStepIsALevelShiftNotATrend) {
+  TimePoint t{};
+  EwmaTrendPredictor p(0.5, 0.3, 0.5);
+  for (int i = 0; i < 10; ++i) p.Observe(1, 0.001, t);
+  // A burst of load: 4x slower at once. Taken as the new level, not averaged
+  // in over several observations.
+  p.Observe(1, 0.004, t);
+  EXPECT_NEAR(*p.Predict(1), 0.004, 1e-12);
+  // And back: no downward trend carried below the true speed.
+  p.Observe(1, 0.001, t);
+  EXPECT_NEAR(*p.Predict(1), 0.001, 1e-12);
+  // Noise inside the factor is smoothed as before.
+  p.Observe(1, 0.0013, t);
+  EXPECT_GT(*p.Predict(1), 0.001);
+  EXPECT_LT(*p.Predict(1), 0.0013);
+  // With shift detection off, Holt's smoothing lags behind the step.
+  EwmaTrendPredictor q(0.5, 0.3, 0);
+  for (int i = 0; i < 10; ++i) q.Observe(1, 0.001, t);
+  q.Observe(1, 0.004, t);
+  EXPECT_LT(*q.Predict(1), 0.0035);
+}
+
 // ---------------------------------------------------------------------------
 // StragglerPolicy: the rounds the monitor runs, driven by a fake clock.
 
@@ -215,6 +237,79 @@ TEST_F(StragglerPolicyTest, RoundsWaitForTheIntervalAndForEveryWorkersReport) {
   clock_.Advance(std::chrono::milliseconds(400));
   p.Round(clock_.Now());
   EXPECT_EQ(p.rounds(), 2u);
+}
+
+TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  const std::map<uint32_t, double> even = {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}};
+  ReportAll(p, even);
+  ASSERT_TRUE(p.Round(clock_.Now()) || p.rounds() == 1);
+  clock_.Advance(std::chrono::milliseconds(10));
+  auto report = [&](uint32_t id, double spp) {
+    TimingReport r;
+    r.iterations = 1;
+    r.samples = p.assignment(id).batch;
+    r.compute_seconds = spp * static_cast<double>(r.samples);
+    r.communication_seconds = 0.002;
+    p.Report(id, r);
+  };
+  // 30% slower: noise, not a shift; the round waits for its interval.
+  report(3, 1.3e-4);
+  EXPECT_FALSE(p.urgent());
+  EXPECT_FALSE(p.Round(clock_.Now()));
+  // 4x slower: the round runs now, 10 ms after the last one, with only
+  // worker 3 having reported; the others keep their predictions.
+  report(3, 4e-4);
+  EXPECT_TRUE(p.urgent());
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_FALSE(p.urgent());
+  EXPECT_EQ(p.rounds(), 2u);
+  EXPECT_EQ(Total(p), 192u);
+  EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
+  // With the shift rule off, the same report waits for the interval.
+  PolicyOptions o = Options(Kind::kAdaptiveBatch);
+  o.level_shift = 0;
+  StragglerPolicy q(o);
+  q.SetWorkers({1, 2, 3});
+  ReportAll(q, even);
+  q.Round(clock_.Now());
+  clock_.Advance(std::chrono::milliseconds(10));
+  TimingReport r{1, 64, 64 * 4e-4, 0.002, 0, 0};
+  q.Report(3, r);
+  EXPECT_FALSE(q.urgent());
+  EXPECT_FALSE(q.Round(clock_.Now()));
+}
+
+TEST_F(StragglerPolicyTest, PacerSizesAWorkerThatFellBehindToCatchUp) {
+  for (uint32_t catch_up : {0u, 16u}) {
+    PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+    o.staleness_range = 4;
+    o.catch_up_iterations = catch_up;
+    StragglerPolicy p(o);
+    p.SetWorkers({1, 2, 3});
+    // Equal speeds, but worker 3 is 8 clocks behind the others (DSSP let
+    // them run ahead while it was slow).
+    for (const auto& [id, a] : p.assignments()) {
+      TimingReport r;
+      r.iterations = 4;
+      r.samples = uint64_t{a.batch} * 4;
+      r.compute_seconds = 1e-4 * static_cast<double>(r.samples);
+      r.communication_seconds = 0.008;
+      r.clock = id == 3 ? 92 : 100;
+      r.at = clock_.Now();
+      p.Report(id, r);
+    }
+    p.Round(clock_.Now());
+    EXPECT_EQ(Total(p), 192u);
+    if (catch_up == 0) {
+      EXPECT_NEAR(p.assignment(3).batch, 64, 1) << "no catch-up: speed shares only";
+    } else {
+      // Half the common iteration time (1 - 8/16): it gains a clock every
+      // two iterations until level.
+      EXPECT_LT(p.assignment(3).batch + 20, p.assignment(1).batch);
+    }
+  }
 }
 
 TEST_F(StragglerPolicyTest, FixedNeverMovesAndSplitsEvenly) {

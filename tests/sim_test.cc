@@ -86,6 +86,31 @@ TEST(SimTest, SspAbsorbsAShortBurstThatBspWaitsFor) {
   EXPECT_GT(ssp->throughput, bsp->throughput);
 }
 
+// Random 4x bursts on 64 workers: some worker is always in one, so a
+// synchronous policy waits on it unless it is re-sized fast (a level shift
+// runs a round at the heartbeat that reports it) and the others may run
+// ahead for the few clocks it loses before then (pacer's dssp bound).
+TEST(SimTest, PacerAbsorbsBurstsAtScaleWhereBspAndSlowRoundsCannot) {
+  SimOptions o = Base();
+  o.workers = 64;
+  o.scenario = Scenario::kBursts;
+  o.seconds = 10;
+  o.policy_interval = 0.25;
+  auto bsp = Simulate(o);
+  o.mode = wire::Mode::Dssp;
+  o.policy = policy::Kind::kPacer;
+  o.staleness = 8;
+  o.staleness_range = 4;
+  auto pacer = Simulate(o);
+  o.level_shift = 0;  // rounds only every 0.25 s
+  auto no_shift = Simulate(o);
+  ASSERT_TRUE(bsp.ok() && pacer.ok() && no_shift.ok());
+  EXPECT_LT(bsp->fraction, 0.7);
+  EXPECT_GT(pacer->fraction, 0.9);
+  EXPECT_GT(pacer->fraction, no_shift->fraction + 0.02);
+  EXPECT_LT(pacer->min_batch * 2, 64u) << "some bursting worker holds a small batch";
+}
+
 TEST(SimTest, BadOptionsAreRefused) {
   SimOptions o = Base();
   o.workers = 0;

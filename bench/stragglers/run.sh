@@ -77,8 +77,8 @@ runs_csv="$out/runs.csv" curves_csv="$out/curves.csv"
 if [ "$report_only" -eq 0 ]; then
   # wait_wI, spp_wI (compute s per sample), comm_wI (communication s per
   # iteration): worker I in launch order (worker 2 is the straggler).
-  echo "config,scenario,mode,rep,time_to_085,final_accuracy,samples_per_s,compute_s,communication_s,wait_s,wait_w0,wait_w1,wait_w2,clocks,seconds,spp_w0,spp_w1,spp_w2,comm_w0,comm_w1,comm_w2" > "$runs_csv"
-  echo "config,scenario,mode,rep,seconds,accuracy" > "$curves_csv"
+  echo "config,scenario,mode,rep,time_to_085,final_accuracy,samples_per_s,compute_s,communication_s,wait_s,wait_w0,wait_w1,wait_w2,clocks,seconds,spp_w0,spp_w1,spp_w2,comm_w0,comm_w1,comm_w2,clock_at_085" > "$runs_csv"
+  echo "config,scenario,mode,rep,seconds,accuracy,clock" > "$curves_csv"
 fi
 
 # run CONFIG BATCH SCENARIO MODE REP
@@ -91,10 +91,14 @@ run() {
   "$root/deploy/local-cluster.sh" --quiet --keep-training --out "$dir" --batch "$batch" \
     --time-cap "$seconds" ${mode_flags[$mode]} "${sargs[@]}" > "$dir.txt" 2>&1 || true
   # Figures: monitor (accuracy), workers (summary lines).
-  local ttt acc
+  local ttt acc steps
   ttt=$(sed -n 's/^time to 0.85: \([0-9.]*\) s$/\1/p' "$dir/monitor.out")
   acc=$(sed -n 's/^final test accuracy: //p' "$dir/monitor.out")
-  awk -v c="$config" -v s="$scenario" -v m="$mode" -v r="$rep" -v t="${ttt:-NA}" -v a="${acc:-NA}" '
+  # Steps (clocks) at the first evaluation at or above 0.85.
+  steps=$(sed -n 's/.*clock \([0-9]*\): test accuracy \([0-9.]*\),.*/\1 \2/p' "$dir/monitor.log" |
+    awk '$2 >= 0.85 { print $1; exit }')
+  awk -v c="$config" -v s="$scenario" -v m="$mode" -v r="$rep" -v t="${ttt:-NA}" -v a="${acc:-NA}" \
+      -v st="${steps:-NA}" '
     /worker summary:/ {
       for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
       idx = FILENAME; sub(/.*worker/, "", idx); sub(/\.out$/, "", idx)
@@ -105,13 +109,13 @@ run() {
       if (v["clocks"] > clocks) clocks = v["clocks"]
     }
     END {
-      if (n == 0) { print c "," s "," m "," r "," t "," a ",NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA"; exit }
-      printf "%s,%s,%s,%s,%s,%s,%.0f,%.3f,%.3f,%.3f,%s,%s,%s,%d,%.3f,%.9f,%.9f,%.9f,%.6f,%.6f,%.6f\n",
+      if (n == 0) { print c "," s "," m "," r "," t "," a ",NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA,NA," st; exit }
+      printf "%s,%s,%s,%s,%s,%s,%.0f,%.3f,%.3f,%.3f,%s,%s,%s,%d,%.3f,%.9f,%.9f,%.9f,%.6f,%.6f,%.6f,%s\n",
              c, s, m, r, t, a, samples / (secs / n), comp, comm, wait, w[0], w[1], w[2], clocks,
-             secs / n, spp[0], spp[1], spp[2], cpi[0], cpi[1], cpi[2]
+             secs / n, spp[0], spp[1], spp[2], cpi[0], cpi[1], cpi[2], st
     }' "$dir"/worker*.out >> "$runs_csv"
-  sed -n 's/.*: test accuracy \([0-9.]*\),.* after \([0-9.]*\) s$/\2 \1/p' "$dir/monitor.log" |
-    awk -v c="$config" -v s="$scenario" -v m="$mode" -v r="$rep" '{ print c "," s "," m "," r "," $1 "," $2 }' >> "$curves_csv"
+  sed -n 's/.*clock \([0-9]*\): test accuracy \([0-9.]*\),.* after \([0-9.]*\) s$/\3 \2 \1/p' "$dir/monitor.log" |
+    awk -v c="$config" -v s="$scenario" -v m="$mode" -v r="$rep" '{ print c "," s "," m "," r "," $1 "," $2 "," $3 }' >> "$curves_csv"
   echo "[stragglers] $config $scenario $mode #$rep: time to 0.85 ${ttt:-not reached} s, final ${acc:-?}" >&2
 }
 
@@ -251,6 +255,30 @@ summary="$out/summary.md"
       printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n" "$mode" "$(field "$config" slow "$mode" 11)" \
         "$(field "$config" slow "$mode" 12)" "$(field "$config" slow "$mode" 13)" \
         "$(field "$config" slow "$mode" 7)" "$ratio" "$ratios" "$ratiob"
+    done
+    echo
+    # Steps: the time to 0.85 is (steps to 0.85) x (time per step). Steps
+    # wander with SGD's noise from run to run; the time per step is what a
+    # policy controls, and it is measured over the whole run, so it is steady.
+    [ "$(awk -F, -v k="$config" '$1 == k && $22 != "" && $22 != "NA"' "$runs_csv" | wc -l)" -gt 0 ] || continue
+    echo "Steps (clocks: B applied once) to the first evaluation at or above 0.85, and time"
+    echo "per step over the whole run (medians). With one 4x straggler the floor costs"
+    echo "$(awk -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", 1.33 * c + m }')x BSP's no-straggler time per step (1.33 c + m), BSP $(awk -v c="$c" -v m="$m" 'BEGIN { printf "%.2f", 4 * c + m }')x (4 c + m):"
+    echo
+    echo "| mode | none: steps | ms/step | slow: steps | ms/step | slow ms/step / BSP none ms/step |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    bsp_ms=$(awk -F, -v k="$config" '$1 == k && $2 == "none" && $3 == "bsp" && $14 > 0 { print 1000 * $15 / $14 }' "$runs_csv" | median)
+    for mode in "${modes[@]}"; do
+      grep -q "^$config,slow,$mode,\|^$config,none,$mode," "$runs_csv" || continue
+      row="| $mode |"
+      for s in none slow; do
+        st=$(field "$config" "$s" "$mode" 22)
+        ms=$(awk -F, -v k="$config" -v s="$s" -v m="$mode" '$1 == k && $2 == s && $3 == m && $14 > 0 { print 1000 * $15 / $14 }' "$runs_csv" | median)
+        row+=" $(awk -v x="$st" 'BEGIN { if (x == "NA") print "–"; else printf "%.0f", x }') | $(awk -v x="$ms" 'BEGIN { if (x == "NA") print "–"; else printf "%.2f", x }') |"
+        [ "$s" = slow ] && slow_ms=$ms
+      done
+      row+=" $(awk -v a="$slow_ms" -v b="$bsp_ms" 'BEGIN { if (a == "NA" || b == "NA" || b == 0) print "–"; else printf "%.2f", a / b }') |"
+      echo "$row"
     done
     echo
   done

@@ -30,7 +30,7 @@ declare -A flags=(
   [backup]="--mode backup --policy fixed --backup-workers=1"
   [ssp]="--mode ssp --policy fixed --staleness=3"
   [adaptive-batch]="--mode bsp --policy adaptive-batch"
-  [pacer]="--mode dssp --policy pacer --staleness-range=4"
+  [pacer]="--mode dssp --policy pacer --staleness=8 --staleness-range=4"
 )
 modes=(bsp backup ssp adaptive-batch pacer)
 start=$(date +%s)
@@ -53,6 +53,10 @@ summary="$out/sim.md"
   echo "last worker; hetero: factors spread over 1..4; moving: one straggler moving every 20 s;"
   echo "bursts: each worker 4x slow for 2 s bursts, 0.05 per second). Cells: throughput as a"
   echo "fraction of the ideal. backup drops the last worker's push (k = 1) at every size."
+  echo "Workers report with a heartbeat every 0.1 s, whose reply brings their batch size, as"
+  echo "in the real job; policy rounds every 0.25 s, or at once on a level shift. pacer runs"
+  echo "dssp with s_L = 8, r_max = 4: at scale the bound has to cover the clocks a worker"
+  echo "loses between a burst's start and the reply that shrinks its batch."
   echo
   for s in "${scenarios[@]}"; do
     printf "| %s | %s |\n" "$s" "$(printf "%s | " "${sizes[@]/#/n=}" | sed 's/ | $//')"
