@@ -14,8 +14,9 @@
 // the shard. Differences from the shard: a blocked read is re-checked when
 // a clock closes (the shard re-checks on every push), so a DSSP grant that
 // only later push times would allow is given one clock later; bounds the
-// policy changes reach the shards at once (the monitor sends them within
-// its 20 ms tick).
+// policy changes reach the shards at once (the monitor sends a new
+// membership at its next 20 ms tick, or up to 300 ms later when it sent
+// that shard one just before).
 // Reports and assignments travel as in the real job: a worker's timings go
 // to the policy with its heartbeat (every `report_interval`), and the reply
 // carries its batch size, used from its next iteration on.

@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
                  "A worker whose reported speed is off its prediction by more than this "
                  "(relative) triggers a policy round at once; 0 turns that off")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--catch-up", opts.policy.catch_up_iterations,
+                 "pacer over dssp: a worker lag clocks behind the median one takes "
+                 "max(0.5, 1 - lag/N) of the common iteration time until it catches up; 0: off")
+      ->capture_default_str();
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-batch", opts.policy.batch.b_max,

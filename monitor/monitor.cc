@@ -291,7 +291,10 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
     ChangeMembership("worker " + std::to_string(w.id) + " finished");
     if (map_built_) UpdatePolicyWorkers();
-  } else if (hb->iterations() > 0 || hb->memory_limit_batch() > 0) {
+  } else {
+    // Every heartbeat reports where the worker is (its clock), even one
+    // that finished no iteration: a straggler stuck in a long one must not
+    // look as if it kept its old pace.
     policy::TimingReport r;
     r.iterations = hb->iterations();
     r.samples = uint64_t{hb->iterations()} * hb->batch();

@@ -281,15 +281,24 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
     slot.clock_at = r.at;
   }
   if (r.iterations == 0) return;
+  TimingReport& p = slot.pending;
   if (options_.kind != Kind::kFixed && options_.level_shift > 0 && r.samples > 0) {
     const std::optional<double> predicted = predictor_->Predict(worker);
     const double x = r.compute_seconds / static_cast<double>(r.samples);
-    if (predicted && (x > *predicted * (1 + options_.level_shift) ||
-                      x * (1 + options_.level_shift) < *predicted)) {
+    // Per-sample time moves with the batch when part of an iteration's
+    // compute is fixed: right after a resize, a jump is not news.
+    const double batch = static_cast<double>(r.samples) / r.iterations;
+    const bool same_batch =
+        slot.observed_batch <= 0 || std::abs(batch / slot.observed_batch - 1) <= 0.25;
+    if (predicted && same_batch &&
+        (x > *predicted * (1 + options_.level_shift) ||
+         x * (1 + options_.level_shift) < *predicted)) {
       urgent_ = true;
+      // What came before the shift would water it down: the round acts on
+      // this report alone.
+      p = TimingReport{};
     }
   }
-  TimingReport& p = slot.pending;
   p.iterations += r.iterations;
   p.samples += r.samples;
   p.compute_seconds += r.compute_seconds;
@@ -308,7 +317,12 @@ bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t st
 
 bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
-  const bool urgent = urgent_;
+  bool urgent = urgent_;
+  // A worker with no prediction and nothing fresh (one that just joined)
+  // cannot be sized yet: the urgent round waits for it like a normal one.
+  for (const auto& [id, slot] : slots_) {
+    if (urgent && slot.pending.iterations == 0 && !predictor_->Predict(id)) urgent = false;
+  }
   if (!urgent) {
     if (last_round_ && now - *last_round_ < options_.interval) return false;
     for (const auto& [id, slot] : slots_) {
@@ -332,6 +346,7 @@ bool StragglerPolicy::Round(TimePoint now) {
       predictor_->Observe(
           id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)), now);
       slot.communication = p.communication_seconds / p.iterations;
+      slot.observed_batch = static_cast<double>(p.samples) / p.iterations;
       slot.measured = (p.compute_seconds + p.communication_seconds) / p.iterations;
       slot.period = (p.compute_seconds + p.communication_seconds + p.wait_seconds) / p.iterations;
     }
@@ -355,20 +370,26 @@ bool StragglerPolicy::Round(TimePoint now) {
       options_.catch_up_iterations > 0) {
     // Each worker's clock now, extrapolated from its last report.
     lags_.clear();
+    median_.clear();
     for (const auto& [id, slot] : slots_) {
-      double c = -1;
+      double c = -1;  // not known
       if (slot.clock_at != TimePoint{} && slot.period > 0) {
         c = static_cast<double>(slot.clock) +
             std::max(0.0, ToSeconds(now - slot.clock_at)) / slot.period;
+        median_.push_back(c);
       }
       lags_.push_back(c);
     }
-    // The reference is the median worker, not the one furthest ahead: sizing
-    // most workers down against one outlier would hand it the rest of B.
-    median_ = lags_;
-    std::nth_element(median_.begin(), median_.begin() + median_.size() / 2, median_.end());
-    const double ahead = median_[median_.size() / 2];
-    for (size_t k = 0; k < timings_.size(); ++k) {
+    // The reference is the (lower) median worker, not the one furthest
+    // ahead: sizing most workers down against one outlier would hand it the
+    // rest of B.
+    const size_t mid = median_.empty() ? 0 : (median_.size() - 1) / 2;
+    if (median_.size() >= 2) {
+      std::nth_element(median_.begin(), median_.begin() + static_cast<std::ptrdiff_t>(mid),
+                       median_.end());
+    }
+    const double ahead = median_.size() >= 2 ? median_[mid] : -1;
+    for (size_t k = 0; k < timings_.size() && ahead >= 0; ++k) {
       if (lags_[k] < 0) continue;
       const double lag = ahead - lags_[k];
       if (lag >= 2) {
@@ -392,7 +413,10 @@ bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp) {
     const bool open = slack_open_ ? last_imbalance_ >= options_.imbalance_close
                                   : last_imbalance_ > options_.imbalance_open;
-    if (open != slack_open_) {
+    // A level-shift round may open the slack (the worker that slowed down is
+    // already behind) but not close it: it sees most workers' times from
+    // before earlier resizes.
+    if (open != slack_open_ && (open || !urgent)) {
       slack_open_ = open;
       for (auto& [id, assignment] : assignments_) {
         if (slots_.at(id).pinned_bounds) continue;

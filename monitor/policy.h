@@ -217,6 +217,7 @@ class StragglerPolicy {
   struct Slot {
     TimingReport pending;       // since the last round
     double communication = 0;   // per iteration, as last measured
+    double observed_batch = 0;  // mean batch of the last window observed
     double measured = 0;        // time per iteration, waiting excluded, as last measured
     double period = 0;          // time per iteration, waiting included, as last measured
     uint64_t clock = 0;         // from the latest report with a time

@@ -244,7 +244,8 @@ TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
   p.SetWorkers({1, 2, 3});
   const std::map<uint32_t, double> even = {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}};
   ReportAll(p, even);
-  ASSERT_TRUE(p.Round(clock_.Now()) || p.rounds() == 1);
+  p.Round(clock_.Now());
+  ASSERT_EQ(p.rounds(), 1u);
   clock_.Advance(std::chrono::milliseconds(10));
   auto report = [&](uint32_t id, double spp) {
     TimingReport r;
@@ -279,6 +280,47 @@ TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
   q.Report(3, r);
   EXPECT_FALSE(q.urgent());
   EXPECT_FALSE(q.Round(clock_.Now()));
+}
+
+TEST_F(StragglerPolicyTest, AShiftIsNotWateredDownByReportsFromBeforeIt) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}});
+  p.Round(clock_.Now());
+  clock_.Advance(std::chrono::milliseconds(100));
+  // Twenty more iterations at the old speed, not yet used by any round...
+  TimingReport before{20, 20 * 64, 20 * 64 * 1e-4, 20 * 0.002, 0, 0};
+  p.Report(3, before);
+  EXPECT_FALSE(p.urgent());
+  // ...then two at 4x. Averaged together they would look 1.3x slow: noise.
+  TimingReport after{2, 2 * 64, 2 * 64 * 4e-4, 2 * 0.002, 0, 0};
+  p.Report(3, after);
+  ASSERT_TRUE(p.urgent());
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
+  EXPECT_NEAR(*p.predicted_seconds_per_sample(3), 4e-4, 1e-9);
+}
+
+TEST_F(StragglerPolicyTest, AWorkerThatJustJoinedHoldsBackAnUrgentRound) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2});
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}});
+  p.Round(clock_.Now());
+  p.SetWorkers({1, 2, 3});  // 3 has no prediction and no report yet
+  clock_.Advance(std::chrono::milliseconds(10));
+  auto report = [&](uint32_t id, double spp) {
+    const uint64_t samples = 2 * uint64_t{p.assignment(id).batch};
+    p.Report(id, TimingReport{2, samples, spp * static_cast<double>(samples), 2 * 0.002, 0, 0});
+  };
+  report(2, 4e-4);
+  EXPECT_TRUE(p.urgent());
+  EXPECT_FALSE(p.Round(clock_.Now())) << "3 cannot be sized yet";
+  EXPECT_TRUE(p.urgent()) << "still pending";
+  // Once 3 has reported, the round goes ahead.
+  report(3, 1e-4);
+  EXPECT_TRUE(p.Round(clock_.Now()));
+  EXPECT_EQ(Total(p), 192u);
+  EXPECT_LT(p.assignment(2).batch * 2, p.assignment(3).batch);
 }
 
 TEST_F(StragglerPolicyTest, PacerSizesAWorkerThatFellBehindToCatchUp) {
