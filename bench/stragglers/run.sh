@@ -18,6 +18,7 @@
 #   --modes "M.." / --scenarios "S.."  run only these (default: all).
 #   --report-only  run nothing: rebuild the tables and plot from DIR's CSVs.
 #   --no-compute   skip the compute-bound configuration.
+#   --all-reps     repeat the moving and contention runs too (default: once).
 #
 # Writes DIR/runs.csv (one row per run), DIR/curves.csv (accuracy over time),
 # DIR/summary.md (the tables) and DIR/accuracy.png (gnuplot), and replaces the
@@ -26,7 +27,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 reps=3 seconds=30 out="$root/bench/stragglers/out" quick=0 results=1 only_modes="" only_scenarios=""
-report_only=0 no_compute=0
+report_only=0 no_compute=0 all_reps=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2 ;;
@@ -38,6 +39,7 @@ while [ $# -gt 0 ]; do
     --scenarios) only_scenarios=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
     --no-compute) no_compute=1; shift ;;
+    --all-reps) all_reps=1; shift ;;
     -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stragglers: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -127,9 +129,13 @@ for rep in $(seq 1 "$reps"); do
     for mode in "${modes[@]}"; do run main 64 "$scenario" "$mode" "$rep"; done
   done
 done
-for scenario in moving contention; do
-  wanted "$scenario" || continue
-  for mode in "${modes[@]}"; do run main 64 "$scenario" "$mode" 1; done
+more_reps=1
+[ "$all_reps" -eq 1 ] && more_reps=$reps
+for rep in $(seq 1 "$more_reps"); do
+  for scenario in moving contention; do
+    wanted "$scenario" || continue
+    for mode in "${modes[@]}"; do run main 64 "$scenario" "$mode" "$rep"; done
+  done
 done
 if [ "$quick" -eq 0 ] && [ "$no_compute" -eq 0 ]; then
   for mode in bsp pacer; do run compute 1024 none "$mode" 1; done
@@ -195,7 +201,7 @@ summary="$out/summary.md"
   echo "Run of $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -m)), ${elapsed} s in all:"
   echo "\`bench/stragglers/run.sh --reps $reps --seconds $seconds\`. Each run trains for $seconds s;"
   echo "times to 0.85 and final accuracies are medians of $reps runs for *none* and *slow*,"
-  echo "single runs otherwise. Plot: \`$(realpath --relative-to="$root" "$out")/accuracy.png\`"
+  echo "$([ "$all_reps" -eq 1 ] && echo "and (--all-reps) for *moving* and *contention* too." || echo "single runs otherwise.") Plot: \`$(realpath --relative-to="$root" "$out")/accuracy.png\`"
   echo "(test accuracy against wall time, one line per mode, the 4x-straggler scenario);"
   echo "per-run rows: \`runs.csv\`, curves: \`curves.csv\` in the same folder. *first*: the"
   echo "first evaluation at or above 0.85; *mean3*: the first time three consecutive"
