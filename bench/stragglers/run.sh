@@ -159,13 +159,16 @@ awk -F, 'NR > 1 {
   "$curves_csv" > "$smoothed_csv"
 
 # Calibration inputs, measured in the benchmark's own configuration (BSP, one
-# 4x straggler, first run): the two other workers' compute per sample and
+# 4x straggler, median over the runs): the two other workers' compute per sample and
 # communication per iteration. The per-iteration compute overhead comes from
 # the no-straggler BSP runs at batch 64 and 1024, when both ran.
-calib=$(awk -F, '
-  $1 == "main" && $2 == "slow" && $3 == "bsp" && $4 == 1 && $7 != "NA" {
-    spp = ($16 + $17) / 2; comm = ($19 + $20) / 2
-  }
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "NA"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# Medians over the repetitions: one run's compute per sample can be 20% off
+# on this shared machine.
+calib_spp=$(awk -F, '$1 == "main" && $2 == "slow" && $3 == "bsp" && $7 != "NA" { printf "%.12f\n", ($16 + $17) / 2 }' "$runs_csv" | median)
+calib_comm=$(awk -F, '$1 == "main" && $2 == "slow" && $3 == "bsp" && $7 != "NA" { printf "%.9f\n", ($19 + $20) / 2 }' "$runs_csv" | median)
+calib=$(awk -F, -v spp="$calib_spp" -v comm="$calib_comm" '
+  BEGIN { if (spp == "NA") spp = 0; if (comm == "NA") comm = 0 }
   $2 == "none" && $3 == "bsp" && $7 != "NA" { c[$1] += $8 / 3; k[$1] += $14 }
   END {
     ovh = 0
@@ -288,8 +291,8 @@ summary="$out/summary.md"
     done
     echo
   done
-  echo "**Simulator calibration** (bench/cluster_sim.h; inputs measured in the BSP run with"
-  echo "the straggler, on the other two workers: $(awk -v s="$spp" 'BEGIN { printf "%.1f", s * 1e6 }') µs compute per sample, $(awk -v s="$overhead" 'BEGIN { printf "%.2f", s * 1e3 }') ms per-iteration"
+  echo "**Simulator calibration** (bench/cluster_sim.h; inputs measured in the BSP runs with"
+  echo "the straggler, on the other two workers, medians over the runs: $(awk -v s="$spp" 'BEGIN { printf "%.1f", s * 1e6 }') µs compute per sample, $(awk -v s="$overhead" 'BEGIN { printf "%.2f", s * 1e3 }') ms per-iteration"
   echo "overhead, $(awk -v s="$comm" 'BEGIN { printf "%.2f", s * 1e3 }') ms communication per iteration), 3 workers, one 4x straggler:"
   echo
   echo "| mode | measured samples/s | simulated samples/s | simulated / measured |"
