@@ -1,0 +1,74 @@
+// Shard checkpoints in RocksDB (issue 4): a consistent snapshot of what a
+// shard must not lose (parameters, optimizer state, per-worker clocks, the
+// shard-map version), written as one synced WriteBatch so that a crash leaves
+// either the previous snapshot or the new one, never a mix.
+//
+// Layout in the database (all integers little-endian):
+//   "meta"        header: magic "PCK1", format version, the scalar fields,
+//                 the key layout, the worker clocks, the chunk counts and a
+//                 CRC-32 over the header and every chunk;
+//   "p/NNNNNNNN"  parameter floats, chunks of kChunkFloats;
+//   "v/NNNNNNNN"  optimizer state (momentum), the same chunking.
+// Chunks of an older, larger snapshot are deleted in the same batch.
+#ifndef PACER_PS_CHECKPOINT_H_
+#define PACER_PS_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace pacer {
+
+struct ShardSnapshot {
+  uint64_t job_id = 0;
+  uint32_t shard_id = 0;
+  uint64_t map_version = 0;
+  int64_t applied_clock = -1;
+  uint64_t steps = 0;
+  uint64_t updates_applied = 0;
+  // The owned keys in order, with their lengths: params and velocity are
+  // their values laid end to end.
+  std::vector<std::pair<uint64_t, uint32_t>> keys;
+  std::vector<float> params;
+  std::vector<float> velocity;
+  // Highest clock each worker pushed here.
+  std::map<uint32_t, int64_t> worker_clocks;
+  bool operator==(const ShardSnapshot&) const = default;
+};
+
+class CheckpointStore {
+ public:
+  static constexpr uint32_t kChunkFloats = 1 << 18;  // 1 MiB per value
+
+  // Opens (creating if missing) the database in directory `path`; its parent
+  // must exist. InvalidArgument / Internal with RocksDB's reason otherwise.
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& path);
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Writes `s` as the latest snapshot, atomically and synced to disk. Returns
+  // the bytes written. InvalidArgument when params, velocity and the key
+  // layout disagree.
+  absl::StatusOr<uint64_t> Save(const ShardSnapshot& s);
+  // The latest complete snapshot; nullopt when none was ever saved.
+  // DataLoss when what is stored fails its checks.
+  absl::StatusOr<std::optional<ShardSnapshot>> Load();
+
+ private:
+  explicit CheckpointStore(std::unique_ptr<rocksdb::DB> db);
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_PS_CHECKPOINT_H_
