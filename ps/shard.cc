@@ -303,6 +303,58 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
   Advance(out);
 }
 
+ShardSnapshot ShardCore::Snapshot() const {
+  ShardSnapshot s;
+  s.job_id = job_.job_id;
+  s.shard_id = shard_id_;
+  s.map_version = membership_version_;
+  s.applied_clock = applied_clock_;
+  s.steps = steps_;
+  s.updates_applied = updates_applied_;
+  s.keys.reserve(slots_.size());
+  for (const auto& [key, slot] : slots_) s.keys.emplace_back(key, static_cast<uint32_t>(slot.length));
+  s.params = *params_;
+  s.velocity = velocity_;
+  for (const auto& [id, m] : live_) s.worker_clocks[id] = m.pushed;
+  return s;
+}
+
+absl::Status ShardCore::Restore(const ShardSnapshot& s) {
+  if (!configured_) return absl::FailedPreconditionError("restore before the shard is configured");
+  if (!slots_.empty() || initialized_) {
+    return absl::FailedPreconditionError("restore into a shard that already holds a model");
+  }
+  if (s.job_id != job_.job_id || s.shard_id != shard_id_) {
+    return absl::InvalidArgumentError(
+        "checkpoint of job " + std::to_string(s.job_id) + " shard " + std::to_string(s.shard_id) +
+        ", this is job " + std::to_string(job_.job_id) + " shard " + std::to_string(shard_id_));
+  }
+  std::map<uint64_t, KeySlot> slots;
+  size_t total = 0;
+  for (const auto& [key, len] : s.keys) {
+    if (!slots.emplace(key, KeySlot{total, len}).second) {
+      return absl::InvalidArgumentError("checkpoint repeats key " + std::to_string(key));
+    }
+    total += len;
+  }
+  if (total != s.params.size() || total != s.velocity.size()) {
+    return absl::InvalidArgumentError("checkpoint does not add up: keys hold " +
+                                      std::to_string(total) + " values");
+  }
+  slots_ = std::move(slots);
+  params_ = std::make_shared<std::vector<float>>(s.params);
+  velocity_ = s.velocity;
+  applied_clock_ = s.applied_clock;
+  steps_ = s.steps;
+  updates_applied_ = s.updates_applied;
+  initialized_ = true;
+  m_keys_->Set(static_cast<double>(slots_.size()));
+  m_clock_->Set(static_cast<double>(applied_clock_));
+  spdlog::info("shard {}: restored {} keys, {} values at applied clock {} (step {})", shard_id_,
+               slots_.size(), total, applied_clock_, steps_);
+  return absl::OkStatus();
+}
+
 std::vector<float> ShardCore::TakeBuffer() {
   if (!spare_acc_.empty()) {
     std::vector<float> b = std::move(spare_acc_.back());

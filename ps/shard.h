@@ -11,10 +11,12 @@
 #include <set>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "ps/checkpoint.h"
 #include "ps/clock.h"
 #include "ps/metrics.h"
 #include "ps/optimizer.h"
@@ -105,6 +107,19 @@ class ShardCore {
   prometheus::Registry& registry() { return *registry_; }
   // Parameters of one owned key (tests).
   std::span<const float> Param(uint64_t key) const;
+
+  // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
+  // between two messages, so no step is half applied: parameters, momentum,
+  // the applied clock and step count, each live worker's pushed clock, and
+  // the membership version. Pushes to clocks still open are not in it.
+  // It copies the parameters (a background writer without that copy comes
+  // with the checkpoint loop).
+  ShardSnapshot Snapshot() const;
+  // Loads a snapshot into a shard that is configured and holds no model yet
+  // (FailedPrecondition otherwise); InvalidArgument when it belongs to
+  // another job or shard, or does not add up. The monitor's declaration of
+  // the same keys is then accepted as is, and Init is ignored.
+  absl::Status Restore(const ShardSnapshot& snapshot);
 
  private:
   struct KeySlot {

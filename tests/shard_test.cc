@@ -300,6 +300,58 @@ TEST_F(ShardTest, BspStepIsBatchWeightedMeanOfPushes) {
   ExpectNear(Params(), w2);
 }
 
+TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
+  Start(wire::Mode::Bsp);
+  Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
+  Push(kWorkerB, 0, 3, {3.0f, -2.0f, 4.0f});
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  const ShardSnapshot snap = shard_->Snapshot();
+  EXPECT_EQ(snap.applied_clock, 0);
+  EXPECT_EQ(snap.steps, 1u);
+  EXPECT_EQ(snap.keys.size(), 2u);
+  EXPECT_EQ(snap.worker_clocks.at(kWorkerA), 0);
+  EXPECT_NE(snap.velocity, std::vector<float>(3, 0.0f)) << "momentum is part of the state";
+  // The original goes on one more clock...
+  const std::vector<float> ga = {0.0f, 4.0f, 8.0f}, gb = {4.0f, 0.0f, -8.0f};
+  Push(kWorkerA, 1, 1, ga);
+  Push(kWorkerB, 1, 3, gb);
+  const std::vector<float> expected = Params();
+
+  // ...and so does a fresh shard restored from the snapshot, after the
+  // monitor declares the same keys and sends the membership again.
+  ShardOptions opts;
+  auto restored = std::make_unique<ShardCore>(opts, &clock_);
+  ShardJob job;
+  job.job_id = kJob;
+  job.mode = wire::Mode::Bsp;
+  job.sgd.learning_rate = kLr;
+  job.sgd.momentum = kMomentum;
+  job.global_batch = kGlobalBatch;
+  EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kFailedPrecondition)
+      << "not configured yet";
+  restored->Configure(job, kShardId + 1);
+  EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kInvalidArgument) << "other shard";
+  restored = std::make_unique<ShardCore>(opts, &clock_);
+  restored->Configure(job, kShardId);
+  ShardSnapshot broken = snap;
+  broken.velocity.pop_back();
+  EXPECT_EQ(restored->Restore(broken).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(restored->Restore(snap).ok());
+  EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kFailedPrecondition)
+      << "already holds a model";
+  shard_ = std::move(restored);
+  EXPECT_TRUE(shard_->initialized());
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  ExpectAck(Declare(kKeys));
+  ExpectAck(Membership(1, {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}));
+  ExpectAck(Init(kWorkerA, kW0));  // ignored: the restored parameters stay
+  Push(kWorkerA, 1, 1, ga);
+  Push(kWorkerB, 1, 3, gb);
+  EXPECT_EQ(shard_->applied_clock(), 1);
+  EXPECT_EQ(shard_->steps(), 2u);
+  ExpectNear(Params(), expected);
+}
+
 TEST_F(ShardTest, PullParksUntilEveryLiveWorkerPushed) {
   Start(wire::Mode::Bsp);
   // Clock 0 needs no step: the initial values are answered at once.
