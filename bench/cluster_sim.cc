@@ -234,11 +234,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     rep.communication_seconds = o.communication;
     rep.wait_seconds = me.wait;
     if (o.report_interval > 0) {
-      me.unreported.iterations += 1;
-      me.unreported.samples += rep.samples;
-      me.unreported.compute_seconds += rep.compute_seconds;
-      me.unreported.communication_seconds += rep.communication_seconds;
-      me.unreported.wait_seconds += rep.wait_seconds;
+      me.unreported += rep;
     } else {
       rep.clock = c + 1;
       rep.at = At(e.time);

@@ -12,9 +12,7 @@ namespace pacer::policy {
 
 void EwmaTrendPredictor::Observe(uint32_t worker, double x, TimePoint /*at*/) {
   State& s = state_[worker];
-  const double predicted = std::max(s.level + s.trend, 0.5 * s.level);
-  if (s.observations == 0 ||
-      (shift_ > 0 && (x > predicted * (1 + shift_) || x * (1 + shift_) < predicted))) {
+  if (s.observations == 0 || IsLevelShift(x, s.Prediction(), shift_)) {
     s.level = x;
     s.trend = 0;
   } else {
@@ -28,8 +26,7 @@ void EwmaTrendPredictor::Observe(uint32_t worker, double x, TimePoint /*at*/) {
 std::optional<double> EwmaTrendPredictor::Predict(uint32_t worker) const {
   auto it = state_.find(worker);
   if (it == state_.end() || it->second.observations == 0) return std::nullopt;
-  // A falling trend must not predict zero or negative time.
-  return std::max(it->second.level + it->second.trend, 0.5 * it->second.level);
+  return it->second.Prediction();
 }
 
 namespace {
@@ -282,7 +279,7 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
   }
   if (r.iterations == 0) return;
   TimingReport& p = slot.pending;
-  if (options_.kind != Kind::kFixed && options_.level_shift > 0 && r.samples > 0) {
+  if (options_.kind != Kind::kFixed && r.samples > 0) {
     const std::optional<double> predicted = predictor_->Predict(worker);
     const double x = r.compute_seconds / static_cast<double>(r.samples);
     // Per-sample time moves with the batch when part of an iteration's
@@ -290,20 +287,14 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
     const double batch = static_cast<double>(r.samples) / r.iterations;
     const bool same_batch =
         slot.observed_batch <= 0 || std::abs(batch / slot.observed_batch - 1) <= 0.25;
-    if (predicted && same_batch &&
-        (x > *predicted * (1 + options_.level_shift) ||
-         x * (1 + options_.level_shift) < *predicted)) {
+    if (predicted && same_batch && IsLevelShift(x, *predicted, options_.level_shift)) {
       urgent_ = true;
       // What came before the shift would water it down: the round acts on
       // this report alone.
       p = TimingReport{};
     }
   }
-  p.iterations += r.iterations;
-  p.samples += r.samples;
-  p.compute_seconds += r.compute_seconds;
-  p.communication_seconds += r.communication_seconds;
-  p.wait_seconds += r.wait_seconds;
+  p += r;
 }
 
 bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {

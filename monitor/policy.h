@@ -17,6 +17,7 @@
 #ifndef PACER_MONITOR_POLICY_H_
 #define PACER_MONITOR_POLICY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,13 @@
 #include "ps/wire.h"
 
 namespace pacer::policy {
+
+// Whether a measured time x is off a predicted one by more than a factor
+// (1 + shift), either way: a level shift (a burst of load starting or
+// ending) rather than noise. Never with shift <= 0.
+inline bool IsLevelShift(double x, double predicted, double shift) {
+  return shift > 0 && (x > predicted * (1 + shift) || x * (1 + shift) < predicted);
+}
 
 // Predicts a worker's next time per sample from what it reported. Implement
 // this to plug in a better predictor.
@@ -66,6 +74,8 @@ class EwmaTrendPredictor final : public SpeedPredictor {
     double level = 0;
     double trend = 0;
     int observations = 0;
+    // A falling trend must not predict zero or negative time.
+    double Prediction() const { return std::max(level + trend, 0.5 * level); }
   };
   const double alpha_;
   const double beta_;
@@ -130,6 +140,15 @@ struct TimingReport {
   // when (0 / epoch: not known). Lets the policy see who fell behind.
   uint64_t clock = 0;
   TimePoint at{};
+  // Adds another report's totals (clock, at and memory limit untouched).
+  TimingReport& operator+=(const TimingReport& r) {
+    iterations += r.iterations;
+    samples += r.samples;
+    compute_seconds += r.compute_seconds;
+    communication_seconds += r.communication_seconds;
+    wait_seconds += r.wait_seconds;
+    return *this;
+  }
 };
 
 struct PolicyOptions {

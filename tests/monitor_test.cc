@@ -137,6 +137,20 @@ class MonitorTest : public ::testing::Test {
     return Send(sender, kJob, sender, fbb,
                 wire::CreateAccuracyReport(fbb, 10, accuracy, 0.5f, 1000));
   }
+  // A worker's heartbeat with timings: 5 iterations at `batch`, `spp`
+  // seconds of compute per sample, 2 ms of communication each.
+  Decoded ReportTimings(uint32_t id, uint32_t batch, double spp) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::HeartbeatBuilder hb(fbb);
+    hb.add_role(wire::Role::Worker);
+    hb.add_iterations(5);
+    hb.add_batch(batch);
+    hb.add_compute_seconds_per_sample(static_cast<float>(spp));
+    hb.add_communication_seconds(0.002f);
+    auto body = hb.Finish();
+    return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
+  }
+
   void Tick() {
     std::vector<MonitorCore::Outgoing> out;
     core_->Tick(&out);
@@ -467,15 +481,7 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
   // The membership the shard got at the start carried each worker's bounds;
   // check the next one, after a bounds change, below.
   auto report = [&](uint32_t id, double compute_per_sample) {
-    flatbuffers::FlatBufferBuilder fbb;
-    wire::HeartbeatBuilder hb(fbb);
-    hb.add_role(wire::Role::Worker);
-    hb.add_iterations(5);
-    hb.add_batch(96);
-    hb.add_compute_seconds_per_sample(static_cast<float>(compute_per_sample));
-    hb.add_communication_seconds(0.002f);
-    auto body = hb.Finish();
-    return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
+    return ReportTimings(id, 96, compute_per_sample);
   };
   Decoded first = report(worker_a_, 1e-4);
   EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->batch_size(), 96u);
@@ -520,15 +526,7 @@ TEST_F(MonitorTest, AWorkerWhoseSpeedJumpsGetsItsNewSizeInTheSameReply) {
   core_ = std::make_unique<MonitorCore>(options_, &clock_);
   StartJob();
   auto report = [&](uint32_t id, double compute_per_sample) {
-    flatbuffers::FlatBufferBuilder fbb;
-    wire::HeartbeatBuilder hb(fbb);
-    hb.add_role(wire::Role::Worker);
-    hb.add_iterations(5);
-    hb.add_batch(core_->workers().at(id).batch);
-    hb.add_compute_seconds_per_sample(static_cast<float>(compute_per_sample));
-    hb.add_communication_seconds(0.002f);
-    auto body = hb.Finish();
-    return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
+    return ReportTimings(id, core_->workers().at(id).batch, compute_per_sample);
   };
   report(worker_a_, 1e-4);
   report(worker_b_, 1e-4);
