@@ -17,7 +17,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the checkpoint format is little-endian");
 
 constexpr char kCheckpointMagic[4] = {'P', 'C', 'K', '1'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 constexpr char kMetaKey[] = "meta";
 
 std::string ChunkKey(char prefix, uint64_t index) {
@@ -64,6 +64,13 @@ std::span<const char> Bytes(std::span<const float> v) {
 
 }  // namespace
 
+bool ShardSnapshot::operator==(const ShardSnapshot& o) const {
+  return job_id == o.job_id && shard_id == o.shard_id && map_version == o.map_version &&
+         applied_clock == o.applied_clock && steps == o.steps &&
+         updates_applied == o.updates_applied && keys == o.keys && *params == *o.params &&
+         *velocity == *o.velocity && workers == o.workers;
+}
+
 CheckpointStore::CheckpointStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
 CheckpointStore::~CheckpointStore() = default;
 
@@ -84,12 +91,14 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std
 absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
   uint64_t floats = 0;
   for (const auto& [key, len] : s.keys) floats += len;
-  if (floats != s.params.size() || s.velocity.size() != s.params.size()) {
+  if (!s.params || !s.velocity || floats != s.params->size() ||
+      s.velocity->size() != s.params->size()) {
     return absl::InvalidArgumentError(
         "snapshot does not add up: keys hold " + std::to_string(floats) + " floats, params " +
-        std::to_string(s.params.size()) + ", velocity " + std::to_string(s.velocity.size()));
+        std::to_string(s.params ? s.params->size() : 0) + ", velocity " +
+        std::to_string(s.velocity ? s.velocity->size() : 0));
   }
-  const uint64_t chunks = Chunks(s.params.size());
+  const uint64_t chunks = Chunks(s.params->size());
   std::string meta;
   meta.append(kCheckpointMagic, sizeof kCheckpointMagic);
   Put(&meta, kFormatVersion);
@@ -104,12 +113,13 @@ absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
     Put(&meta, key);
     Put(&meta, len);
   }
-  Put(&meta, static_cast<uint64_t>(s.worker_clocks.size()));
-  for (const auto& [worker, clock] : s.worker_clocks) {
+  Put(&meta, static_cast<uint64_t>(s.workers.size()));
+  for (const auto& [worker, mark] : s.workers) {
     Put(&meta, worker);
-    Put(&meta, clock);
+    Put(&meta, mark.clock);
+    Put(&meta, mark.seq);
   }
-  Put(&meta, static_cast<uint64_t>(s.params.size()));
+  Put(&meta, static_cast<uint64_t>(s.params->size()));
   Put(&meta, CheckpointStore::kChunkFloats);
   // The CRC covers the header so far and every chunk, params then velocity.
   uint32_t crc = Crc32(0, meta.data(), meta.size());
@@ -120,7 +130,7 @@ absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
   batch.DeleteRange("v/", "v0");
   uint64_t bytes = 0;
   for (char prefix : {'p', 'v'}) {
-    const std::vector<float>& v = prefix == 'p' ? s.params : s.velocity;
+    const std::vector<float>& v = prefix == 'p' ? *s.params : *s.velocity;
     for (uint64_t c = 0; c < chunks; ++c) {
       const size_t begin = c * kChunkFloats;
       const size_t n = std::min<size_t>(kChunkFloats, v.size() - begin);
@@ -172,12 +182,14 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
     s.keys.emplace_back(key, len);
     total += len;
   }
-  if (!r.Get(&nworkers) || nworkers > meta.size()) return corrupt("truncated worker clocks");
+  if (!r.Get(&nworkers) || nworkers > meta.size()) return corrupt("truncated worker marks");
   for (uint64_t i = 0; i < nworkers; ++i) {
     uint32_t worker = 0;
-    int64_t clock = 0;
-    if (!r.Get(&worker) || !r.Get(&clock)) return corrupt("truncated worker clocks");
-    s.worker_clocks[worker] = clock;
+    WorkerMark mark;
+    if (!r.Get(&worker) || !r.Get(&mark.clock) || !r.Get(&mark.seq)) {
+      return corrupt("truncated worker marks");
+    }
+    s.workers[worker] = mark;
   }
   if (!r.Get(&floats) || !r.Get(&chunk_floats)) return corrupt("truncated header");
   if (floats != total || chunk_floats != kChunkFloats) {
@@ -188,12 +200,12 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
   uint32_t stored_crc = 0;
   if (!r.Get(&stored_crc)) return corrupt("truncated header");
   uint32_t crc = Crc32(0, meta.data(), crc_at);
-  s.params.resize(floats);
-  s.velocity.resize(floats);
+  auto params = std::make_shared<std::vector<float>>(floats);
+  auto velocity = std::make_shared<std::vector<float>>(floats);
   const uint64_t chunks = Chunks(floats);
   std::string value;
   for (char prefix : {'p', 'v'}) {
-    std::vector<float>& v = prefix == 'p' ? s.params : s.velocity;
+    std::vector<float>& v = prefix == 'p' ? *params : *velocity;
     for (uint64_t c = 0; c < chunks; ++c) {
       const std::string key = ChunkKey(prefix, c);
       rs = db_->Get(rocksdb::ReadOptions(), key, &value);
@@ -207,6 +219,8 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
     }
   }
   if (crc != stored_crc) return corrupt("CRC mismatch");
+  s.params = std::move(params);
+  s.velocity = std::move(velocity);
   return std::optional<ShardSnapshot>(std::move(s));
 }
 

@@ -5,7 +5,7 @@
 //
 // Layout in the database (all integers little-endian):
 //   "meta"        header: magic "PCK1", format version, the scalar fields,
-//                 the key layout, the worker clocks, the chunk counts and a
+//                 the key layout, the worker marks, the chunk counts and a
 //                 CRC-32 over the header and every chunk;
 //   "p/NNNNNNNN"  parameter floats, chunks of kChunkFloats;
 //   "v/NNNNNNNN"  optimizer state (momentum), the same chunking.
@@ -28,21 +28,32 @@ class DB;
 
 namespace pacer {
 
+// Where one worker stood at the snapshot: the highest clock it pushed here,
+// and the seq of its last push whose effect is in the snapshot's parameters.
+struct WorkerMark {
+  int64_t clock = -1;
+  uint64_t seq = 0;
+  bool operator==(const WorkerMark&) const = default;
+};
+
 struct ShardSnapshot {
   uint64_t job_id = 0;
   uint32_t shard_id = 0;
   uint64_t map_version = 0;
   int64_t applied_clock = -1;
   uint64_t steps = 0;
+  // Pushes whose effect is in params (pushes still in open clocks are not).
   uint64_t updates_applied = 0;
   // The owned keys in order, with their lengths: params and velocity are
-  // their values laid end to end.
+  // their values laid end to end. Shared and never written once in a
+  // snapshot: the shard writes its next step into new buffers while a
+  // snapshot holds these (no copy on the shard's thread).
   std::vector<std::pair<uint64_t, uint32_t>> keys;
-  std::vector<float> params;
-  std::vector<float> velocity;
-  // Highest clock each worker pushed here.
-  std::map<uint32_t, int64_t> worker_clocks;
-  bool operator==(const ShardSnapshot&) const = default;
+  std::shared_ptr<const std::vector<float>> params = std::make_shared<std::vector<float>>();
+  std::shared_ptr<const std::vector<float>> velocity = std::make_shared<std::vector<float>>();
+  std::map<uint32_t, WorkerMark> workers;
+  // Compares the values, not the buffers' addresses.
+  bool operator==(const ShardSnapshot& o) const;
 };
 
 class CheckpointStore {

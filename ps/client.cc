@@ -88,66 +88,115 @@ absl::Status PsClient::ShardError(size_t i, const absl::Status& s) const {
 template <class Build, class OnReply>
 absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
   const size_t n = channels_.size();
-  const TimePoint deadline = transport_->clock()->Now() + options_.request_timeout;
+  const Clock* clock = transport_->clock();
+  const TimePoint deadline = clock->Now() + options_.request_timeout;
   std::vector<uint64_t> ids(n);
+  std::vector<TimePoint> resend_at(n);
+  std::vector<Duration> backoff(n, options_.retry_backoff);
   for (size_t i = 0; i < n; ++i) {
     absl::StatusOr<uint64_t> id = build(i, *channels_[i]);
     if (!id.ok()) return id.status();
     ids[i] = *id;
+    resend_at[i] = clock->Now() + options_.resend_after;
   }
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
+  // What shard i's reply means: done (true), still owed (false), or an error.
+  auto take = [&](size_t i, absl::StatusOr<std::optional<Decoded>> r) -> absl::StatusOr<bool> {
+    if (!r.ok()) {
+      const wire::ErrorCode code = WireCode(r.status());
+      if (code == wire::ErrorCode::NotReady || code == wire::ErrorCode::NotMember) {
+        // Restarting, or not told of us yet: ask again shortly.
+        resend_at[i] = clock->Now() + backoff[i];
+        backoff[i] = std::min<Duration>(backoff[i] * 2, options_.resend_after);
+        return false;
+      }
+      return ShardError(i, r.status());
+    }
+    if (!r->has_value()) return false;
+    absl::Status s = on_reply(i, **r);
+    if (!s.ok()) return s;
+    return true;
+  };
   std::vector<Socket*> sockets;
   while (!pending.empty()) {
-    // Wait on the shards still owing a reply, then take what has arrived.
     if (options_.cancel != nullptr && options_.cancel->load()) {
       return absl::CancelledError("request cancelled");
     }
-    sockets.clear();
-    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
-    const TimePoint now = transport_->clock()->Now();
-    const TimePoint wait_until =
-        options_.cancel ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+    if (options_.latest_map_version != nullptr && options_.latest_map_version->load() > map_.version) {
+      return absl::AbortedError("shard map changed (v" + std::to_string(map_.version) + " -> v" +
+                                std::to_string(options_.latest_map_version->load()) + ")");
+    }
+    const TimePoint now = clock->Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
+                                         " shard(s), first " + map_.shards[pending[0]].address);
+    }
+    TimePoint wake = deadline;
+    for (size_t i : pending) {
+      if (now >= resend_at[i]) {
+        if (absl::Status s = channels_[i]->Resend(); !s.ok()) return ShardError(i, s);
+        resend_at[i] = now + options_.resend_after;
+      }
+      wake = std::min(wake, resend_at[i]);
+    }
+    if (options_.cancel != nullptr || options_.latest_map_version != nullptr) {
+      wake = std::min(wake, now + std::chrono::milliseconds(50));
+    }
     if (pending.size() == 1) {
       // One reply owed: a plain blocking receive is cheaper than a poll.
       const size_t i = pending[0];
       Frames frames;
-      absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wait_until);
+      absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wake);
       if (!got.ok()) return got.status();
-      if (*got) {
-        auto r = channels_[i]->Match(frames, ids[i]);
-        if (!r.ok()) return ShardError(i, r.status());
-        if (r->has_value()) {
-          absl::Status s = on_reply(i, **r);
-          if (!s.ok()) return s;
-          pending.clear();
-        }
-        continue;
-      }
-      if (transport_->clock()->Now() >= deadline) {
-        return absl::DeadlineExceededError("no reply from shard " + map_.shards[i].address);
-      }
+      if (!*got) continue;
+      absl::StatusOr<bool> done = take(i, channels_[i]->Match(frames, ids[i]));
+      if (!done.ok()) return done.status();
+      if (*done) pending.clear();
       continue;
     }
-    auto ready = transport_->Poll(sockets, wait_until);
+    sockets.clear();
+    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
+    auto ready = transport_->Poll(sockets, wake);
     if (!ready.ok()) return ready.status();
-    if (ready->empty() && transport_->clock()->Now() >= deadline) {
-      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
-                                         " shard(s), first " + map_.shards[pending[0]].address);
-    }
     for (size_t p = 0; p < pending.size();) {
-      size_t i = pending[p];
-      auto r = channels_[i]->TryTake(ids[i]);
-      if (!r.ok()) return ShardError(i, r.status());
-      if (r->has_value()) {
-        absl::Status s = on_reply(i, **r);
-        if (!s.ok()) return s;
+      const size_t i = pending[p];
+      absl::StatusOr<bool> done = take(i, channels_[i]->TryTake(ids[i]));
+      if (!done.ok()) return done.status();
+      if (*done) {
         pending.erase(pending.begin() + static_cast<long>(p));
       } else {
         ++p;
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::SetMap(const ShardMapInfo& map) {
+  if (map.shards.empty()) return absl::FailedPreconditionError("shard map has no shards");
+  auto slices = SplitByShard(keys_, map);
+  if (!slices.ok()) return slices.status();
+  std::vector<std::unique_ptr<RpcChannel>> channels;
+  for (const auto& shard : map.shards) {
+    // Keep the connection to a shard that stayed where it was.
+    std::unique_ptr<RpcChannel> ch;
+    for (size_t i = 0; i < map_.shards.size(); ++i) {
+      if (channels_[i] && map_.shards[i].address == shard.address) {
+        ch = std::move(channels_[i]);
+        break;
+      }
+    }
+    if (!ch) {
+      auto c = RpcChannel::Connect(transport_, shard.address, options_.rpc);
+      if (!c.ok()) return c.status();
+      ch = std::move(*c);
+    }
+    channels.push_back(std::move(ch));
+  }
+  map_ = map;
+  slices_ = std::move(*slices);
+  channels_ = std::move(channels);
   return absl::OkStatus();
 }
 
@@ -163,7 +212,9 @@ absl::Status PsClient::Init() {
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }
 
-absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
+absl::Status PsClient::Push(uint64_t clock, uint32_t batch, bool retry) {
+  if (!retry || push_seq_ == 0) ++push_seq_;
+  const uint64_t seq = push_seq_;
   return Broadcast(
       [&](size_t i, RpcChannel& ch) {
         const Slice& sl = slices_[i];
@@ -176,6 +227,7 @@ absl::Status PsClient::Push(uint64_t clock, uint32_t batch) {
         pb.add_keys(kv);
         if (read_applied_) pb.add_read_applied(*read_applied_);
         if (read_steps_) pb.add_read_steps(*read_steps_);
+        pb.add_seq(seq);
         return ch.Send(fbb, pb.Finish(), sl.length ? payload : Frame());
       },
       [](size_t, const Decoded&) { return absl::OkStatus(); });

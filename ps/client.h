@@ -54,6 +54,18 @@ struct ClientOptions {
   Duration request_timeout = std::chrono::seconds(60);
   // When set and true, a waiting request gives up (Cancelled) within ~50 ms.
   const std::atomic<bool>* cancel = nullptr;
+  // A request still unanswered after this long is sent again with the same
+  // request id (a shard that restarted lost it; a live one ignores the copy:
+  // pushes carry a (worker, seq) id, parked pulls are matched by request id).
+  Duration resend_after = std::chrono::seconds(2);
+  // A shard that answers NotReady or NotMember (restarting, or not told of
+  // this worker yet) is asked again after this long, doubling up to
+  // resend_after, until request_timeout.
+  Duration retry_backoff = std::chrono::milliseconds(50);
+  // When set and above the client's map version, a waiting request gives up
+  // (Aborted, "shard map changed") within ~50 ms, so that the caller can
+  // SetMap and retry.
+  const std::atomic<uint64_t>* latest_map_version = nullptr;
 };
 
 // Used by one thread at a time; make one client per thread.
@@ -71,6 +83,11 @@ class PsClient {
   const std::vector<wire::KeyLen>& keys() const { return keys_; }
   const std::vector<Slice>& slices() const { return slices_; }
 
+  // Switches to a newer shard map: reconnects to shards whose address
+  // changed and re-splits the keys. Keeps params() and grads().
+  absl::Status SetMap(const ShardMapInfo& map);
+  uint64_t map_version() const { return map_.version; }
+
   // Sends params() to every shard as its initial values.
   absl::Status Init();
   // Pushes grads() (a batch-mean gradient over `batch` samples) for `clock`
@@ -80,7 +97,14 @@ class PsClient {
   // The push names the version the gradient was computed on: the applied
   // clock and step count the last Pull returned (the shards weigh stale
   // gradients by it).
-  absl::Status Push(uint64_t clock, uint32_t batch);
+  //
+  // Each push carries a new sequence number (1, 2, ...), the same for every
+  // shard and every resend, so a shard applies it at most once. retry=true
+  // sends the previous push's number again: the same push, after a failure
+  // such as a shard-map change.
+  absl::Status Push(uint64_t clock, uint32_t batch, bool retry = false);
+  // The sequence number of the last push (0: none yet).
+  uint64_t push_seq() const { return push_seq_; }
   // Pulls the parameters for `clock` into params(), concurrently from every
   // shard. latest=true reads the current values without waiting on the
   // barrier. Returns the lowest clock the shards have applied through.
@@ -110,6 +134,7 @@ class PsClient {
   // What the last successful Pull read (lowest over the shards).
   std::optional<int64_t> read_applied_;
   std::optional<uint64_t> read_steps_;
+  uint64_t push_seq_ = 0;
 };
 
 }  // namespace pacer

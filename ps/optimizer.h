@@ -19,6 +19,13 @@ void Accumulate(std::span<float> acc, std::span<const float> g, float scale);
 void SgdMomentumStep(std::span<float> w, std::span<float> v, std::span<const float> g,
                      const SgdOptions& options, float scale = 1.0f);
 
+// The same step read from (w_in, v_in) and written to (w, v): the shard steps
+// into fresh buffers while a reply or a checkpoint still holds the old ones,
+// with no copy first. The inputs may be w and v themselves (in place).
+void SgdMomentumStepFrom(std::span<float> w, std::span<float> v, const float* w_in,
+                         const float* v_in, std::span<const float> g, const SgdOptions& options,
+                         float scale = 1.0f);
+
 }  // namespace pacer
 
 #endif  // PACER_PS_OPTIMIZER_H_

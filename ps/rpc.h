@@ -45,10 +45,16 @@ class RpcChannel {
     env.job_id = options_.job_id;
     env.sender = options_.sender;
     env.request_id = ++next_request_;
-    absl::Status s = socket_->Send(EncodeBody(env, fbb, body, std::move(payload), options_.check_crc));
+    last_sent_ = EncodeBody(env, fbb, body, std::move(payload), options_.check_crc);
+    absl::Status s = socket_->Send(Frames(last_sent_));
     if (!s.ok()) return s;
     return env.request_id;
   }
+
+  // Sends the last message again, request id and all (frames are shared,
+  // not copied): a retry after a timeout or a peer's restart. The receiver
+  // must treat a repeated request id as the same request.
+  absl::Status Resend() { return socket_->Send(Frames(last_sent_)); }
 
   // Takes one ready message, if any, without waiting. Returns the reply to
   // `request_id` when that is what arrived; other replies are dropped.
@@ -83,6 +89,7 @@ class RpcChannel {
   std::string address_;
   RpcOptions options_;
   uint64_t next_request_ = 0;
+  Frames last_sent_;
 };
 
 }  // namespace pacer

@@ -18,6 +18,29 @@ constexpr size_t kPushTimes = 8;
 
 double Seconds(TimePoint t) { return ToSeconds(t - TimePoint{}); }
 
+// Swaps `buf` for a buffer nobody else holds when a reply or a snapshot
+// still shares it, reusing `spare` once it is free. Returns the old values
+// (alive in `spare`) when it swapped, else nullptr.
+const float* Unshare(std::shared_ptr<std::vector<float>>& buf,
+                     std::shared_ptr<std::vector<float>>& spare) {
+  const float* old = nullptr;
+  if (buf.use_count() > 1) {
+    std::shared_ptr<std::vector<float>> next;
+    if (spare && spare.use_count() == 1 && spare->size() == buf->size()) {
+      next = std::move(spare);
+    } else {
+      next = std::make_shared<std::vector<float>>(buf->size());
+    }
+    spare = std::move(buf);
+    buf = std::move(next);
+    old = spare->data();
+  }
+  // Pairs with the release in the last holder's shared_ptr decrement: its
+  // reads of the buffer happen before our writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return old;
+}
+
 std::vector<wire::KeyLen> CopyKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
   std::vector<wire::KeyLen> out;
   if (keys == nullptr) return out;
@@ -71,6 +94,12 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                        .Help("Pushes received again (retries), acknowledged and not applied")
                        .Register(*registry_)
                        .Add({});
+  m_lost_ = &prometheus::BuildCounter()
+                 .Name("pacer_shard_lost_updates_total")
+                 .Help("Acknowledged pushes a restored shard lost: applied after its last "
+                       "checkpoint (counted from each worker's push sequence)")
+                 .Register(*registry_)
+                 .Add({});
   m_grants_ = &prometheus::BuildCounter()
                    .Name("pacer_shard_dssp_extra_iterations_total")
                    .Help("DSSP: sum of r* over the reads that went past their lower bound s_L")
@@ -232,7 +261,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     }
     slots_ = std::move(slots);
     params_ = std::make_shared<std::vector<float>>(total, 0.0f);
-    velocity_.assign(total, 0.0f);
+    velocity_ = std::make_shared<std::vector<float>>(total, 0.0f);
     m_keys_->Set(static_cast<double>(slots_.size()));
     spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
@@ -257,6 +286,16 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
           member = std::move(known->second);  // keeps its progress
         } else {
           member.pushed = static_cast<int64_t>(w->start_clock()) - 1;
+          if (restored_) {
+            // Where the snapshot left it; a worker it lacks lost every
+            // push it made here before the crash.
+            auto mark = restored_marks_.find(w->id());
+            if (mark != restored_marks_.end()) {
+              member.pushed = std::max(member.pushed, mark->second.clock);
+              member.seq = mark->second.seq;
+            }
+            member.check_gap = true;
+          }
         }
         member.batch = w->batch();
         member.staleness = w->staleness();
@@ -313,9 +352,21 @@ ShardSnapshot ShardCore::Snapshot() const {
   s.updates_applied = updates_applied_;
   s.keys.reserve(slots_.size());
   for (const auto& [key, slot] : slots_) s.keys.emplace_back(key, static_cast<uint32_t>(slot.length));
-  s.params = *params_;
+  // Shared, not copied: the next write goes to new buffers (Unshare).
+  s.params = params_;
   s.velocity = velocity_;
-  for (const auto& [id, m] : live_) s.worker_clocks[id] = m.pushed;
+  for (const auto& [id, m] : live_) s.workers[id] = {m.pushed, m.seq};
+  // Pushes waiting in open clocks are not in the parameters: a worker's
+  // mark is the push before its first one still open.
+  for (const auto& [clock, oc] : open_) {
+    s.updates_applied -= oc.pushed.size();
+    for (const auto& [id, seq] : oc.seqs) {
+      auto it = s.workers.find(id);
+      if (it == s.workers.end()) continue;
+      if (seq > 0) it->second.seq = std::min(it->second.seq, seq - 1);
+      it->second.clock = std::min(it->second.clock, static_cast<int64_t>(clock) - 1);
+    }
+  }
   return s;
 }
 
@@ -337,21 +388,23 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
     }
     total += len;
   }
-  if (total != s.params.size() || total != s.velocity.size()) {
+  if (!s.params || !s.velocity || total != s.params->size() || total != s.velocity->size()) {
     return absl::InvalidArgumentError("checkpoint does not add up: keys hold " +
                                       std::to_string(total) + " values");
   }
   slots_ = std::move(slots);
-  params_ = std::make_shared<std::vector<float>>(s.params);
-  velocity_ = s.velocity;
+  params_ = std::make_shared<std::vector<float>>(*s.params);
+  velocity_ = std::make_shared<std::vector<float>>(*s.velocity);
   applied_clock_ = s.applied_clock;
   steps_ = s.steps;
   updates_applied_ = s.updates_applied;
+  restored_marks_ = s.workers;
+  restored_ = true;
   initialized_ = true;
   m_keys_->Set(static_cast<double>(slots_.size()));
   m_clock_->Set(static_cast<double>(applied_clock_));
-  spdlog::info("shard {}: restored {} keys, {} values at applied clock {} (step {})", shard_id_,
-               slots_.size(), total, applied_clock_, steps_);
+  spdlog::info("shard {}: restored {} keys, {} values at applied clock {} (step {}, {} updates)",
+               shard_id_, slots_.size(), total, applied_clock_, steps_, updates_applied_);
   return absl::OkStatus();
 }
 
@@ -366,23 +419,29 @@ std::vector<float> ShardCore::TakeBuffer() {
 }
 
 std::vector<float>& ShardCore::MutableParams() {
-  if (params_.use_count() > 1) {
-    // A reply still holds the current values: write into a copy, reusing
-    // the previous generation once ZeroMQ has let go of it (no page faults).
-    std::shared_ptr<std::vector<float>> next;
-    if (spare_params_ && spare_params_.use_count() == 1 && spare_params_->size() == params_->size()) {
-      next = std::move(spare_params_);
-    } else {
-      next = std::make_shared<std::vector<float>>(params_->size());
-    }
-    std::copy(params_->begin(), params_->end(), next->begin());
-    spare_params_ = std::move(params_);
-    params_ = std::move(next);
+  if (const float* old = Unshare(params_, spare_params_)) {
+    std::copy(old, old + params_->size(), params_->data());
   }
-  // Pairs with the release in the last holder's shared_ptr decrement: its
-  // reads of the buffer happen before our writes.
-  std::atomic_thread_fence(std::memory_order_acquire);
   return *params_;
+}
+
+std::vector<float>& ShardCore::MutableVelocity() {
+  if (const float* old = Unshare(velocity_, spare_velocity_)) {
+    std::copy(old, old + velocity_->size(), velocity_->data());
+  }
+  return *velocity_;
+}
+
+void ShardCore::PrepareFullStep(const float** from_w, const float** from_v) {
+  const float* w = Unshare(params_, spare_params_);
+  const float* v = Unshare(velocity_, spare_velocity_);
+  *from_w = w != nullptr ? w : params_->data();
+  *from_v = v != nullptr ? v : velocity_->data();
+}
+
+void ShardCore::NotePassed(Member& member, int64_t clock) {
+  if (!restored_ || clock <= member.pushed) return;
+  member.pushed = clock;
 }
 
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -403,8 +462,33 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   m_push_->Increment();
   m_push_bytes_->Increment(static_cast<double>(d.payload.size()));
-  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d, member->second, out);
-  return OnSyncPush(peer, d, member->second, out);
+  Member& mem = member->second;
+  if (const uint64_t seq = m->seq(); seq != 0) {
+    if (mem.check_gap) {
+      // The first push since the restore: every push before it was
+      // acknowledged; those after the snapshot's mark are lost.
+      mem.check_gap = false;
+      if (seq > mem.seq + 1) {
+        const uint64_t lost = seq - 1 - mem.seq;
+        lost_updates_ += lost;
+        m_lost_->Increment(static_cast<double>(lost));
+        spdlog::warn("shard {}: recovery: worker {} lost {} acknowledged push(es) (seq {}..{}); "
+                     "{} lost so far",
+                     shard_id_, d.env.sender, lost, mem.seq + 1, seq - 1, lost_updates_);
+      }
+    }
+    if (seq <= mem.seq) {
+      // A retry of a push already handled (before a timeout, or before the
+      // snapshot this shard restarted from): acknowledged, not applied.
+      m_duplicates_->Increment();
+      flatbuffers::FlatBufferBuilder fbb(64);
+      out->push_back(
+          {peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, m->clock()))});
+      return;
+    }
+  }
+  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d, mem, out);
+  return OnSyncPush(peer, d, mem, out);
 }
 
 float ShardCore::StalenessWeight(const wire::Push* push) {
@@ -437,8 +521,8 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
                             std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   const uint64_t clock = m->clock();
-  if (static_cast<int64_t>(clock) <= member.pushed) {
-    // A retry of a push already applied (clocks only move forward).
+  if (m->seq() == 0 && static_cast<int64_t>(clock) <= member.pushed) {
+    // A retry of a push already applied (no seq: clocks only move forward).
     m_duplicates_->Increment();
   } else {
     // One step on this gradient, weighted b_i / B.
@@ -446,14 +530,26 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
       const float scale = StalenessWeight(m) * static_cast<float>(m->batch()) /
                           static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
       const float* src = d.floats().data();
-      std::vector<float>& params = MutableParams();
+      // A push of every key rewrites every value: step into fresh buffers
+      // if a reply or snapshot holds the current ones; else copy first.
+      const float* from_w = nullptr;
+      const float* from_v = nullptr;
+      if (m->keys()->size() == slots_.size()) {
+        PrepareFullStep(&from_w, &from_v);
+      } else {
+        from_w = MutableParams().data();
+        from_v = MutableVelocity().data();
+      }
+      float* w = params_->data();
+      float* v = velocity_->data();
       for (const wire::KeyLen* k : *m->keys()) {
         const KeySlot& s = slots_.at(k->key());
-        SgdMomentumStep({params.data() + s.offset, s.length}, {velocity_.data() + s.offset, s.length},
-                        {src, s.length}, job_.sgd, scale);
+        SgdMomentumStepFrom({w + s.offset, s.length}, {v + s.offset, s.length}, from_w + s.offset,
+                            from_v + s.offset, {src, s.length}, job_.sgd, scale);
         src += s.length;
       }
     }
+    member.seq = std::max(member.seq, m->seq());
     RecordPush(member, clock);
     m_updates_->Increment();
     ++updates_applied_;
@@ -472,7 +568,11 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
   const auto* m = d.As<wire::Push>();
   const uint64_t clock = m->clock();
   std::span<const float> values = d.floats();
+  // It pushed every clock before this one (the replies said so).
+  NotePassed(member, static_cast<int64_t>(clock) - 1);
+  if (restored_) Advance(out);
   if (static_cast<int64_t>(clock) <= applied_clock_) {
+    member.seq = std::max(member.seq, m->seq());
     if (job_.mode == wire::Mode::Backup) {
       ++dropped_pushes_;
       m_dropped_->Increment();
@@ -483,6 +583,14 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
                       out);
   }
   if (static_cast<int64_t>(clock) > applied_clock_ + kMaxOpenClocks) {
+    if (restored_) {
+      // Catching up after a restore: the other workers' next pushes or
+      // pulls move the applied clock; the worker retries.
+      return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                        "clock " + std::to_string(clock) + " is ahead of the restored clock " +
+                            std::to_string(applied_clock_) + "; catching up",
+                        out);
+    }
     // Each open clock holds a full accumulator: refuse runaway clocks.
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
                       "clock " + std::to_string(clock) + " is more than " +
@@ -493,7 +601,7 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
   auto it = open_.find(clock);
   if (it == open_.end()) {
     const TimePoint now = clock_->Now();
-    it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, 0, now, now}).first;
+    it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, {}, 0, now, now}).first;
   }
   OpenClock& oc = it->second;
   if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
@@ -507,6 +615,8 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
       }
     }
     oc.batch_sum += m->batch();
+    oc.seqs[d.env.sender] = m->seq();
+    member.seq = std::max(member.seq, m->seq());
     RecordPush(member, clock);
     m_updates_->Increment();
     ++updates_applied_;
@@ -573,6 +683,21 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
     return ReplyError(peer, d.env, code, why, out);
   }
   m_pull_->Increment();
+  if (restored_ && !m->latest() && job_.mode != wire::Mode::Asp) {
+    // A read of clock c comes after the reader's push of c - 1.
+    auto me = live_.find(d.env.sender);
+    if (me != live_.end() && m->clock() > 0) {
+      NotePassed(me->second, static_cast<int64_t>(m->clock()) - 1);
+      Advance(out);
+    }
+  }
+  for (ParkedPull& p : parked_) {
+    if (p.env.sender == d.env.sender && p.env.request_id == d.env.request_id) {
+      // A resend of a pull already waiting: answer it on the newest connection.
+      p.peer = peer;
+      return;
+    }
+  }
   std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
   if ((m->latest() && initialized_) || PullReady(d.env.sender, m->clock())) {
     return AnswerPull(peer, d.env, m->clock(), keys, 0, out);
@@ -634,17 +759,32 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
     // Backup mode closes a clock once all but k live workers pushed it.
     const size_t k = job_.mode == wire::Mode::Backup ? job_.backup_workers : 0;
     const size_t needed = live_.size() > k ? live_.size() - k : 1;
-    while (!open_.empty() && !live_.empty()) {
+    while (!live_.empty()) {
+      const int64_t next = applied_clock_ + 1;
       auto it = open_.begin();
-      if (static_cast<int64_t>(it->first) != applied_clock_ + 1) break;
+      const bool have = it != open_.end() && static_cast<int64_t>(it->first) == next;
+      // Workers that pushed this clock (or, after a restore, passed it).
+      size_t passed = 0;
+      for (const auto& [id, m] : live_) passed += m.pushed >= next;
+      if (passed < needed) break;
+      if (!have) {
+        if (!restored_) break;
+        // Every push of this clock was lost in the crash: close it as is.
+        ++skipped_clocks_;
+        applied_clock_ = next;
+        m_clock_->Set(static_cast<double>(applied_clock_));
+        continue;
+      }
       OpenClock& oc = it->second;
       size_t from_live = 0;
       for (const auto& [id, m] : live_) from_live += oc.pushed.count(id);
-      if (from_live < needed) break;
       // One synchronous step: g = sum_i (b_i / B) g_i, B the batch of the pushes.
       if (options_.apply_updates && oc.batch_sum > 0) {
-        SgdMomentumStep(MutableParams(), velocity_, oc.acc, job_.sgd,
-                        1.0f / static_cast<float>(oc.batch_sum));
+        const float* from_w = nullptr;
+        const float* from_v = nullptr;
+        PrepareFullStep(&from_w, &from_v);
+        SgdMomentumStepFrom(*params_, *velocity_, from_w, from_v, oc.acc, job_.sgd,
+                            1.0f / static_cast<float>(oc.batch_sum));
       }
       if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left

@@ -110,16 +110,29 @@ class ShardCore {
 
   // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
   // between two messages, so no step is half applied: parameters, momentum,
-  // the applied clock and step count, each live worker's pushed clock, and
-  // the membership version. Pushes to clocks still open are not in it.
-  // It copies the parameters (a background writer without that copy comes
-  // with the checkpoint loop).
+  // the applied clock and step count, each live worker's pushed clock and
+  // last applied push seq, and the membership version. Pushes to clocks
+  // still open are not in it. It copies no parameters: it shares the
+  // current buffers, and the next step writes into new ones.
   ShardSnapshot Snapshot() const;
   // Loads a snapshot into a shard that is configured and holds no model yet
   // (FailedPrecondition otherwise); InvalidArgument when it belongs to
   // another job or shard, or does not add up. The monitor's declaration of
   // the same keys is then accepted as is, and Init is ignored.
+  //
+  // Recovery: each worker's first push after a restore tells how many of
+  // its acknowledged pushes the snapshot lacks (the gap in its push seq);
+  // those are the lost updates (lost_updates(), logged, and counted in
+  // pacer_shard_lost_updates_total). A worker that pushes or pulls a clock
+  // past the restored one moves its pushed clock there, and clocks that
+  // every live worker has passed close without their lost pushes, so the
+  // shard catches up with the others instead of waiting for pushes that
+  // will never come again.
   absl::Status Restore(const ShardSnapshot& snapshot);
+  bool restored() const { return restored_; }
+  uint64_t lost_updates() const { return lost_updates_; }
+  // Clocks closed after a restore with none of their pushes (all lost).
+  uint64_t skipped_clocks() const { return skipped_clocks_; }
 
  private:
   struct KeySlot {
@@ -129,6 +142,7 @@ class ShardCore {
   struct OpenClock {
     std::vector<float> acc;        // sum of b_i * g_i over the pushes so far
     std::set<uint32_t> pushed;     // workers whose push for this clock arrived
+    std::map<uint32_t, uint64_t> seqs;  // their push seqs (0: none given)
     uint64_t batch_sum = 0;        // sum of b_i over those pushes
     TimePoint opened{};            // first push, for stall reports
     TimePoint reported{};          // last stall report
@@ -149,6 +163,9 @@ class ShardCore {
     int64_t pushed = -1;           // highest clock pushed (async modes)
     std::deque<double> push_times; // seconds, the last few pushes (dssp)
     uint32_t last_grant = 0;
+    uint64_t seq = 0;              // highest push seq handled
+    // After a restore: the first push with a seq counts the lost ones.
+    bool check_gap = false;
   };
 
   void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
@@ -181,8 +198,18 @@ class ShardCore {
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
   std::vector<float> TakeBuffer();
-  // The parameters, ready to be written: copied first if a reply holds them.
+  // The parameters, ready to be written: copied first if a reply or a
+  // snapshot holds them.
   std::vector<float>& MutableParams();
+  std::vector<float>& MutableVelocity();
+  // For a step that rewrites every value: makes params_ and velocity_
+  // writable without copying. When a reply or snapshot still holds one, it
+  // is swapped for a spare buffer and the old one is returned in *from_w /
+  // *from_v for the step to read (else they point at the buffers themselves).
+  void PrepareFullStep(const float** from_w, const float** from_v);
+  // Moves a live worker's pushed clock up to `clock` (after a restore, the
+  // clocks it pushed before are lost, not missing).
+  void NotePassed(Member& member, int64_t clock);
   // A payload buffer from a pool: reused once ZeroMQ has let go of it.
   std::shared_ptr<std::vector<float>> ReplyBuffer(size_t floats);
 
@@ -204,7 +231,9 @@ class ShardCore {
   // go out zero-copy and never see a half-applied step.
   std::shared_ptr<std::vector<float>> params_ = std::make_shared<std::vector<float>>();
   std::shared_ptr<std::vector<float>> spare_params_;
-  std::vector<float> velocity_;
+  // Momentum: shared the same way, with checkpoint snapshots only.
+  std::shared_ptr<std::vector<float>> velocity_ = std::make_shared<std::vector<float>>();
+  std::shared_ptr<std::vector<float>> spare_velocity_;
   std::vector<float> scratch_;
   bool initialized_ = false;
 
@@ -226,6 +255,12 @@ class ShardCore {
   uint64_t dropped_pushes_ = 0;
   uint64_t stale_pushes_ = 0;
 
+  // Recovery (Restore).
+  bool restored_ = false;
+  std::map<uint32_t, WorkerMark> restored_marks_;
+  uint64_t lost_updates_ = 0;
+  uint64_t skipped_clocks_ = 0;
+
   // Metrics.
   prometheus::Counter* m_push_ = nullptr;
   prometheus::Counter* m_pull_ = nullptr;
@@ -237,6 +272,7 @@ class ShardCore {
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;
+  prometheus::Counter* m_lost_ = nullptr;
   prometheus::Histogram* m_staleness_ = nullptr;
   prometheus::Gauge* m_clock_ = nullptr;
   prometheus::Gauge* m_keys_ = nullptr;

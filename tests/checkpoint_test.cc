@@ -35,11 +35,13 @@ class CheckpointTest : public ::testing::Test {
     s.steps = 1001;
     s.updates_applied = 3003;
     for (size_t k = 0; k < keys; ++k) s.keys.emplace_back(10 * k + 1, len);
-    s.params.resize(keys * len);
-    s.velocity.resize(keys * len);
-    for (float& x : s.params) x = n(rng);
-    for (float& x : s.velocity) x = n(rng);
-    s.worker_clocks = {{3, 999}, {4, 1000}, {9, -1}};
+    auto params = std::make_shared<std::vector<float>>(keys * len);
+    auto velocity = std::make_shared<std::vector<float>>(keys * len);
+    for (float& x : *params) x = n(rng);
+    for (float& x : *velocity) x = n(rng);
+    s.params = params;
+    s.velocity = velocity;
+    s.workers = {{3, {999, 4000}}, {4, {1000, 4001}}, {9, {-1, 0}}};
     return s;
   }
 
@@ -62,7 +64,7 @@ TEST_F(CheckpointTest, SnapshotRoundTripsAcrossReopen) {
     ASSERT_TRUE(store.ok()) << store.status();
     auto bytes = (*store)->Save(s);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
-    EXPECT_GE(*bytes, 2 * s.params.size() * sizeof(float));
+    EXPECT_GE(*bytes, 2 * s.params->size() * sizeof(float));
   }
   auto store = CheckpointStore::Open(path_);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -98,7 +100,9 @@ TEST_F(CheckpointTest, InconsistentSnapshotIsRefusedAndNothingIsLost) {
   const ShardSnapshot good = Make(2, 100, 1);
   ASSERT_TRUE((*store)->Save(good).ok());
   ShardSnapshot bad = Make(2, 100, 2);
-  bad.velocity.pop_back();
+  auto shorter = std::make_shared<std::vector<float>>(*bad.velocity);
+  shorter->pop_back();
+  bad.velocity = shorter;
   EXPECT_EQ((*store)->Save(bad).status().code(), absl::StatusCode::kInvalidArgument);
   auto got = (*store)->Load();
   ASSERT_TRUE(got.ok());

@@ -137,6 +137,20 @@ class ShardTest : public ::testing::Test {
     auto body = pb.Finish();
     return Send(sender, fbb, body, Floats(grads));
   }
+  // A push with a (worker, seq) id; `request` > 0 reuses that request id
+  // (a resend of the same message).
+  std::vector<ShardCore::Outgoing> PushSeq(uint32_t sender, uint64_t clock, uint32_t batch,
+                                           const std::vector<float>& grads, uint64_t seq) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto kv = fbb.CreateVectorOfStructs(kKeys);
+    wire::PushBuilder pb(fbb);
+    pb.add_clock(clock);
+    pb.add_batch(batch);
+    pb.add_keys(kv);
+    pb.add_seq(seq);
+    auto body = pb.Finish();
+    return Send(sender, fbb, body, Floats(grads));
+  }
   std::vector<ShardCore::Outgoing> Pull(uint32_t sender, uint64_t clock,
                                         const std::vector<wire::KeyLen>& keys = kKeys,
                                         bool latest = false) {
@@ -309,8 +323,8 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   EXPECT_EQ(snap.applied_clock, 0);
   EXPECT_EQ(snap.steps, 1u);
   EXPECT_EQ(snap.keys.size(), 2u);
-  EXPECT_EQ(snap.worker_clocks.at(kWorkerA), 0);
-  EXPECT_NE(snap.velocity, std::vector<float>(3, 0.0f)) << "momentum is part of the state";
+  EXPECT_EQ(snap.workers.at(kWorkerA).clock, 0);
+  EXPECT_NE(*snap.velocity, std::vector<float>(3, 0.0f)) << "momentum is part of the state";
   // The original goes on one more clock...
   const std::vector<float> ga = {0.0f, 4.0f, 8.0f}, gb = {4.0f, 0.0f, -8.0f};
   Push(kWorkerA, 1, 1, ga);
@@ -334,7 +348,7 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   restored = std::make_unique<ShardCore>(opts, &clock_);
   restored->Configure(job, kShardId);
   ShardSnapshot broken = snap;
-  broken.velocity.pop_back();
+  broken.velocity = std::make_shared<std::vector<float>>(2, 0.0f);
   EXPECT_EQ(restored->Restore(broken).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(restored->Restore(snap).ok());
   EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kFailedPrecondition)
@@ -350,6 +364,117 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   EXPECT_EQ(shard_->applied_clock(), 1);
   EXPECT_EQ(shard_->steps(), 2u);
   ExpectNear(Params(), expected);
+}
+
+TEST_F(ShardTest, SnapshotSharesTheBuffersAndTheNextStepWritesNewOnes) {
+  Start(wire::Mode::Bsp);
+  Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
+  Push(kWorkerB, 0, 3, {3.0f, -2.0f, 4.0f});
+  const ShardSnapshot snap = shard_->Snapshot();
+  const std::vector<float> at_snapshot = *snap.params;
+  const std::vector<float> velocity_at_snapshot = *snap.velocity;
+  EXPECT_EQ(snap.params->data(), shard_->Param(1).data()) << "no copy taken";
+  Push(kWorkerA, 1, 1, {0.0f, 4.0f, 8.0f});
+  Push(kWorkerB, 1, 3, {4.0f, 0.0f, -8.0f});
+  ASSERT_EQ(shard_->applied_clock(), 1);
+  EXPECT_NE(snap.params->data(), shard_->Param(1).data());
+  EXPECT_EQ(*snap.params, at_snapshot) << "the step must not write into the snapshot";
+  EXPECT_EQ(*snap.velocity, velocity_at_snapshot);
+  EXPECT_NE(Params(), at_snapshot);
+}
+
+TEST_F(ShardTest, RetriedPushWithTheSameSeqIsAppliedOnce) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f}, gb = {3.0f, -2.0f, 4.0f};
+  ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
+  ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);  // a retry: acknowledged
+  ExpectPushReply(PushSeq(kWorkerB, 0, 3, gb, 1).at(0), 0);
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  EXPECT_EQ(shard_->updates_applied(), 2u);
+  // Once more after the clock closed: still acknowledged, never applied.
+  ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
+  EXPECT_EQ(shard_->updates_applied(), 2u);
+  std::vector<float> expected(3);
+  for (size_t i = 0; i < 3; ++i) expected[i] = kW0[i] - kLr * (1 * ga[i] + 3 * gb[i]) / 4;
+  ExpectNear(Params(), expected);
+
+  Start(wire::Mode::Asp);
+  ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
+  ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
+  EXPECT_EQ(shard_->steps(), 1u);
+  EXPECT_EQ(shard_->updates_applied(), 1u);
+}
+
+TEST_F(ShardTest, ResentPullWaitsOnceAndIsAnsweredOnce) {
+  Start(wire::Mode::Bsp);
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  --next_request_;  // the same request again
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());
+  EXPECT_EQ(shard_->parked_pulls(), 1u);
+  Push(kWorkerA, 0, 1, {1.0f, 1.0f, 1.0f});
+  auto out = Push(kWorkerB, 0, 3, {1.0f, 1.0f, 1.0f});
+  EXPECT_EQ(out.size(), 2u) << "the push reply and one pull reply";
+}
+
+// kill -9 after the snapshot: the restored shard counts, from each worker's
+// next push seq, the acknowledged pushes it lost, and closes the clocks the
+// workers have all passed instead of waiting for pushes that will not come.
+TEST_F(ShardTest, RestoredShardCountsLostPushesAndCatchesUp) {
+  Start(wire::Mode::Bsp);
+  const std::vector<float> g = {1.0f, 1.0f, 1.0f};
+  uint64_t seq = 0;
+  for (uint64_t c = 0; c < 2; ++c) {
+    ++seq;
+    PushSeq(kWorkerA, c, 1, g, seq);
+    PushSeq(kWorkerB, c, 3, g, seq);
+  }
+  ASSERT_EQ(shard_->applied_clock(), 1);
+  const ShardSnapshot snap = shard_->Snapshot();
+  EXPECT_EQ(snap.workers.at(kWorkerA).seq, 2u);
+  // After the snapshot: clocks 2 and 3 from both, and A's push of clock 4.
+  for (uint64_t c = 2; c < 4; ++c) {
+    ++seq;
+    ExpectPushReply(PushSeq(kWorkerA, c, 1, g, seq).at(0), c);
+    ExpectPushReply(PushSeq(kWorkerB, c, 3, g, seq).at(0), c);
+  }
+  ExpectPushReply(PushSeq(kWorkerA, 4, 1, g, 5).at(0), 4);
+  const uint64_t acked_since_snapshot = shard_->updates_applied() - snap.updates_applied;
+  EXPECT_EQ(acked_since_snapshot, 5u);
+  // A snapshot with a push in an open clock leaves that push out.
+  const ShardSnapshot with_open = shard_->Snapshot();
+  EXPECT_EQ(with_open.workers.at(kWorkerA).seq, 4u);
+  EXPECT_EQ(with_open.workers.at(kWorkerA).clock, 3);
+  EXPECT_EQ(with_open.updates_applied, shard_->updates_applied() - 1);
+
+  // kill -9; a new process restores the older snapshot.
+  ShardOptions opts;
+  opts.pull_timeout = std::chrono::seconds(5);
+  shard_ = std::make_unique<ShardCore>(opts, &clock_);
+  ShardJob job;
+  job.job_id = kJob;
+  job.mode = wire::Mode::Bsp;
+  job.sgd.learning_rate = kLr;
+  job.sgd.momentum = kMomentum;
+  job.global_batch = kGlobalBatch;
+  shard_->Configure(job, kShardId);
+  ASSERT_TRUE(shard_->Restore(snap).ok());
+  ExpectAck(Declare(kKeys));
+  ExpectAck(Membership(1, {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}));
+  // A waits for clock 5; B pushes clock 4 (its next) and then reads 5.
+  EXPECT_TRUE(Pull(kWorkerA, 5).empty());
+  auto out = PushSeq(kWorkerB, 4, 3, g, 5);
+  ASSERT_FALSE(out.empty());
+  ExpectPushReply(out.at(0), 4);
+  EXPECT_EQ(shard_->skipped_clocks(), 2u) << "clocks 2 and 3 were lost whole";
+  EXPECT_EQ(shard_->applied_clock(), 4) << "clock 4 closes with B's push";
+  ASSERT_EQ(out.size(), 2u) << "A's read of clock 5 is answered";
+  EXPECT_EQ(shard_->lost_updates(), 2u) << "B's pushes of clocks 2 and 3";
+  ExpectPushReply(PushSeq(kWorkerA, 5, 1, g, 6).at(0), 5);
+  EXPECT_EQ(shard_->lost_updates(), acked_since_snapshot);
+  EXPECT_EQ(shard_->registry().Collect().empty(), false);
+  // And training goes on.
+  ExpectPushReply(PushSeq(kWorkerB, 5, 3, g, 6).at(0), 5);
+  EXPECT_EQ(shard_->applied_clock(), 5);
 }
 
 TEST_F(ShardTest, PullParksUntilEveryLiveWorkerPushed) {

@@ -65,6 +65,8 @@ struct Worker::Impl {
   std::atomic<bool> done{false};      // finished its epochs
   std::atomic<bool> stop{false};      // the job stopped (or we must stop)
   std::atomic<bool> heartbeat_exit{false};
+  // The newest shard-map version the monitor announced (view.map holds it).
+  std::atomic<uint64_t> map_version{0};
   // Timings since the last heartbeat, for the policy (guarded by mu).
   struct Window {
     uint32_t iterations = 0;
@@ -79,6 +81,8 @@ struct Worker::Impl {
   absl::Status Register(RpcChannel& monitor);
   void HeartbeatLoop(std::unique_ptr<RpcChannel> monitor);
   void EvalLoop(ShardMapInfo map);
+  // Switches `client` to the newest shard map if it is behind.
+  absl::Status RefreshMap(PsClient& client);
   RpcOptions Rpc() const {
     RpcOptions r;
     r.job_id = job_id;
@@ -172,6 +176,11 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
           view.start_clock = r->start_clock();
           view.partition_index = r->partition_index();
           view.partition_count = std::max<uint32_t>(1, r->partition_count());
+          map_version = view.map.version;
+        } else if (r->shard_map() != nullptr && r->shard_map()->version() > view.map.version) {
+          // A shard moved (restarted elsewhere) or the key ranges changed.
+          view.map = ShardMapFromWire(r->shard_map());
+          map_version = view.map.version;
         }
         if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
           view.batch = r->assignment()->batch_size();
@@ -195,6 +204,17 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
   }
 }
 
+absl::Status Worker::Impl::RefreshMap(PsClient& client) {
+  if (map_version.load() <= client.map_version()) return absl::OkStatus();
+  ShardMapInfo map;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    map = view.map;
+  }
+  spdlog::info("worker {}: shard map v{} -> v{}", id, client.map_version(), map.version);
+  return client.SetMap(map);
+}
+
 void Worker::Impl::EvalLoop(ShardMapInfo map) {
   auto test = LoadFashionMnist(options.dataset_dir, /*train=*/false);
   if (!test.ok()) {
@@ -209,6 +229,7 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
   copts.rpc = Rpc();
   copts.request_timeout = std::chrono::seconds(10);
   copts.cancel = &heartbeat_exit;
+  copts.latest_map_version = &map_version;
   auto client = PsClient::Create(transport, copts, map, keys);
   auto monitor = RpcChannel::Connect(transport, options.monitor, Rpc());
   if (!client.ok() || !monitor.ok()) return;
@@ -220,6 +241,9 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
     }
     if (heartbeat_exit) break;
     lock.unlock();
+    if (absl::Status s = RefreshMap(**client); !s.ok()) {
+      spdlog::warn("rank 0: evaluation: {}", s.ToString());
+    }
     auto applied = (*client)->Pull(0, /*latest=*/true);
     if (applied.ok()) {
       EvalResult r = eval_backend->Evaluate((*client)->params(), test->images.data(),
@@ -301,6 +325,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   copts.rpc = w.Rpc();
   copts.request_timeout = o.request_timeout;
   copts.cancel = &w.stop;
+  copts.latest_map_version = &w.map_version;
   auto client_or = PsClient::Create(w.transport, copts, view.map, w.keys);
   if (!client_or.ok()) return client_or.status();
   PsClient& client = **client_or;
@@ -386,7 +411,14 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       ++epoch;
     }
     const TimePoint pull_start = w.clock->Now();
-    auto pulled = client.Pull(clock);
+    absl::StatusOr<int64_t> pulled;
+    do {
+      if (absl::Status s = w.RefreshMap(client); !s.ok()) {
+        pulled = s;
+        break;
+      }
+      pulled = client.Pull(clock);
+    } while (!pulled.ok() && pulled.status().code() == absl::StatusCode::kAborted);
     if (!pulled.ok()) {
       if (w.stop || cancel_) break;
       failure = pulled.status();
@@ -416,7 +448,12 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     const TimePoint push_start = w.clock->Now();
     const double compute_seconds = ToSeconds(push_start - compute_start);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
+    // A shard-map change mid-push: the same push (same seq) to the new map.
     absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch));
+    while (pushed.code() == absl::StatusCode::kAborted) {
+      pushed = w.RefreshMap(client);
+      if (pushed.ok()) pushed = client.Push(clock, static_cast<uint32_t>(batch), /*retry=*/true);
+    }
     // Timings count even when the push comes too late (backup mode drops it).
     const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
     {
