@@ -46,6 +46,21 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
                    .Help("Registered shards")
                    .Register(*registry_)
                    .Add({});
+  m_shards_up_ = &prometheus::BuildGauge()
+                      .Name("pacer_monitor_shards_up")
+                      .Help("Registered shards that are serving (heartbeating, not left)")
+                      .Register(*registry_)
+                      .Add({});
+  m_map_version_ = &prometheus::BuildGauge()
+                        .Name("pacer_monitor_shard_map_version")
+                        .Help("Version of the shard map (0: not built yet)")
+                        .Register(*registry_)
+                        .Add({});
+  m_shard_restarts_ = &prometheus::BuildCounter()
+                           .Name("pacer_monitor_shard_restarts_total")
+                           .Help("Shards that registered again from their checkpoint")
+                           .Register(*registry_)
+                           .Add({});
   m_membership_ = &prometheus::BuildGauge()
                        .Name("pacer_monitor_membership_version")
                        .Help("Version of the live-worker set")
@@ -155,8 +170,17 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     if (address.empty()) {
       return ReplyError(peer, d.env, wire::ErrorCode::BadHeader, "a shard must give its address", out);
     }
-    for (const auto& s : shards_) {
-      if (s.address == address) {  // a retried registration
+    if (r->shard_id() != 0) return OnShardReturn(peer, d, out);
+    for (auto& s : shards_) {
+      if (s.address == address) {  // a retried registration, or a restart
+        if (map_built_ && r->incarnation() != s.incarnation) {
+          return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                            "shard " + std::to_string(s.id) + " at " + address +
+                                " restarted without a checkpoint: its parameters are lost (run "
+                                "shards with --data-dir to make them survive a restart)",
+                            out);
+        }
+        s.incarnation = r->incarnation();
         auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
         out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
         return;
@@ -171,8 +195,10 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     ShardState s;
     s.id = next_id_++;
     s.address = address;
+    s.last_seen = clock_->Now();
+    s.incarnation = r->incarnation();
     shards_.push_back(s);
-    m_shards_->Set(static_cast<double>(shards_.size()));
+    UpdateShardGauges();
     spdlog::info("shard {} registered at {}", s.id, address);
     auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
     out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
@@ -209,6 +235,61 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   workers_[w.id].joined_version = membership_version_;
   auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* r = d.As<wire::Register>();
+  const std::string address = r->address()->str();
+  if (r->checkpoint_job() != options_.job_id) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "the shard's checkpoint belongs to job " + std::to_string(r->checkpoint_job()) +
+                          ", this is job " + std::to_string(options_.job_id),
+                      out);
+  }
+  auto it = std::find_if(shards_.begin(), shards_.end(),
+                         [&](const ShardState& s) { return s.id == r->shard_id(); });
+  if (it == shards_.end()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "this monitor has no shard " + std::to_string(r->shard_id()) + " in job " +
+                          std::to_string(options_.job_id) +
+                          " (was the monitor restarted without its --data-dir?)",
+                      out);
+  }
+  ShardState& s = *it;
+  const bool moved = s.address != address;
+  // The same process asking again (its reply was lost) changes nothing.
+  const bool retry = r->incarnation() != 0 && r->incarnation() == s.incarnation;
+  s.incarnation = r->incarnation();
+  if (!retry) {
+    ++s.restarts;
+    m_shard_restarts_->Increment();
+    if (moved) {
+      s.address = address;
+      if (map_built_) {
+        ++map_version_;
+        m_map_version_->Set(static_cast<double>(map_version_));
+      }
+    }
+    // Tell it its keys and the membership again.
+    s.acked_model = false;
+    s.acked_membership = 0;
+    s.last_sent = TimePoint{};
+    s.down = false;
+    s.last_seen = clock_->Now();
+    UpdateShardGauges();
+    spdlog::info("shard {} is back from its checkpoint (map v{}) at {}{}", s.id,
+                 r->checkpoint_map_version(), address,
+                 moved ? "; it moved: shard map v" + std::to_string(map_version_) : "");
+  }
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+void MonitorCore::UpdateShardGauges() {
+  m_shards_->Set(static_cast<double>(shards_.size()));
+  m_shards_up_->Set(static_cast<double>(
+      std::count_if(shards_.begin(), shards_.end(), [](const ShardState& s) { return !s.down; })));
 }
 
 void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -265,6 +346,21 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   const auto* hb = d.As<wire::Heartbeat>();
   flatbuffers::FlatBufferBuilder fbb(512);
   if (hb->role() == wire::Role::Shard) {
+    auto shard = std::find_if(shards_.begin(), shards_.end(),
+                              [&](const ShardState& s) { return s.id == d.env.sender; });
+    if (shard != shards_.end()) {
+      shard->last_seen = clock_->Now();
+      if (hb->done() && !shard->down) {
+        shard->down = true;
+        spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
+                     "until it registers again",
+                     shard->id);
+        UpdateShardGauges();
+      } else if (!hb->done() && shard->down && shard->acked_model) {
+        shard->down = false;  // it was only silent for a while
+        UpdateShardGauges();
+      }
+    }
     auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
                                                  stop_reason_.c_str());
     out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
@@ -477,6 +573,15 @@ void MonitorCore::RunPolicy(TimePoint now) {
 
 void MonitorCore::Tick(std::vector<Outgoing>* out) {
   const TimePoint now = clock_->Now();
+  // Shards silent past the lease are marked down (they keep their keys).
+  for (auto& s : shards_) {
+    if (!s.down && now - s.last_seen > options_.lease) {
+      s.down = true;
+      spdlog::warn("shard {} at {} silent for {:.1f} s; marked down", s.id, s.address,
+                   ToSeconds(now - s.last_seen));
+      UpdateShardGauges();
+    }
+  }
   // Leases.
   for (auto& [id, w] : workers_) {
     if (w.alive && !w.done && now - w.last_seen > options_.lease) {
@@ -498,6 +603,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     for (const auto& r : ranges) ranges_.emplace_back(r.begin, r.end);
     map_built_ = true;
     map_version_ = 1;
+    m_map_version_->Set(1);
     std::vector<uint32_t> live = LiveWorkers();
     partition_count_ = static_cast<uint32_t>(live.size());
     policy_.SetWorkers(live);
@@ -611,6 +717,14 @@ void MonitorServer::Run() {
             break;
           }
           shard_channels_.push_back(std::move(*ch));
+        }
+        if (idx < shard_channels_.size() &&
+            shard_channels_[idx]->address() != core_->shard_address(idx)) {
+          // The shard came back at another address.
+          RpcOptions ropts;
+          ropts.job_id = options_.job_id;
+          auto ch = RpcChannel::Connect(transport_, core_->shard_address(idx), ropts);
+          if (ch.ok()) shard_channels_[idx] = std::move(*ch);
         }
         if (idx < shard_channels_.size()) (void)shard_channels_[idx]->socket()->Send(std::move(o.frames));
       } else {

@@ -115,6 +115,8 @@ class MonitorCore {
   const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
   size_t num_shards() const { return shards_.size(); }
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
+  bool shard_down(size_t i) const { return shards_[i].down; }
+  uint64_t map_version() const { return map_version_; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::optional<double> seconds_running() const;
@@ -139,6 +141,10 @@ class MonitorCore {
     uint64_t membership_request_version = 0;  // the version that request carried
     uint64_t model_request = 0;
     TimePoint last_sent{};
+    TimePoint last_seen{};
+    bool down = false;  // left on SIGTERM, or silent past the lease
+    uint32_t restarts = 0;
+    uint64_t incarnation = 0;  // of the process that registered last
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -146,6 +152,9 @@ class MonitorCore {
                   const std::string& reason, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
   void OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // A shard restarted from its checkpoint, claiming its old id.
+  void OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void UpdateShardGauges();
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -196,6 +205,9 @@ class MonitorCore {
 
   prometheus::Gauge* m_live_workers_ = nullptr;
   prometheus::Gauge* m_shards_ = nullptr;
+  prometheus::Gauge* m_shards_up_ = nullptr;
+  prometheus::Gauge* m_map_version_ = nullptr;
+  prometheus::Counter* m_shard_restarts_ = nullptr;
   prometheus::Gauge* m_membership_ = nullptr;
   prometheus::Gauge* m_accuracy_ = nullptr;
   prometheus::Counter* m_dead_ = nullptr;

@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_addr;
   double register_timeout_s = 30, heartbeat_ms = 200, pull_timeout_s = 60;
-  double request_timeout_s = 1, stall_report_s = 5;
+  double request_timeout_s = 1, stall_report_s = 5, checkpoint_interval_s = 10;
   bool no_apply = false, no_crc = false;
 
   CLI::App app{"pacer-server: a Pacer parameter-server shard. It registers with the monitor, "
@@ -22,6 +22,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
   pacer::AddMetricsFlag(app, &metrics_addr);
+  app.add_option("--data-dir", opts.data_dir,
+                 "Directory for this shard's checkpoints (RocksDB, in DIR/checkpoint; created if "
+                 "missing). A shard restarted with the same directory reloads its latest snapshot "
+                 "and takes its key range back. Empty: no checkpoints");
+  app.add_option("--checkpoint-interval", checkpoint_interval_s,
+                 "Seconds between checkpoints (0: only by --checkpoint-updates and at exit)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-updates", opts.checkpoint_updates,
+                 "Also checkpoint after this many applied pushes (0: off)")
+      ->capture_default_str();
   app.add_option("--max-message-bytes", opts.shard.max_message_bytes,
                  "Largest accepted message, all frames, in bytes")
       ->capture_default_str()
@@ -58,6 +68,7 @@ int main(int argc, char** argv) {
   opts.request_timeout = pacer::FromSeconds(request_timeout_s);
   opts.shard.stall_report = pacer::FromSeconds(stall_report_s);
   opts.heartbeat_interval = pacer::FromSeconds(heartbeat_ms / 1000.0);
+  opts.checkpoint_interval = pacer::FromSeconds(checkpoint_interval_s);
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
@@ -75,7 +86,7 @@ int main(int argc, char** argv) {
   pacer::PrintAddress("listening", (*server)->address());
   while (!(*server)->done()) {
     if (stop_signal) {
-      spdlog::info("signal received, shutting down");
+      spdlog::info("signal received: final checkpoint, then leaving");
       (*server)->Shutdown();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

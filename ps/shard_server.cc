@@ -1,9 +1,22 @@
 #include "ps/shard_server.h"
 
+#include <filesystem>
+#include <random>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "ps/rpc.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
+namespace {
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     Transport* transport, const ShardServerOptions& options) {
@@ -18,6 +31,36 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   s->router_ = std::move(*router);
   s->address_ = s->router_->address();
 
+  // The latest snapshot, if this shard ran here before.
+  std::optional<ShardSnapshot> snapshot;
+  if (!options.data_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.data_dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError("cannot create --data-dir '" + options.data_dir +
+                                        "': " + ec.message());
+    }
+    const std::string path = (std::filesystem::path(options.data_dir) / "checkpoint").string();
+    auto store = CheckpointStore::Open(path);
+    if (!store.ok()) return store.status();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto loaded = (*store)->Load();
+    if (!loaded.ok()) {
+      return absl::DataLossError("the checkpoint in " + path + " cannot be read (" +
+                                 std::string(loaded.status().message()) +
+                                 "); move it away to start this shard empty");
+    }
+    snapshot = std::move(*loaded);
+    if (snapshot) {
+      spdlog::info("loaded checkpoint of job {} shard {} ({} values, applied clock {}) from {} in "
+                   "{:.3f} s",
+                   snapshot->job_id, snapshot->shard_id, snapshot->params->size(),
+                   snapshot->applied_clock, path,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    s->store_ = std::move(*store);
+  }
+
   RpcOptions ropts;
   ropts.check_job = false;  // the job id comes with the reply
   ropts.max_message_bytes = options.shard.max_message_bytes;
@@ -26,11 +69,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   s->monitor_ = std::move(*monitor);
 
   const Clock* clock = transport->clock();
+  const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
   const TimePoint give_up = clock->Now() + options.register_timeout;
   absl::Status last = absl::DeadlineExceededError("no reply");
   for (;;) {
     flatbuffers::FlatBufferBuilder fbb(256);
-    auto body = wire::CreateRegisterDirect(fbb, wire::Role::Shard, s->address_.c_str());
+    auto body = wire::CreateRegisterDirect(
+        fbb, wire::Role::Shard, s->address_.c_str(), snapshot ? snapshot->shard_id : 0,
+        snapshot ? snapshot->job_id : 0, snapshot ? snapshot->map_version : 0, incarnation);
     auto reply = s->monitor_->Call(fbb, body, std::min(give_up, clock->Now() + options.request_timeout));
     if (reply.ok()) {
       if (reply->type() != wire::Body::RegisterReply) {
@@ -49,10 +95,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         job.staleness_aware_lr = r->job()->staleness_aware_lr();
       }
       s->id_ = r->id();
+      if (snapshot && (snapshot->shard_id != s->id_ || snapshot->job_id != job.job_id)) {
+        return absl::FailedPreconditionError(
+            "the monitor gave id " + std::to_string(s->id_) + " in job " +
+            std::to_string(job.job_id) + " to this shard, whose checkpoint is shard " +
+            std::to_string(snapshot->shard_id) + " of job " + std::to_string(snapshot->job_id));
+      }
       ShardOptions sopts = options.shard;
       sopts.registry = s->registry_;
       s->core_ = std::make_unique<ShardCore>(sopts, clock);
       s->core_->Configure(job, s->id_);
+      if (snapshot) {
+        if (absl::Status st = s->core_->Restore(*snapshot); !st.ok()) return st;
+        s->restored_ = true;
+      }
       s->monitor_->options().job_id = job.job_id;
       s->monitor_->options().sender = s->id_;
       s->monitor_->options().check_job = true;
@@ -70,6 +126,38 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
     clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
   }
+  if (s->store_) {
+    auto& r = *s->registry_;
+    s->m_ckpt_seconds_ = &prometheus::BuildHistogram()
+                              .Name("pacer_shard_checkpoint_duration_seconds")
+                              .Help("Time to write one checkpoint (synced)")
+                              .Register(r)
+                              .Add({}, prometheus::Histogram::BucketBoundaries{
+                                           0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+    s->m_ckpt_bytes_ = &prometheus::BuildGauge()
+                            .Name("pacer_shard_checkpoint_size_bytes")
+                            .Help("Bytes written by the last successful checkpoint")
+                            .Register(r)
+                            .Add({});
+    s->m_ckpt_age_ = &prometheus::BuildGauge()
+                          .Name("pacer_shard_checkpoint_age_seconds")
+                          .Help("Seconds since the last successful checkpoint (since start when none)")
+                          .Register(r)
+                          .Add({});
+    s->m_ckpt_last_ = &prometheus::BuildGauge()
+                           .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
+                           .Help("Unix time of the last successful checkpoint (0: none yet)")
+                           .Register(r)
+                           .Add({});
+    auto& done = prometheus::BuildCounter()
+                     .Name("pacer_shard_checkpoints_total")
+                     .Help("Checkpoints attempted, by result")
+                     .Register(r);
+    s->m_ckpt_ok_ = &done.Add({{"result", "ok"}});
+    s->m_ckpt_failed_ = &done.Add({{"result", "failed"}});
+    s->started_unix_ = UnixNow();
+    s->writer_thread_ = std::thread([p = s.get()] { p->WriterLoop(); });
+  }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   s->heartbeat_thread_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
   return s;
@@ -83,11 +171,100 @@ ShardServer::~ShardServer() {
 void ShardServer::Wait() {
   if (thread_.joinable()) thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (writer_thread_.joinable()) {  // Start failed after the writer began
+    {
+      std::lock_guard<std::mutex> lock(writer_mu_);
+      writer_exit_ = true;
+    }
+    writer_cv_.notify_all();
+    writer_thread_.join();
+  }
+}
+
+void ShardServer::WriterLoop() {
+  for (;;) {
+    std::optional<ShardSnapshot> snap;
+    {
+      std::unique_lock<std::mutex> lock(writer_mu_);
+      writer_cv_.wait(lock, [&] { return to_write_.has_value() || writer_exit_; });
+      if (!to_write_) return;
+      snap = std::move(to_write_);
+      to_write_.reset();
+    }
+    SaveSnapshot(*snap);
+    snap.reset();  // lets go of the shared buffers before the shard's next step
+    {
+      std::lock_guard<std::mutex> lock(writer_mu_);
+      writer_busy_ = false;
+    }
+    writer_cv_.notify_all();
+  }
+}
+
+void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<uint64_t> bytes = store_->Save(snap);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!bytes.ok()) {
+    m_ckpt_failed_->Increment();
+    spdlog::error("shard {}: checkpoint failed: {}", id_, bytes.status().ToString());
+    return;
+  }
+  m_ckpt_ok_->Increment();
+  m_ckpt_seconds_->Observe(seconds);
+  m_ckpt_bytes_->Set(static_cast<double>(*bytes));
+  last_success_unix_ = UnixNow();
+  m_ckpt_last_->Set(last_success_unix_);
+  SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", id_,
+               snap.applied_clock, *bytes, seconds);
+}
+
+void ShardServer::MaybeCheckpoint(bool final) {
+  if (!store_) return;
+  const double last = last_success_unix_.load();
+  m_ckpt_age_->Set(UnixNow() - (last > 0 ? last : started_unix_));
+  if (!core_->initialized()) return;  // nothing worth keeping yet
+  if (final) {
+    {
+      std::unique_lock<std::mutex> lock(writer_mu_);
+      writer_cv_.wait(lock, [&] { return !writer_busy_; });
+      writer_exit_ = true;
+    }
+    writer_cv_.notify_all();
+    if (writer_thread_.joinable()) writer_thread_.join();
+    const auto t0 = std::chrono::steady_clock::now();
+    SaveSnapshot(core_->Snapshot());
+    spdlog::info("shard {}: final checkpoint at applied clock {} in {:.3f} s", id_,
+                 core_->applied_clock(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return;
+  }
+  if (core_->updates_applied() == updates_at_checkpoint_ &&
+      core_->applied_clock() == clock_at_checkpoint_) {
+    return;  // nothing new since the last one
+  }
+  const TimePoint now = transport_->clock()->Now();
+  const bool on_time = options_.checkpoint_interval > Duration::zero() &&
+                       now - last_checkpoint_ >= options_.checkpoint_interval;
+  const bool on_count = options_.checkpoint_updates > 0 &&
+                        core_->updates_applied() - updates_at_checkpoint_ >= options_.checkpoint_updates;
+  if (!on_time && !on_count) return;
+  {
+    std::lock_guard<std::mutex> lock(writer_mu_);
+    if (writer_busy_) return;  // the previous one is still being written
+    writer_busy_ = true;
+    // Shares the buffers: the copy-free hand-over that keeps this cheap.
+    to_write_ = core_->Snapshot();
+  }
+  writer_cv_.notify_all();
+  last_checkpoint_ = now;
+  updates_at_checkpoint_ = core_->updates_applied();
+  clock_at_checkpoint_ = core_->applied_clock();
 }
 
 void ShardServer::HeartbeatLoop() {
   const Clock* clock = transport_->clock();
-  while (!shutdown_ && !done_) {
+  while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     flatbuffers::FlatBufferBuilder fbb(64);
     auto body = wire::CreateHeartbeat(
@@ -101,8 +278,21 @@ void ShardServer::HeartbeatLoop() {
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, reply.status().ToString());
     // Sleep in short steps so that shutdown is prompt.
-    while (!shutdown_ && !done_ && clock->Now() < next) {
+    while (!serving_ended_ && clock->Now() < next) {
       clock->SleepUntil(std::min(next, clock->Now() + std::chrono::milliseconds(20)));
+    }
+  }
+  if (shutdown_) {
+    // SIGTERM, after the final checkpoint: tell the monitor we leave.
+    flatbuffers::FlatBufferBuilder fbb(64);
+    auto body = wire::CreateHeartbeat(
+        fbb, wire::Role::Shard, static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())),
+        0, /*done=*/true);
+    auto reply = monitor_->Call(fbb, body, clock->Now() + options_.request_timeout);
+    if (reply.ok()) {
+      spdlog::info("shard {}: deregistered from the monitor", id_);
+    } else {
+      spdlog::warn("shard {}: could not deregister: {}", id_, reply.status().ToString());
     }
   }
 }
@@ -134,15 +324,23 @@ void ShardServer::Run() {
     }
     out.clear();
     applied_clock_ = core_->applied_clock();
+    MaybeCheckpoint(false);
     if (core_->stop_requested()) {
       spdlog::info("shard {}: stop received", id_);
       break;
     }
   }
+  MaybeCheckpoint(true);
   spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "
                "updates applied {}, stale {}, dropped {}",
                id_, core_->steps(), core_->applied_clock(), core_->incomplete_steps(),
                core_->updates_applied(), core_->stale_pushes(), core_->dropped_pushes());
+  if (core_->restored()) {
+    spdlog::info("shard {}: since its restore: {} acknowledged push(es) lost, {} clock(s) closed "
+                 "with none of their pushes",
+                 id_, core_->lost_updates(), core_->skipped_clocks());
+  }
+  serving_ended_ = true;
   done_ = true;
 }
 

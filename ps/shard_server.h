@@ -4,7 +4,10 @@
 #define PACER_PS_SHARD_SERVER_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -27,6 +30,15 @@ struct ShardServerOptions {
   Duration request_timeout = std::chrono::seconds(1);
   // Interval between heartbeats to the monitor.
   Duration heartbeat_interval = std::chrono::milliseconds(200);
+  // Checkpoints (--data-dir): empty means none. The shard keeps its RocksDB
+  // store in DATA_DIR/checkpoint, loads the latest snapshot at start and
+  // registers again under its old id.
+  std::string data_dir;
+  // A checkpoint is taken this long after the previous one (0: never on
+  // time) or after this many applied pushes (0: never on count), whichever
+  // comes first, and once more when the shard stops.
+  Duration checkpoint_interval = std::chrono::seconds(10);
+  uint64_t checkpoint_updates = 0;
 };
 
 class ShardServer {
@@ -40,8 +52,11 @@ class ShardServer {
   // The bound address, e.g. tcp://127.0.0.1:40123.
   const std::string& address() const { return address_; }
   uint32_t id() const { return id_; }
-  // Asks the serving thread to stop; thread-safe.
+  // Asks the serving thread to stop (SIGTERM): it takes a final checkpoint
+  // and deregisters from the monitor. Thread-safe.
   void Shutdown() { shutdown_ = true; }
+  // Whether this shard started from a checkpoint.
+  bool restored() const { return restored_; }
   // Blocks until the serving thread has ended (job stopped or Shutdown).
   void Wait();
   // True once the serving thread has ended.
@@ -55,7 +70,14 @@ class ShardServer {
   void Run();
   // Heartbeats to the monitor on their own thread and connection, so the
   // serving loop waits on one socket only; notices when the job stops.
+  // After a shutdown it tells the monitor that this shard leaves.
   void HeartbeatLoop();
+  // Hands a snapshot to the writer when one is due (or `final`: waits for
+  // the writer, then saves one last snapshot on this thread).
+  void MaybeCheckpoint(bool final);
+  // The checkpoint writer: saves snapshots off the serving thread.
+  void WriterLoop();
+  void SaveSnapshot(const ShardSnapshot& snap);
 
   Transport* transport_ = nullptr;
   ShardServerOptions options_;
@@ -69,8 +91,30 @@ class ShardServer {
   std::atomic<bool> done_{false};
   std::atomic<bool> job_stopped_{false};
   std::atomic<int64_t> applied_clock_{-1};  // mirrors core_, for heartbeats
+  std::atomic<bool> serving_ended_{false};
+  bool restored_ = false;
   std::thread thread_;
   std::thread heartbeat_thread_;
+
+  // Checkpoints.
+  std::unique_ptr<CheckpointStore> store_;
+  std::mutex writer_mu_;
+  std::condition_variable writer_cv_;
+  std::optional<ShardSnapshot> to_write_;  // guarded by writer_mu_
+  bool writer_busy_ = false;               // guarded by writer_mu_
+  bool writer_exit_ = false;               // guarded by writer_mu_
+  std::thread writer_thread_;
+  TimePoint last_checkpoint_{};            // serving thread only
+  uint64_t updates_at_checkpoint_ = 0;     // serving thread only
+  int64_t clock_at_checkpoint_ = -2;       // serving thread only
+  std::atomic<double> last_success_unix_{0};
+  double started_unix_ = 0;
+  prometheus::Histogram* m_ckpt_seconds_ = nullptr;
+  prometheus::Gauge* m_ckpt_bytes_ = nullptr;
+  prometheus::Gauge* m_ckpt_age_ = nullptr;
+  prometheus::Gauge* m_ckpt_last_ = nullptr;
+  prometheus::Counter* m_ckpt_ok_ = nullptr;
+  prometheus::Counter* m_ckpt_failed_ = nullptr;
 };
 
 }  // namespace pacer

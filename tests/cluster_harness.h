@@ -21,6 +21,10 @@ struct ClusterSpec {
   std::vector<std::string> worker_flags;
   // Extra flags for the i-th worker started (from 0).
   std::map<size_t, std::vector<std::string>> worker_flags_by_index;
+  // Workers the test runs itself (in process): the monitor waits for them too.
+  int embedded_workers = 0;
+  // Give shard i --data-dir DIR/shard<i>, so that it checkpoints.
+  bool shard_data_dirs = false;
 };
 
 class Cluster {
@@ -33,7 +37,7 @@ class Cluster {
     std::vector<std::string> m = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0",
                                   "--metrics-addr", "127.0.0.1:0", "--min-shards",
                                   std::to_string(spec_.shards), "--min-workers",
-                                  std::to_string(spec_.workers)};
+                                  std::to_string(spec_.workers + spec_.embedded_workers)};
     m.insert(m.end(), spec_.monitor_flags.begin(), spec_.monitor_flags.end());
     monitor = Process::Start(m, dir.path(), "monitor");
     auto addr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
@@ -45,21 +49,34 @@ class Cluster {
     monitor_address = *addr;
     monitor_metrics = *metrics;
     for (int i = 0; i < spec_.shards; ++i) {
-      std::vector<std::string> s = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0",
-                                    "--monitor", monitor_address, "--metrics-addr",
-                                    "127.0.0.1:0"};
-      s.insert(s.end(), spec_.shard_flags.begin(), spec_.shard_flags.end());
-      shards.push_back(Process::Start(s, dir.path(), "shard" + std::to_string(i)));
-      auto sm = shards.back()->WaitForLine("metrics ", std::chrono::seconds(10));
-      auto sa = shards.back()->WaitForLine("listening ", std::chrono::seconds(10));
-      if (!sm || !sa) {
-        ADD_FAILURE() << "shard " << i << " did not start: " << shards.back()->Stderr();
-        return false;
-      }
-      shard_metrics.push_back(*sm);
-      shard_addresses.push_back(*sa);
+      shards.emplace_back();
+      shard_metrics.emplace_back();
+      shard_addresses.emplace_back();
+      if (!StartShard(static_cast<size_t>(i))) return false;
     }
     for (int i = 0; i < spec_.workers; ++i) StartWorker();
+    return true;
+  }
+
+  // (Re)starts shard i on a fresh port; after a kill -9 with data
+  // directories it comes back from its checkpoint.
+  bool StartShard(size_t i) {
+    std::vector<std::string> s = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0",
+                                  "--monitor", monitor_address, "--metrics-addr", "127.0.0.1:0"};
+    if (spec_.shard_data_dirs) {
+      s.insert(s.end(), {"--data-dir", dir.path() + "/shard" + std::to_string(i)});
+    }
+    s.insert(s.end(), spec_.shard_flags.begin(), spec_.shard_flags.end());
+    const std::string name = "shard" + std::to_string(i) + (shards[i] ? "-restarted" : "");
+    shards[i] = Process::Start(s, dir.path(), name);
+    auto sm = shards[i]->WaitForLine("metrics ", std::chrono::seconds(10));
+    auto sa = shards[i]->WaitForLine("listening ", std::chrono::seconds(10));
+    if (!sm || !sa) {
+      ADD_FAILURE() << "shard " << i << " did not start: " << shards[i]->Stderr();
+      return false;
+    }
+    shard_metrics[i] = *sm;
+    shard_addresses[i] = *sa;
     return true;
   }
 

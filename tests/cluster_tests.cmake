@@ -14,3 +14,7 @@ endforeach()
 set_tests_properties(help_test PROPERTIES LABELS unit)
 
 pacer_test(inproc_cluster_test cluster pacer_monitor pacer_worker)
+
+# Crash recovery: shard and monitor processes, workers embedded in the test.
+pacer_test(recovery_cluster_test cluster pacer_test_util pacer_worker)
+add_dependencies(recovery_cluster_test pacer-server pacer-monitor)

@@ -410,6 +410,8 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       cursor = 0;
       ++epoch;
     }
+    if (o.before_iteration) o.before_iteration(clock);
+    if (w.stop || cancel_) break;
     const TimePoint pull_start = w.clock->Now();
     absl::StatusOr<int64_t> pulled;
     do {
@@ -433,6 +435,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
                   w.train.images.data() + static_cast<size_t>(s) * features, features * sizeof(float));
       y[static_cast<size_t>(i)] = w.train.labels[s];
     }
+    const std::span<const uint32_t> batch_samples(order.data() + cursor, static_cast<size_t>(batch));
     cursor += static_cast<size_t>(batch);
     float loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(), batch, client.grads());
     // Straggler emulation: stretch this iteration's compute by sleeping.
@@ -478,6 +481,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       failure = pushed;
       break;
     }
+    if (o.on_push_acked) o.on_push_acked(client.push_seq(), clock, batch_samples);
     result.compute_seconds += compute_seconds;
     result.communication_seconds += communication;
     result.wait_seconds += waited;

@@ -5,8 +5,10 @@
 #define PACER_WORKER_WORKER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -48,6 +50,16 @@ struct WorkerOptions {
   // The largest batch this worker can hold, reported to the policy as its
   // memory limit (--max-batch); 0: no limit.
   uint32_t max_batch = 0;
+
+  // Hooks for programs that embed a worker (tests keep their own record of
+  // the run through them). Both run on the training thread.
+  // Before each iteration, with the clock it is about to run; it may block
+  // (a paused worker keeps heartbeating).
+  std::function<void(uint64_t clock)> before_iteration;
+  // After every shard acknowledged a push: its sequence number, its clock,
+  // and the training-set indices of the samples its gradient came from.
+  std::function<void(uint64_t seq, uint64_t clock, std::span<const uint32_t> samples)>
+      on_push_acked;
 };
 
 // Figures of a finished run.

@@ -1,0 +1,259 @@
+// Crash recovery across real processes (issue 4): a monitor and shards run as
+// processes on 127.0.0.1; the workers run inside the test, so that the test
+// keeps its own record of every push the shards acknowledged and can hold the
+// workers between iterations.
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <regex>
+#include <thread>
+
+#include "ps/transport.h"
+#include "tests/cluster_harness.h"
+#include "worker/worker.h"
+
+namespace pacer::test {
+namespace {
+
+using std::chrono::seconds;
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Holds embedded workers between iterations: open, closed, or a budget of
+// iterations each.
+class Gate {
+ public:
+  explicit Gate(size_t workers) : budget_(workers, 0) {}
+
+  // The before_iteration hook of worker `w`.
+  void Before(size_t w) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_ || budget_[w] > 0; });
+    --waiting_;
+    if (!open_) --budget_[w];
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Lets each worker run `n` more iterations.
+  void Grant(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int& b : budget_) b = n;
+    cv_.notify_all();
+  }
+  // Waits until every worker is held at the gate.
+  bool WaitAllHeld(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      return waiting_ == budget_.size() &&
+             std::all_of(budget_.begin(), budget_.end(), [](int b) { return b == 0; });
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  size_t waiting_ = 0;
+  std::vector<int> budget_;
+};
+
+// What the test saw acknowledged, per worker.
+struct AckRecord {
+  std::mutex mu;
+  std::vector<uint64_t> acked;      // pushes acknowledged by every shard
+  std::vector<uint64_t> last_seq;   // highest acknowledged seq
+  std::vector<uint64_t> clock;      // clock of the next iteration
+  std::vector<std::vector<uint64_t>> acked_clocks;  // clock of each acknowledged push
+  explicit AckRecord(size_t n) : acked(n), last_seq(n), clock(n), acked_clocks(n) {}
+  uint64_t Total() {
+    std::lock_guard<std::mutex> lock(mu);
+    uint64_t t = 0;
+    for (uint64_t a : acked) t += a;
+    return t;
+  }
+};
+
+// kill -9 a shard mid-training and restart it on another port with the same
+// --data-dir. It reloads its last checkpoint, takes its key range back (the
+// workers follow the new shard map), reports as lost exactly the acknowledged
+// pushes that the test's own record says the checkpoint lacks (those after
+// it, and one left in an open clock), and training goes on to the accuracy
+// target.
+TEST(RecoveryClusterTest, KilledShardComesBackFromItsCheckpointAndTrainingReachesTarget) {
+  constexpr size_t kWorkers = 2;
+  constexpr int kAfterCheckpoint = 6;  // iterations each worker runs between checkpoint and kill
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 0;
+  spec.embedded_workers = kWorkers;
+  spec.shard_data_dirs = true;
+  // A checkpoint every 5 s: none falls between the one the test waits for
+  // and the kill a fraction of a second later (checked below).
+  spec.shard_flags = {"--checkpoint-interval", "5"};
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "128", "--target-accuracy", "0.75",
+                        "--time-cap", "150", "--eval-interval", "0.5", "--seed", "3",
+                        "--lease", "5"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+
+  TransportOptions topts;
+  auto transport = MakeZmqTransport(topts);
+  Gate gate(kWorkers);
+  AckRecord record(kWorkers);
+  std::vector<absl::StatusOr<worker::WorkerResult>> results(kWorkers,
+                                                            absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < kWorkers; ++i) {
+    threads.emplace_back([&, i] {
+      worker::WorkerOptions o;
+      o.monitor = c.monitor_address;
+      o.train_limit = 15000;
+      o.test_limit = 2000;
+      o.request_timeout = std::chrono::seconds(30);
+      o.before_iteration = [&, i](uint64_t clock) {
+        {
+          std::lock_guard<std::mutex> lock(record.mu);
+          record.clock[i] = clock;
+        }
+        gate.Before(i);
+      };
+      o.on_push_acked = [&, i](uint64_t seq, uint64_t clock, std::span<const uint32_t>) {
+        std::lock_guard<std::mutex> lock(record.mu);
+        ++record.acked[i];
+        record.last_seq[i] = seq;
+        record.acked_clocks[i].push_back(clock);
+      };
+      worker::Worker w(transport.get(), o);
+      results[i] = w.Run();
+    });
+  }
+  struct Joiner {
+    Gate& gate;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      gate.Open();
+      for (auto& t : threads) t.join();
+    }
+  } joiner{gate, threads};
+
+  // Train to clock 15, then hold both workers.
+  auto min_clock = [&] {
+    std::lock_guard<std::mutex> lock(record.mu);
+    return *std::min_element(record.clock.begin(), record.clock.end());
+  };
+  const auto deadline = std::chrono::steady_clock::now() + seconds(90);
+  while (min_clock() < 15 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(min_clock(), 15u) << c.Logs();
+  gate.Close();
+  ASSERT_TRUE(gate.WaitAllHeld(std::chrono::milliseconds(30000))) << c.Logs();
+  const double held_at = UnixNow();
+
+  // Wait for a checkpoint of shard 0 taken after the hold: it has every
+  // push acknowledged so far.
+  std::string metrics;
+  double checkpoints_ok = -1;
+  const auto ckpt_deadline = std::chrono::steady_clock::now() + seconds(15);
+  while (std::chrono::steady_clock::now() < ckpt_deadline) {
+    metrics = FetchMetrics(c.shard_metrics[0]);
+    if (MetricValue(metrics, "pacer_shard_checkpoint_last_success_timestamp_seconds").value_or(0) >
+        held_at) {
+      checkpoints_ok = MetricValue(metrics, "pacer_shard_checkpoints_total", {"result=\"ok\""})
+                           .value_or(-1);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(checkpoints_ok, 0) << "no checkpoint after the hold\n" << metrics << c.Logs();
+  EXPECT_GE(MetricValue(metrics, "pacer_shard_checkpoint_size_bytes").value_or(0), 1000);
+  const uint64_t acked_at_checkpoint = record.Total();
+  // BSP: a clock's step is in the parameters once every worker pushed it.
+  // The workers may be held a clock apart; the push of the one ahead then
+  // sits in an open clock, acknowledged but not in the checkpoint.
+  uint64_t closed_at_checkpoint = UINT64_MAX;
+  {
+    std::lock_guard<std::mutex> lock(record.mu);
+    for (const auto& clocks : record.acked_clocks) {
+      closed_at_checkpoint = std::min<uint64_t>(closed_at_checkpoint, clocks.back());
+    }
+  }
+
+  // A few more iterations, acknowledged, then kill -9.
+  gate.Grant(kAfterCheckpoint);
+  ASSERT_TRUE(gate.WaitAllHeld(std::chrono::milliseconds(30000))) << c.Logs();
+  const uint64_t acked_since_checkpoint = record.Total() - acked_at_checkpoint;
+  ASSERT_EQ(acked_since_checkpoint, kWorkers * kAfterCheckpoint);
+  // What a crash now loses, by the test's own record: every acknowledged
+  // push of a clock past the last one closed at the checkpoint.
+  uint64_t expected_lost = 0;
+  std::string seqs;
+  {
+    std::lock_guard<std::mutex> lock(record.mu);
+    for (size_t i = 0; i < kWorkers; ++i) {
+      seqs += " " + std::to_string(record.last_seq[i]);
+      for (uint64_t clock : record.acked_clocks[i]) expected_lost += clock > closed_at_checkpoint;
+    }
+  }
+  // The pushes acknowledged since the checkpoint, plus at most one waiting
+  // in an open clock per worker.
+  ASSERT_GE(expected_lost, acked_since_checkpoint);
+  ASSERT_LE(expected_lost, acked_since_checkpoint + kWorkers);
+  metrics = FetchMetrics(c.shard_metrics[0]);
+  ASSERT_EQ(MetricValue(metrics, "pacer_shard_checkpoints_total", {"result=\"ok\""}), checkpoints_ok)
+      << "a checkpoint fell between the hold and the kill; the expected count is unknown";
+  const std::string old_address = c.shard_addresses[0];
+  c.shards[0]->Signal(SIGKILL);
+  ASSERT_TRUE(c.shards[0]->Wait(seconds(5)).has_value());
+
+  ASSERT_TRUE(c.StartShard(0)) << c.Logs();
+  EXPECT_NE(c.shard_addresses[0], old_address);
+  gate.Open();
+
+  // Training goes on to the target; the job stops by itself.
+  ASSERT_TRUE(c.monitor->Wait(seconds(150)).has_value()) << c.Logs();
+  const std::string out = c.monitor->Stdout();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("final test accuracy: ([0-9.]+)"))) << c.Logs();
+  EXPECT_GE(std::stod(m[1]), 0.75) << c.Logs();
+  EXPECT_NE(out.find("stop reason: target accuracy"), std::string::npos) << c.Logs();
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (size_t i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status() << c.Logs();
+  }
+  for (auto& s : c.shards) ASSERT_TRUE(s->Wait(seconds(20)).has_value()) << c.Logs();
+
+  // The restarted shard: loaded the checkpoint, and lost exactly what the
+  // test saw acknowledged after it.
+  const std::string err = c.shards[0]->Stderr();
+  EXPECT_NE(err.find("loaded checkpoint of job"), std::string::npos) << err;
+  std::smatch lost;
+  ASSERT_TRUE(std::regex_search(err, lost, std::regex("([0-9]+) acknowledged push\\(es\\) lost")))
+      << err;
+  const uint64_t reported = std::stoull(lost[1]);
+  EXPECT_EQ(reported, expected_lost) << "last acknowledged seqs at the kill:" << seqs << "\n"
+                                     << c.Logs();
+  EXPECT_NE(c.monitor->Stderr().find("is back from its checkpoint"), std::string::npos);
+  // It went on stepping after the restore.
+  std::smatch fin;
+  ASSERT_TRUE(std::regex_search(err, fin, std::regex("final: steps ([0-9]+), applied through clock (-?[0-9]+)")))
+      << err;
+  EXPECT_GT(std::stol(fin[2]), 15 + kAfterCheckpoint);
+}
+
+}  // namespace
+}  // namespace pacer::test
