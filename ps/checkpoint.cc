@@ -75,8 +75,14 @@ CheckpointStore::CheckpointStore(std::unique_ptr<rocksdb::DB> db) : db_(std::mov
 CheckpointStore::~CheckpointStore() = default;
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& path) {
+  return Open(path, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& path,
+                                                                      rocksdb::Env* env) {
   if (path.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
   rocksdb::Options options;
+  if (env != nullptr) options.env = env;
   options.create_if_missing = true;
   // One large batch per checkpoint: let it go to one memtable.
   options.write_buffer_size = 256 << 20;

@@ -24,6 +24,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 }
 
 namespace pacer {
@@ -63,6 +64,9 @@ class CheckpointStore {
   // Opens (creating if missing) the database in directory `path`; its parent
   // must exist. InvalidArgument / Internal with RocksDB's reason otherwise.
   static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& path);
+  // The same on a given RocksDB Env (tests: a file system that crashes).
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& path,
+                                                                rocksdb::Env* env);
   ~CheckpointStore();
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;

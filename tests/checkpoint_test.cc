@@ -10,9 +10,141 @@
 #include <random>
 
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 
 namespace pacer {
 namespace {
+
+// A file system on which unsynced writes are lost in a crash, as on a
+// machine that loses power: appends wait in memory until a Sync, and once
+// the crash is armed the next sync fails and drops what was waiting, except
+// `keep` bytes of it (a torn write); no write reaches the disk after that.
+class CrashFs : public rocksdb::FileSystemWrapper {
+ public:
+  struct State {
+    bool crashed = false;
+    size_t keep = 0;  // bytes of pending data written anyway at the crash
+  };
+
+  explicit CrashFs(std::shared_ptr<State> state)
+      : FileSystemWrapper(rocksdb::FileSystem::Default()), state_(std::move(state)) {}
+  const char* Name() const override { return "CrashFs"; }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    if (state_->crashed) return rocksdb::IOStatus::IOError("crashed");
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok()) *r = std::make_unique<File>(std::move(*r), state_);
+    return s;
+  }
+  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                       rocksdb::IODebugContext* dbg) override {
+    if (state_->crashed) return rocksdb::IOStatus::IOError("crashed");
+    rocksdb::IOStatus s = target()->ReopenWritableFile(f, o, r, dbg);
+    if (s.ok()) *r = std::make_unique<File>(std::move(*r), state_);
+    return s;
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old,
+                                      const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    if (state_->crashed) return rocksdb::IOStatus::IOError("crashed");
+    rocksdb::IOStatus s = target()->ReuseWritableFile(f, old, o, r, dbg);
+    if (s.ok()) *r = std::make_unique<File>(std::move(*r), state_);
+    return s;
+  }
+  rocksdb::IOStatus RenameFile(const std::string& a, const std::string& b,
+                               const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    if (state_->crashed) return rocksdb::IOStatus::IOError("crashed");
+    return target()->RenameFile(a, b, o, dbg);
+  }
+  rocksdb::IOStatus DeleteFile(const std::string& f, const rocksdb::IOOptions& o,
+                               rocksdb::IODebugContext* dbg) override {
+    if (state_->crashed) return rocksdb::IOStatus::IOError("crashed");
+    return target()->DeleteFile(f, o, dbg);
+  }
+
+ private:
+  class File : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSWritableFile> t, std::shared_ptr<State> state)
+        : FSWritableFileOwnerWrapper(std::move(t)), state_(std::move(state)) {}
+    ~File() override {
+      rocksdb::IOOptions o;
+      (void)Close(o, nullptr);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions&,
+                             rocksdb::IODebugContext*) override {
+      // Accepted into the "page cache"; the crash comes at the sync.
+      pending_.append(data.data(), data.size());
+      return rocksdb::IOStatus::OK();
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                             const rocksdb::DataVerificationInfo&,
+                             rocksdb::IODebugContext* dbg) override {
+      return Append(data, o, dbg);
+    }
+    rocksdb::IOStatus Flush(const rocksdb::IOOptions&, rocksdb::IODebugContext*) override {
+      return rocksdb::IOStatus::OK();
+    }
+    rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+      return WriteOut(o, dbg, /*sync=*/true);
+    }
+    rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+      return WriteOut(o, dbg, /*sync=*/true);
+    }
+    rocksdb::IOStatus RangeSync(uint64_t, uint64_t, const rocksdb::IOOptions&,
+                                rocksdb::IODebugContext*) override {
+      return rocksdb::IOStatus::OK();
+    }
+    rocksdb::IOStatus Close(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+      if (closed_) return rocksdb::IOStatus::OK();
+      closed_ = true;
+      // A clean close leaves the data in the page cache: a process crash
+      // keeps it; only the crash below drops it.
+      rocksdb::IOStatus s = WriteOut(o, dbg, /*sync=*/false);
+      rocksdb::IOStatus c = target()->Close(o, dbg);
+      return s.ok() ? c : s;
+    }
+    uint64_t GetFileSize(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+      return target()->GetFileSize(o, dbg) + pending_.size();
+    }
+
+   private:
+    rocksdb::IOStatus WriteOut(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg,
+                               bool sync) {
+      if (state_->crashed) {
+        // The torn write: a prefix of the waiting data made it to disk.
+        if (!torn_ && state_->keep > 0 && !pending_.empty()) {
+          torn_ = true;
+          const size_t n = std::min(state_->keep, pending_.size());
+          (void)target()->Append(rocksdb::Slice(pending_.data(), n), o, dbg);
+          (void)target()->Flush(o, dbg);
+        }
+        pending_.clear();
+        return rocksdb::IOStatus::IOError("crashed before the sync completed");
+      }
+      if (!pending_.empty()) {
+        rocksdb::IOStatus s = target()->Append(pending_, o, dbg);
+        pending_.clear();
+        if (!s.ok()) return s;
+      }
+      rocksdb::IOStatus s = target()->Flush(o, dbg);
+      if (s.ok() && sync) s = target()->Sync(o, dbg);
+      return s;
+    }
+
+    std::shared_ptr<State> state_;
+    std::string pending_;
+    bool closed_ = false;
+    bool torn_ = false;
+  };
+
+  std::shared_ptr<State> state_;
+};
 
 class CheckpointTest : public ::testing::Test {
  protected:
@@ -129,6 +261,35 @@ TEST_F(CheckpointTest, DamagedDataIsDataLossNotGarbage) {
   ASSERT_TRUE(store.ok());
   auto got = (*store)->Load();
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+}
+
+// A crash while a checkpoint is being written: the file system drops what
+// was not synced (all of it, or all but a torn prefix of the write-ahead
+// log record). The previous snapshot must still load, whole.
+TEST_F(CheckpointTest, CrashDuringACheckpointLeavesThePreviousSnapshot) {
+  for (size_t keep : {size_t{0}, size_t{4096}, size_t{3 << 20}}) {
+    SCOPED_TRACE("bytes of the torn write kept: " + std::to_string(keep));
+    std::filesystem::remove_all(path_);
+    const ShardSnapshot before = Make(3, CheckpointStore::kChunkFloats / 2, 1);
+    const ShardSnapshot during = Make(3, CheckpointStore::kChunkFloats / 2, 2);
+    auto state = std::make_shared<CrashFs::State>();
+    std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(std::make_shared<CrashFs>(state));
+    {
+      auto store = CheckpointStore::Open(path_, env.get());
+      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_TRUE((*store)->Save(before).ok());
+      // The crash comes while the next checkpoint's batch waits for its sync.
+      state->crashed = true;
+      state->keep = keep;
+      EXPECT_FALSE((*store)->Save(during).ok());
+    }  // the process is gone; nothing more reaches the disk
+    auto store = CheckpointStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto got = (*store)->Load();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(got->has_value());
+    EXPECT_TRUE(**got == before) << "applied clock " << (*got)->applied_clock;
+  }
 }
 
 TEST_F(CheckpointTest, UnopenableDirectoryIsAClearError) {
