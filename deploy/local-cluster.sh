@@ -9,6 +9,7 @@
 #       [--policy fixed|adaptive-batch|pacer] [--mode bsp|asp|ssp|dssp|backup]
 #       [--batch PER_WORKER] [--monitor-args "FLAGS"] [--worker-args "FLAGS"]
 #       [--worker-args-I "FLAGS"] (I: the I-th worker started, from 0)
+#       [--shard-args "FLAGS"] [--data-dir DIR] (shard I checkpoints to DIR/shardI)
 #       [--out DIR] (keep every process's stdout and log there) [--quiet]
 #       [--keep-training] (run to --time-cap; the target is only timed)
 #
@@ -18,7 +19,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 shards=2 workers=3 time_cap=120 target=0.85 policy="" mode="" batch=64 out="" quiet=0 keep=0
-monitor_args="" worker_args=""
+monitor_args="" worker_args="" shard_args="" data_dir=""
 declare -A worker_args_i=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +32,8 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --monitor-args) monitor_args=$2; shift 2 ;;
     --worker-args) worker_args=$2; shift 2 ;;
+    --shard-args) shard_args=$2; shift 2 ;;
+    --data-dir) data_dir=$2; shift 2 ;;
     --worker-args-[0-9]*) worker_args_i[${1#--worker-args-}]=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --quiet) quiet=1; shift ;;
@@ -106,8 +109,11 @@ start monitor "$tmp/monitor" "$bin/monitor/pacer-monitor" --listen tcp://127.0.0
 monitor_pid=${pids[-1]}
 monitor=$(address_of "$tmp/monitor.out" listening)
 for i in $(seq 0 $((shards - 1))); do
+  shard_dir=()
+  [ -z "$data_dir" ] || shard_dir=(--data-dir "$data_dir/shard$i")
+  # shellcheck disable=SC2086
   start "shard $i" "$tmp/shard$i" "$bin/ps/pacer-server" --listen tcp://127.0.0.1:0 \
-    --monitor "$monitor"
+    --monitor "$monitor" "${shard_dir[@]}" $shard_args
 done
 for i in $(seq 0 $((workers - 1))); do
   # shellcheck disable=SC2086

@@ -109,14 +109,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--data-dir", opts.data_dir,
+                 "Directory for the monitor's state (RocksDB, in DIR/state; created if missing): "
+                 "membership, shard map, assignments. A monitor restarted on it carries on with "
+                 "the same job; empty: no state on disk");
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
 
   pacer::SetupLogging("monitor", log_level);
-  if (opts.job_id == 0) {
-    std::random_device rd;
-    opts.job_id = (uint64_t{rd()} << 32 | rd()) | 1;
-  }
   if (app.count("--policy") == 0 && !mode.empty()) policy_name = "fixed";
   opts.policy.kind = *pacer::policy::ParseKind(policy_name);
   if (mode.empty()) mode = opts.policy.kind == pacer::policy::Kind::kPacer ? "dssp" : "bsp";
@@ -167,8 +167,10 @@ int main(int argc, char** argv) {
   }
   (*server)->set_report_threshold(report_threshold);
   pacer::PrintAddress("listening", (*server)->address());
-  spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", opts.job_id, opts.min_shards,
-               opts.min_workers);
+  if (!(*server)->resumed()) {
+    spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", (*server)->job_id(),
+                 opts.min_shards, opts.min_workers);
+  }
   while (!(*server)->done()) {
     if (stop_signal) {
       spdlog::info("signal received, shutting down");

@@ -1,6 +1,9 @@
 #include "monitor/monitor.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <random>
+#include <set>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -10,6 +13,10 @@
 
 namespace pacer {
 namespace {
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 policy::PolicyOptions PolicyFor(const MonitorOptions& o) {
   policy::PolicyOptions p = o.policy;
@@ -198,6 +205,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     s.last_seen = clock_->Now();
     s.incarnation = r->incarnation();
     shards_.push_back(s);
+    dirty_ = true;
     UpdateShardGauges();
     spdlog::info("shard {} registered at {}", s.id, address);
     auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
@@ -220,12 +228,20 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   WorkerState w;
   w.id = next_id_++;
   if (!token.empty()) worker_tokens_[token] = w.id;
-  w.rank = next_rank_++;
+  w.rank = LowestFreeRank();
+  next_rank_ = std::max(next_rank_, w.rank + 1);
   w.last_seen = clock_->Now();
   if (state_ == wire::JobState::Running) {
     uint64_t min_clock = UINT64_MAX;
     for (uint32_t id : LiveWorkers()) min_clock = std::min(min_clock, workers_[id].clock);
-    w.clock = min_clock == UINT64_MAX ? 0 : min_clock;
+    if (min_clock == UINT64_MAX) {
+      // Nobody trains (the whole cluster restarted): start past the
+      // furthest clock any shard has applied.
+      int64_t applied = -1;
+      for (const auto& s : shards_) applied = std::max(applied, s.applied_clock);
+      min_clock = static_cast<uint64_t>(applied + 1);
+    }
+    w.clock = min_clock;
     w.start_clock = w.clock;
   }
   workers_[w.id] = w;
@@ -276,6 +292,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
     s.last_sent = TimePoint{};
     s.down = false;
     s.last_seen = clock_->Now();
+    dirty_ = true;
     UpdateShardGauges();
     spdlog::info("shard {} is back from its checkpoint (map v{}) at {}{}", s.id,
                  r->checkpoint_map_version(), address,
@@ -284,6 +301,25 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+uint32_t MonitorCore::LowestFreeRank() const {
+  std::set<uint32_t> taken;
+  for (uint32_t id : LiveWorkers()) taken.insert(workers_.at(id).rank);
+  uint32_t r = 0;
+  while (taken.count(r)) ++r;
+  return r;
+}
+
+uint32_t MonitorCore::Evaluator() const {
+  uint32_t best = 0, rank = UINT32_MAX;
+  for (uint32_t id : LiveWorkers()) {
+    if (workers_.at(id).rank < rank) {
+      rank = workers_.at(id).rank;
+      best = id;
+    }
+  }
+  return best;
 }
 
 void MonitorCore::UpdateShardGauges() {
@@ -324,6 +360,7 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   }
   if (model_.empty()) {
     model_ = keys;
+    dirty_ = true;
     uint64_t total = 0;
     for (const auto& k : keys) total += k.length();
     spdlog::info("model declared by sender {}: {} keys, {} parameters", d.env.sender, keys.size(),
@@ -350,6 +387,8 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
                               [&](const ShardState& s) { return s.id == d.env.sender; });
     if (shard != shards_.end()) {
       shard->last_seen = clock_->Now();
+      // The heartbeat says max(0, applied clock).
+      shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb->clock()));
       if (hb->done() && !shard->down) {
         shard->down = true;
         spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
@@ -416,7 +455,8 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   auto reason = fbb.CreateString(stop_reason_);
   uint32_t partition = partition_count_ ? w.rank % partition_count_ : 0;
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
-                                         partition_count_, assignment, reason);
+                                         partition_count_, assignment, reason,
+                                         state == wire::JobState::Running && Evaluator() == w.id);
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -440,6 +480,7 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
 }
 
 void MonitorCore::ChangeMembership(const std::string& why) {
+  dirty_ = true;
   ++membership_version_;
   m_membership_->Set(static_cast<double>(membership_version_));
   m_live_workers_->Set(static_cast<double>(LiveWorkers().size()));
@@ -542,6 +583,7 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
   if (state_ == wire::JobState::Stopped) return;
   state_ = wire::JobState::Stopped;
   stop_reason_ = reason;
+  dirty_ = true;
   stopped_at_ = clock_->Now();
   spdlog::info("stopping the job: {}", reason);
   Envelope env;
@@ -563,6 +605,7 @@ void MonitorCore::RunPolicy(TimePoint now) {
                  100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
   }
   m_decisions_->Increment();
+  dirty_ = true;
   std::string sizes;
   for (const auto& [id, a] : policy_.assignments()) {
     sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
@@ -623,6 +666,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     if (all) {
       state_ = wire::JobState::Running;
       started_at_ = now;
+      dirty_ = true;
       spdlog::info("job {} running ({}, lr {}, momentum {}, global batch {})", options_.job_id,
                    wire::EnumNameMode(options_.mode), options_.learning_rate, options_.momentum,
                    options_.global_batch);
@@ -642,14 +686,181 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   }
 }
 
+std::string MonitorCore::SaveState() const {
+  std::map<uint32_t, std::string> tokens;
+  for (const auto& [token, id] : worker_tokens_) tokens[id] = token;
+  flatbuffers::FlatBufferBuilder fbb(1024 + model_.size() * sizeof(wire::KeyLen));
+  std::vector<flatbuffers::Offset<wire::MonitorWorker>> workers;
+  for (const auto& [id, w] : workers_) {
+    auto t = tokens.find(id);
+    workers.push_back(wire::CreateMonitorWorkerDirect(
+        fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock, w.clock,
+        w.joined_version, w.alive, w.done, t == tokens.end() ? nullptr : t->second.c_str()));
+  }
+  std::vector<flatbuffers::Offset<wire::MonitorShard>> shards;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardState& sh = shards_[i];
+    const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
+    shards.push_back(wire::CreateMonitorShardDirect(fbb, sh.id, sh.address.c_str(), sh.incarnation,
+                                                    range.first, range.second, sh.applied_clock));
+  }
+  auto model = fbb.CreateVectorOfStructs(model_);
+  auto reason = fbb.CreateString(stop_reason_);
+  auto wv = fbb.CreateVector(workers);
+  auto sv = fbb.CreateVector(shards);
+  wire::MonitorStateBuilder b(fbb);
+  b.add_format(1);
+  b.add_job_id(options_.job_id);
+  b.add_state(state_);
+  b.add_stop_reason(reason);
+  b.add_next_id(next_id_);
+  b.add_next_rank(next_rank_);
+  b.add_model(model);
+  b.add_map_built(map_built_);
+  b.add_map_version(map_version_);
+  b.add_membership_version(membership_version_);
+  b.add_partition_count(partition_count_);
+  b.add_workers(wv);
+  b.add_shards(sv);
+  b.add_seconds_running(seconds_running().value_or(-1));
+  b.add_saved_unix(UnixNow());
+  b.add_last_accuracy(last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f);
+  b.add_time_to_target(time_to_target_.value_or(-1));
+  b.add_slack_open(policy_.slack_open());
+  fbb.Finish(b.Finish());
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+absl::Status MonitorCore::RestoreState(std::string_view bytes) {
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (!verifier.VerifyBuffer<wire::MonitorState>(nullptr)) {
+    return absl::DataLossError("the saved monitor state does not verify");
+  }
+  const auto* st = flatbuffers::GetRoot<wire::MonitorState>(bytes.data());
+  if (st->format() != 1) {
+    return absl::DataLossError("monitor state format " + std::to_string(st->format()) +
+                               ", this build reads 1");
+  }
+  if (st->job_id() != options_.job_id) {
+    return absl::InvalidArgumentError("the saved state is job " + std::to_string(st->job_id()) +
+                                      ", this monitor runs job " + std::to_string(options_.job_id));
+  }
+  const TimePoint now = clock_->Now();
+  state_ = st->state();
+  stop_reason_ = st->stop_reason() ? st->stop_reason()->str() : "";
+  next_id_ = st->next_id();
+  next_rank_ = st->next_rank();
+  model_.clear();
+  if (st->model() != nullptr) {
+    for (const wire::KeyLen* k : *st->model()) model_.push_back(*k);
+  }
+  map_built_ = st->map_built();
+  map_version_ = st->map_version();
+  membership_version_ = st->membership_version();
+  partition_count_ = st->partition_count();
+  workers_.clear();
+  worker_tokens_.clear();
+  std::map<uint32_t, policy::Assignment> saved;
+  if (st->workers() != nullptr) {
+    for (const wire::MonitorWorker* mw : *st->workers()) {
+      WorkerState w;
+      w.id = mw->id();
+      w.rank = mw->rank();
+      w.batch = mw->batch();
+      w.staleness = mw->staleness();
+      w.staleness_range = mw->staleness_range();
+      w.start_clock = mw->start_clock();
+      w.clock = mw->clock();
+      w.joined_version = mw->joined_version();
+      w.alive = mw->alive();
+      w.done = mw->done();
+      w.last_seen = now;  // a fresh lease: it may still be training
+      workers_[w.id] = w;
+      if (mw->token() != nullptr && mw->token()->size() > 0) worker_tokens_[mw->token()->str()] = w.id;
+      if (w.alive && !w.done) saved[w.id] = {w.batch, w.staleness, w.staleness_range};
+    }
+  }
+  shards_.clear();
+  ranges_.clear();
+  if (st->shards() != nullptr) {
+    for (const wire::MonitorShard* ms : *st->shards()) {
+      ShardState s;
+      s.id = ms->id();
+      s.address = ms->address() ? ms->address()->str() : "";
+      s.incarnation = ms->incarnation();
+      s.applied_clock = ms->applied_clock();
+      s.last_seen = now;
+      shards_.push_back(s);
+      ranges_.emplace_back(ms->key_begin(), ms->key_end());
+    }
+  }
+  if (st->seconds_running() >= 0) {
+    // The time it was down counts as running time (the time cap).
+    const double down = std::max(0.0, UnixNow() - st->saved_unix());
+    started_at_ = now - FromSeconds(st->seconds_running() + down);
+  }
+  if (st->last_accuracy() >= 0) last_accuracy_ = st->last_accuracy();
+  if (st->time_to_target() >= 0) time_to_target_ = st->time_to_target();
+  if (state_ == wire::JobState::Stopped) {
+    spdlog::warn("job {} had stopped ({}); resuming it", options_.job_id, stop_reason_);
+    state_ = map_built_ ? wire::JobState::Running : wire::JobState::Waiting;
+    stop_reason_.clear();
+    if (map_built_ && !started_at_) started_at_ = now;
+  }
+  if (map_built_) {
+    policy_.SetWorkers(LiveWorkers());
+    policy_.Restore(saved, st->slack_open());
+    ApplyAssignments();
+    m_map_version_->Set(static_cast<double>(map_version_));
+  }
+  // A new version, so that every shard takes the live set from us again.
+  ChangeMembership("monitor restarted");
+  UpdateShardGauges();
+  spdlog::info("resumed job {} from its saved state: {}, {} shard(s), {} live worker(s), shard map "
+               "v{}, membership v{}",
+               options_.job_id, wire::EnumNameJobState(state_), shards_.size(),
+               LiveWorkers().size(), map_version_, membership_version_);
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<MonitorServer>> MonitorServer::Start(Transport* transport,
                                                                     const MonitorOptions& options) {
-  if (options.job_id == 0) return absl::InvalidArgumentError("job id 0 is reserved");
   std::unique_ptr<MonitorServer> s(new MonitorServer());
   s->transport_ = transport;
   s->options_ = options;
+  std::optional<std::string> saved;
+  if (!options.data_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.data_dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError("cannot create --data-dir '" + options.data_dir +
+                                        "': " + ec.message());
+    }
+    auto store = RecordStore::Open((std::filesystem::path(options.data_dir) / "state").string());
+    if (!store.ok()) return store.status();
+    auto got = (*store)->Get("monitor");
+    if (!got.ok()) return got.status();
+    saved = std::move(*got);
+    s->store_ = std::move(*store);
+  }
+  if (saved) {
+    flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(saved->data()), saved->size());
+    if (!v.VerifyBuffer<wire::MonitorState>(nullptr)) {
+      return absl::DataLossError("the monitor state in " + options.data_dir +
+                                 " does not verify; move it away to start a new job");
+    }
+    const uint64_t job = flatbuffers::GetRoot<wire::MonitorState>(saved->data())->job_id();
+    if (options.job_id != 0 && options.job_id != job) {
+      return absl::InvalidArgumentError("--job-id " + std::to_string(options.job_id) + ", but " +
+                                        options.data_dir + " holds job " + std::to_string(job));
+    }
+    s->options_.job_id = job;
+  } else if (s->options_.job_id == 0) {
+    std::random_device rd;
+    s->options_.job_id = (uint64_t{rd()} << 32 | rd()) | 1;
+  }
   s->registry_ = options.registry ? options.registry : std::make_shared<prometheus::Registry>();
   s->options_.registry = s->registry_;
   auto router = transport->Bind(options.listen);
@@ -657,6 +868,10 @@ absl::StatusOr<std::unique_ptr<MonitorServer>> MonitorServer::Start(Transport* t
   s->router_ = std::move(*router);
   s->address_ = s->router_->address();
   s->core_ = std::make_unique<MonitorCore>(s->options_, transport->clock());
+  if (saved) {
+    if (absl::Status st = s->core_->RestoreState(*saved); !st.ok()) return st;
+    s->resumed_ = true;
+  }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
 }
@@ -675,6 +890,7 @@ void MonitorServer::Run() {
   std::vector<MonitorCore::Outgoing> out;
   std::vector<Socket*> sockets;
   TimePoint next_tick = clock->Now();
+  TimePoint last_save{};
   while (!shutdown_ && !core_->finished()) {
     sockets.assign({router_.get()});
     for (auto& ch : shard_channels_) sockets.push_back(ch->socket());
@@ -705,6 +921,14 @@ void MonitorServer::Run() {
       core_->Tick(&out);
       next_tick = clock->Now() + std::chrono::milliseconds(20);
     }
+    if (store_) {
+      // Structural changes at once; clocks and times every save_interval.
+      const TimePoint now = clock->Now();
+      if (core_->TakeDirty() || now - last_save >= options_.save_interval) {
+        SaveState();
+        last_save = now;
+      }
+    }
     for (auto& o : out) {
       if (o.shard_index >= 0) {
         size_t idx = static_cast<size_t>(o.shard_index);
@@ -734,10 +958,16 @@ void MonitorServer::Run() {
     }
     out.clear();
   }
+  if (store_) SaveState();  // SIGTERM: a restart carries on from here
   last_accuracy_ = core_->last_accuracy();
   time_to_target_ = core_->time_to_target();
   stop_reason_ = core_->stop_reason();
   done_ = true;
+}
+
+void MonitorServer::SaveState() {
+  absl::Status st = store_->Put("monitor", core_->SaveState());
+  if (!st.ok()) spdlog::error("cannot save the monitor state: {}", st.ToString());
 }
 
 }  // namespace pacer

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "monitor/policy.h"
 #include "prometheus/registry.h"
+#include "ps/checkpoint.h"
 #include "ps/clock.h"
 #include "ps/metrics.h"
 #include "ps/rpc.h"
@@ -70,6 +71,14 @@ struct MonitorOptions {
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   // Where metrics go; a private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
+  // The monitor's state on disk (--data-dir; empty: none): membership, the
+  // shard map and the policy's assignments, in RocksDB in DIR/state. A
+  // monitor started again on it carries on with the same job (its id
+  // replaces job_id).
+  std::string data_dir;
+  // How often the state is written while the job runs (also at once after
+  // a registration, a membership change or a stop).
+  Duration save_interval = std::chrono::milliseconds(500);
 };
 
 // What the monitor knows of one worker.
@@ -131,6 +140,20 @@ class MonitorCore {
   // The accuracy whose first crossing is timed (quickstart: 0.85).
   void set_report_threshold(double t) { report_threshold_ = t; }
 
+  // The state a restarted monitor needs (a MonitorState flatbuffer).
+  std::string SaveState() const;
+  // Loads a saved state before the first message: the same job id, ids,
+  // ranks, shard map, membership (a new version, so the shards take it) and
+  // assignments. Workers get a fresh lease; shards are sent their keys and
+  // the live set again. DataLoss when it does not verify.
+  absl::Status RestoreState(std::string_view bytes);
+  // Whether something worth saving at once changed since the last call.
+  bool TakeDirty() {
+    const bool d = dirty_;
+    dirty_ = false;
+    return d;
+  }
+
  private:
   struct ShardState {
     uint32_t id = 0;
@@ -145,6 +168,7 @@ class MonitorCore {
     bool down = false;  // left on SIGTERM, or silent past the lease
     uint32_t restarts = 0;
     uint64_t incarnation = 0;  // of the process that registered last
+    int64_t applied_clock = -1;  // from its heartbeats
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -155,6 +179,11 @@ class MonitorCore {
   // A shard restarted from its checkpoint, claiming its old id.
   void OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void UpdateShardGauges();
+  // The lowest rank no live worker holds: a replacement takes the rank (and
+  // so the data partition) of a worker that died.
+  uint32_t LowestFreeRank() const;
+  // The live worker with the lowest rank (0: none).
+  uint32_t Evaluator() const;
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -184,6 +213,7 @@ class MonitorCore {
   TimePoint stopped_at_{};
   TimePoint created_at_{};
 
+  bool dirty_ = true;
   uint32_t next_id_ = 1;  // 0 is the monitor itself
   uint32_t next_rank_ = 0;
   policy::StragglerPolicy policy_;
@@ -226,6 +256,9 @@ class MonitorServer {
   void Wait();
   bool done() const { return done_; }
   prometheus::Registry& registry() { return *registry_; }
+  uint64_t job_id() const { return options_.job_id; }
+  // Whether it carried on from a saved state.
+  bool resumed() const { return resumed_; }
   // Valid after done(): the final figures.
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
@@ -235,6 +268,7 @@ class MonitorServer {
  private:
   MonitorServer() = default;
   void Run();
+  void SaveState();
 
   Transport* transport_ = nullptr;
   MonitorOptions options_;
@@ -242,6 +276,8 @@ class MonitorServer {
   std::unique_ptr<MonitorCore> core_;
   std::unique_ptr<Socket> router_;
   std::vector<std::unique_ptr<RpcChannel>> shard_channels_;
+  std::unique_ptr<RecordStore> store_;
+  bool resumed_ = false;
   std::string address_;
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> done_{false};

@@ -226,6 +226,14 @@ void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
   for (const auto& x : e) assignments_[x.id].batch = std::max<uint32_t>(1, x.size);
 }
 
+void StragglerPolicy::Restore(const std::map<uint32_t, Assignment>& saved, bool slack_open) {
+  for (const auto& [id, a] : saved) {
+    auto it = assignments_.find(id);
+    if (it != assignments_.end() && a.batch > 0) it->second = a;
+  }
+  slack_open_ = slack_open;
+}
+
 void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
   std::map<uint32_t, double> targets;
   const double even = static_cast<double>(options_.batch.global_batch) /

@@ -213,6 +213,11 @@ class StragglerPolicy {
   // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
 
+  // A restarted monitor's saved decisions: the assignments of workers
+  // already set by SetWorkers are put back as they were, and the DSSP
+  // slack's state. Speeds are measured afresh.
+  void Restore(const std::map<uint32_t, Assignment>& saved, bool slack_open);
+
   const std::map<uint32_t, Assignment>& assignments() const { return assignments_; }
   Assignment assignment(uint32_t worker) const;
   // The last predicted seconds per sample of a worker (nullopt: none yet).

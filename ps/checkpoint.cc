@@ -230,4 +230,33 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
   return std::optional<ShardSnapshot>(std::move(s));
 }
 
+RecordStore::RecordStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+RecordStore::~RecordStore() = default;
+
+absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("state directory is empty");
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, path, &raw);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError("cannot open state store '" + path + "': " + s.ToString());
+  }
+  return std::unique_ptr<RecordStore>(new RecordStore(std::unique_ptr<rocksdb::DB>(raw)));
+}
+
+absl::Status RecordStore::Put(const std::string& key, std::string_view value) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Put(wo, key, rocksdb::Slice(value.data(), value.size())), "state write");
+}
+
+absl::StatusOr<std::optional<std::string>> RecordStore::Get(const std::string& key) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  if (absl::Status st = FromRocks(s, "state read"); !st.ok()) return st;
+  return std::optional<std::string>(std::move(value));
+}
+
 }  // namespace pacer

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,6 +82,23 @@ class CheckpointStore {
 
  private:
   explicit CheckpointStore(std::unique_ptr<rocksdb::DB> db);
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+// Small records in RocksDB, each written synced (the monitor's state).
+class RecordStore {
+ public:
+  // As CheckpointStore::Open.
+  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path);
+  ~RecordStore();
+  RecordStore(const RecordStore&) = delete;
+  RecordStore& operator=(const RecordStore&) = delete;
+  absl::Status Put(const std::string& key, std::string_view value);
+  // nullopt when the key was never written.
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key);
+
+ private:
+  explicit RecordStore(std::unique_ptr<rocksdb::DB> db);
   std::unique_ptr<rocksdb::DB> db_;
 };
 

@@ -235,6 +235,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor assigns keys", out);
   }
   const auto* m = d.As<wire::DeclareModel>();
+  map_version_ = std::max(map_version_, m->shard_map_version());
   std::map<uint64_t, KeySlot> slots;
   size_t total = 0;
   if (m->keys() != nullptr) {
@@ -346,7 +347,7 @@ ShardSnapshot ShardCore::Snapshot() const {
   ShardSnapshot s;
   s.job_id = job_.job_id;
   s.shard_id = shard_id_;
-  s.map_version = membership_version_;
+  s.map_version = map_version_;
   s.applied_clock = applied_clock_;
   s.steps = steps_;
   s.updates_applied = updates_applied_;
@@ -399,6 +400,7 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   steps_ = s.steps;
   updates_applied_ = s.updates_applied;
   restored_marks_ = s.workers;
+  map_version_ = s.map_version;
   restored_ = true;
   initialized_ = true;
   m_keys_->Set(static_cast<double>(slots_.size()));

@@ -237,6 +237,8 @@ class ShardCore {
   std::vector<float> scratch_;
   bool initialized_ = false;
 
+  // The shard-map version of the monitor's last declaration.
+  uint64_t map_version_ = 0;
   // Membership: the live workers.
   uint64_t membership_version_ = 0;
   std::map<uint32_t, Member> live_;

@@ -36,6 +36,7 @@ struct JobView {
   uint32_t partition_index = 0;
   uint32_t partition_count = 1;
   uint32_t batch = 0;       // the current assignment
+  bool evaluate = false;    // this worker evaluates the test set
   std::string stop_reason;
   absl::Status error;  // set when the monitor refuses us
 };
@@ -182,6 +183,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
           view.map = ShardMapFromWire(r->shard_map());
           map_version = view.map.version;
         }
+        view.evaluate = r->evaluate();
         if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
           view.batch = r->assignment()->batch_size();
         }
@@ -216,15 +218,11 @@ absl::Status Worker::Impl::RefreshMap(PsClient& client) {
 }
 
 void Worker::Impl::EvalLoop(ShardMapInfo map) {
-  auto test = LoadFashionMnist(options.dataset_dir, /*train=*/false);
-  if (!test.ok()) {
-    spdlog::error("rank 0 cannot load the test set: {}", test.status().ToString());
-    return;
-  }
-  size_t n = test->size();
-  if (options.test_limit > 0) n = std::min(n, options.test_limit);
-  auto eval_backend = MakeCpuBackend(options.model);
-  if (eval_backend == nullptr) return;
+  // Every worker runs this loop; the one the monitor names (the live worker
+  // with the lowest rank) evaluates. The test set is loaded when first needed.
+  std::optional<Dataset> test;
+  size_t n = 0;
+  std::unique_ptr<ComputeBackend> eval_backend;
   ClientOptions copts;
   copts.rpc = Rpc();
   copts.request_timeout = std::chrono::seconds(10);
@@ -240,9 +238,23 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
     while (!heartbeat_exit && !clock->WaitUntil(cv, lock, next)) {
     }
     if (heartbeat_exit) break;
+    if (!view.evaluate) continue;
     lock.unlock();
+    if (!test) {
+      auto loaded = LoadFashionMnist(options.dataset_dir, /*train=*/false);
+      if (!loaded.ok()) {
+        spdlog::error("worker {}: cannot load the test set: {}", id, loaded.status().ToString());
+        return;
+      }
+      test = std::move(*loaded);
+      n = test->size();
+      if (options.test_limit > 0) n = std::min(n, options.test_limit);
+      eval_backend = MakeCpuBackend(options.model);
+      if (eval_backend == nullptr) return;
+      spdlog::info("worker {}: evaluating the test set for the monitor", id);
+    }
     if (absl::Status s = RefreshMap(**client); !s.ok()) {
-      spdlog::warn("rank 0: evaluation: {}", s.ToString());
+      spdlog::warn("worker {}: evaluation: {}", id, s.ToString());
     }
     auto applied = (*client)->Pull(0, /*latest=*/true);
     if (applied.ok()) {
@@ -336,8 +348,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     spdlog::info("worker {}: initialised {} parameters on {} shard(s)", w.id,
                  w.backend->num_params(), view.map.shards.size());
   }
-  std::thread eval;
-  if (w.rank == 0) eval = std::thread([&w, map = view.map] { w.EvalLoop(map); });
+  std::thread eval([&w, map = view.map] { w.EvalLoop(map); });
   struct EvalJoiner {
     Impl& w;
     std::thread& t;
