@@ -25,6 +25,8 @@ struct ClusterSpec {
   int embedded_workers = 0;
   // Give shard i --data-dir DIR/shard<i>, so that it checkpoints.
   bool shard_data_dirs = false;
+  // Give the monitor --data-dir DIR/monitor, so that it keeps its state.
+  bool monitor_data_dir = false;
 };
 
 class Cluster {
@@ -34,12 +36,27 @@ class Cluster {
   // Starts the monitor and shards and waits for their addresses; then the
   // workers. Returns false (with a gtest failure) when something is missing.
   bool Start() {
-    std::vector<std::string> m = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0",
-                                  "--metrics-addr", "127.0.0.1:0", "--min-shards",
-                                  std::to_string(spec_.shards), "--min-workers",
+    if (!StartMonitor("tcp://127.0.0.1:0")) return false;
+    for (int i = 0; i < spec_.shards; ++i) {
+      shards.emplace_back();
+      shard_metrics.emplace_back();
+      shard_addresses.emplace_back();
+      if (!StartShard(static_cast<size_t>(i))) return false;
+    }
+    for (int i = 0; i < spec_.workers; ++i) StartWorker();
+    return true;
+  }
+
+  // (Re)starts the monitor on `listen` (its old address, to come back where
+  // everyone expects it; or port 0 for a new one).
+  bool StartMonitor(const std::string& listen) {
+    std::vector<std::string> m = {PACER_MONITOR_BIN, "--listen", listen, "--metrics-addr",
+                                  "127.0.0.1:0", "--min-shards", std::to_string(spec_.shards),
+                                  "--min-workers",
                                   std::to_string(spec_.workers + spec_.embedded_workers)};
+    if (spec_.monitor_data_dir) m.insert(m.end(), {"--data-dir", dir.path() + "/monitor"});
     m.insert(m.end(), spec_.monitor_flags.begin(), spec_.monitor_flags.end());
-    monitor = Process::Start(m, dir.path(), "monitor");
+    monitor = Process::Start(m, dir.path(), monitor ? "monitor-restarted" : "monitor");
     auto addr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
     auto metrics = monitor->WaitForLine("metrics ", std::chrono::seconds(10));
     if (!addr || !metrics) {
@@ -48,13 +65,6 @@ class Cluster {
     }
     monitor_address = *addr;
     monitor_metrics = *metrics;
-    for (int i = 0; i < spec_.shards; ++i) {
-      shards.emplace_back();
-      shard_metrics.emplace_back();
-      shard_addresses.emplace_back();
-      if (!StartShard(static_cast<size_t>(i))) return false;
-    }
-    for (int i = 0; i < spec_.workers; ++i) StartWorker();
     return true;
   }
 
@@ -88,7 +98,8 @@ class Cluster {
     if (extra != spec_.worker_flags_by_index.end()) {
       w.insert(w.end(), extra->second.begin(), extra->second.end());
     }
-    workers.push_back(Process::Start(w, dir.path(), "worker" + std::to_string(workers.size())));
+    workers.push_back(Process::Start(w, dir.path(), "worker" + std::to_string(started_workers_)));
+    ++started_workers_;
   }
 
   // Everything each process wrote, for failure messages.
@@ -108,6 +119,7 @@ class Cluster {
 
  private:
   ClusterSpec spec_;
+  size_t started_workers_ = 0;
 };
 
 }  // namespace pacer::test

@@ -204,7 +204,8 @@ TEST(RecoveryClusterTest, KilledShardComesBackFromItsCheckpointAndTrainingReache
   {
     std::lock_guard<std::mutex> lock(record.mu);
     for (size_t i = 0; i < kWorkers; ++i) {
-      seqs += " " + std::to_string(record.last_seq[i]);
+      seqs += ' ';
+      seqs += std::to_string(record.last_seq[i]);
       for (uint64_t clock : record.acked_clocks[i]) expected_lost += clock > closed_at_checkpoint;
     }
   }
@@ -253,6 +254,137 @@ TEST(RecoveryClusterTest, KilledShardComesBackFromItsCheckpointAndTrainingReache
   ASSERT_TRUE(std::regex_search(err, fin, std::regex("final: steps ([0-9]+), applied through clock (-?[0-9]+)")))
       << err;
   EXPECT_GT(std::stol(fin[2]), 15 + kAfterCheckpoint);
+}
+
+// Polls a shard's applied clock through its /metrics.
+double AppliedClock(const std::string& metrics_address) {
+  return MetricValue(FetchMetrics(metrics_address), "pacer_shard_applied_clock").value_or(-1);
+}
+
+bool WaitForClock(Cluster& c, double target, seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (const auto& m : c.shard_metrics) all &= AppliedClock(m) >= target;
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// kill -9 the monitor mid-run: shards and workers keep training while it is
+// down; restarted at the same address on the same --data-dir it resumes the
+// job (same workers, same shard map) and stops it at the accuracy target.
+TEST(RecoveryClusterTest, MonitorKilledMidRunResumesFromItsState) {
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 2;
+  spec.shard_data_dirs = true;
+  spec.monitor_data_dir = true;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "128", "--target-accuracy", "0.75",
+                        "--time-cap", "150", "--eval-interval", "0.5", "--seed", "5",
+                        "--lease", "5"};
+  spec.worker_flags = {"--train-limit", "15000", "--test-limit", "2000"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 15, seconds(60))) << c.Logs();
+
+  const std::string address = c.monitor_address;
+  c.monitor->Signal(SIGKILL);
+  ASSERT_TRUE(c.monitor->Wait(seconds(5)).has_value());
+  // Training goes on without the monitor.
+  const double at_kill = AppliedClock(c.shard_metrics[0]);
+  ASSERT_TRUE(WaitForClock(c, at_kill + 10, seconds(20)))
+      << "no progress while the monitor was down\n" << c.Logs();
+
+  ASSERT_TRUE(c.StartMonitor(address)) << c.Logs();
+  ASSERT_TRUE(c.monitor->Wait(seconds(150)).has_value()) << c.Logs();
+  const std::string out = c.monitor->Stdout();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("final test accuracy: ([0-9.]+)"))) << c.Logs();
+  EXPECT_GE(std::stod(m[1]), 0.75) << c.Logs();
+  EXPECT_NE(out.find("stop reason: target accuracy"), std::string::npos) << c.Logs();
+  EXPECT_NE(c.monitor->Stderr().find("resumed job"), std::string::npos) << c.Logs();
+  // The same two workers, neither declared dead.
+  EXPECT_EQ(c.monitor->Stderr().find("missed its lease"), std::string::npos) << c.Logs();
+  for (auto& w : c.workers) {
+    auto rc = w->Wait(seconds(20));
+    ASSERT_TRUE(rc.has_value()) << w->name() << " did not exit\n" << c.Logs();
+    EXPECT_EQ(*rc, 0) << c.Logs();
+  }
+}
+
+// Stop the whole cluster with SIGTERM mid-run (shards take a final
+// checkpoint, the monitor saves its state), then start it all again on the
+// same data directories with new workers: training continues from the
+// checkpoints, not from scratch.
+TEST(RecoveryClusterTest, StoppedClusterResumesFromItsCheckpoints) {
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 2;
+  spec.shard_data_dirs = true;
+  spec.monitor_data_dir = true;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "128", "--time-cap", "300",
+                        "--eval-interval", "0.3", "--seed", "9", "--lease", "2"};
+  spec.worker_flags = {"--train-limit", "15000", "--test-limit", "2000"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 60, seconds(90))) << c.Logs();
+  // An accuracy well above chance before the stop.
+  double before = 0;
+  const auto acc_deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (before < 0.6 && std::chrono::steady_clock::now() < acc_deadline) {
+    before = MetricValue(FetchMetrics(c.monitor_metrics), "pacer_training_test_accuracy_ratio")
+                 .value_or(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(before, 0.6) << c.Logs();
+
+  for (auto& w : c.workers) w->Signal(SIGTERM);
+  for (auto& s : c.shards) s->Signal(SIGTERM);
+  c.monitor->Signal(SIGTERM);
+  for (auto& w : c.workers) ASSERT_TRUE(w->Wait(seconds(10)).has_value()) << c.Logs();
+  for (auto& s : c.shards) {
+    auto rc = s->Wait(seconds(15));
+    ASSERT_TRUE(rc.has_value()) << c.Logs();
+    EXPECT_EQ(*rc, 0) << c.Logs();
+    EXPECT_NE(s->Stderr().find("final checkpoint"), std::string::npos) << s->Stderr();
+  }
+  ASSERT_TRUE(c.monitor->Wait(seconds(10)).has_value()) << c.Logs();
+  double stopped_at = -1;
+  {
+    std::smatch f;
+    const std::string err = c.shards[0]->Stderr();
+    ASSERT_TRUE(std::regex_search(err, f, std::regex("applied through clock (-?[0-9]+)"))) << err;
+    stopped_at = std::stod(f[1]);
+  }
+
+  // Everything again, on the same directories; new worker processes.
+  c.workers.clear();
+  ASSERT_TRUE(c.StartMonitor("tcp://127.0.0.1:0"));
+  for (size_t i = 0; i < c.shards.size(); ++i) ASSERT_TRUE(c.StartShard(i)) << c.Logs();
+  c.StartWorker();
+  c.StartWorker();
+  // The shards go on from their clock, and the first accuracy after the
+  // restart is that of the trained model, not of a fresh one.
+  ASSERT_TRUE(WaitForClock(c, stopped_at + 20, seconds(60))) << c.Logs();
+  double after = -1;
+  const auto after_deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (after < 0 && std::chrono::steady_clock::now() < after_deadline) {
+    after = MetricValue(FetchMetrics(c.monitor_metrics), "pacer_training_test_accuracy_ratio")
+                .value_or(-1);
+    if (after <= 0) after = -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(after, before - 0.05) << c.Logs();
+  for (auto& s : c.shards) {
+    EXPECT_NE(s->Stderr().find("loaded checkpoint"), std::string::npos) << s->Stderr();
+  }
+  EXPECT_NE(c.monitor->Stderr().find("resumed job"), std::string::npos) << c.Logs();
+  for (auto& w : c.workers) w->Signal(SIGTERM);
+  c.monitor->Signal(SIGTERM);
+  for (auto& s : c.shards) s->Signal(SIGTERM);
+  EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
 }
 
 }  // namespace
