@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--data-partitions", opts.data_partitions,
+                 "Data partitions the training set is cut into, each read by one live worker at a "
+                 "time from where the last one stopped (0: one per worker at the start)")
+      ->capture_default_str();
   app.add_option("--data-dir", opts.data_dir,
                  "Directory for the monitor's state (RocksDB, in DIR/state; created if missing): "
                  "membership, shard map, assignments. A monitor restarted on it carries on with "

@@ -311,6 +311,56 @@ uint32_t MonitorCore::LowestFreeRank() const {
   return r;
 }
 
+void MonitorCore::AssignPartitions() {
+  if (partitions_.empty()) return;
+  std::map<uint32_t, std::vector<size_t>> owned;  // live worker -> partitions
+  std::vector<uint32_t> live = LiveWorkers();
+  std::sort(live.begin(), live.end(),
+            [&](uint32_t a, uint32_t b) { return workers_.at(a).rank < workers_.at(b).rank; });
+  for (uint32_t id : live) owned[id];
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    auto it = owned.find(partitions_[p].owner);
+    if (it != owned.end()) {
+      it->second.push_back(p);
+    } else {
+      partitions_[p].owner = 0;
+    }
+  }
+  if (live.empty()) return;
+  auto fewest = [&] {
+    uint32_t best = live[0];
+    for (uint32_t id : live) {
+      if (owned[id].size() < owned[best].size()) best = id;
+    }
+    return best;
+  };
+  auto most = [&] {
+    uint32_t best = live[0];
+    for (uint32_t id : live) {
+      if (owned[id].size() > owned[best].size()) best = id;
+    }
+    return best;
+  };
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    if (partitions_[p].owner != 0) continue;
+    const uint32_t to = fewest();
+    partitions_[p].owner = to;
+    owned[to].push_back(p);
+    spdlog::info("data partition {} (epoch {}, offset {}) -> worker {}", p, partitions_[p].epoch,
+                 partitions_[p].offset, to);
+  }
+  for (;;) {
+    const uint32_t from = most(), to = fewest();
+    if (owned[from].size() < owned[to].size() + 2) break;
+    const size_t p = owned[from].back();
+    owned[from].pop_back();
+    owned[to].push_back(p);
+    partitions_[p].owner = to;
+    spdlog::info("data partition {} (epoch {}, offset {}) moves from worker {} to worker {}", p,
+                 partitions_[p].epoch, partitions_[p].offset, from, to);
+  }
+}
+
 uint32_t MonitorCore::Evaluator() const {
   uint32_t best = 0, rank = UINT32_MAX;
   for (uint32_t id : LiveWorkers()) {
@@ -439,6 +489,18 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     r.memory_limit_batch = hb->memory_limit_batch();
     r.clock = hb->clock();
     r.at = w.last_seen;
+    if (hb->positions() != nullptr) {
+      for (const wire::PartitionPosition* pp : *hb->positions()) {
+        if (pp->index() >= partitions_.size()) continue;
+        PartitionState& ps = partitions_[pp->index()];
+        // Only its owner moves a partition, and only forward.
+        if (ps.owner != w.id) continue;
+        if (std::make_pair(pp->epoch(), pp->offset()) > std::make_pair(ps.epoch, ps.offset)) {
+          ps.epoch = pp->epoch();
+          ps.offset = pp->offset();
+        }
+      }
+    }
     policy_.Report(w.id, r);
     // A worker whose speed just shifted gets its new size in this reply
     // rather than a heartbeat later.
@@ -453,10 +515,18 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   if (state == wire::JobState::Running) map = BuildShardMap(fbb);
   auto assignment = wire::CreateAssignment(fbb, w.batch, w.staleness, w.staleness_range);
   auto reason = fbb.CreateString(stop_reason_);
-  uint32_t partition = partition_count_ ? w.rank % partition_count_ : 0;
+  std::vector<wire::PartitionPosition> mine;
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    if (partitions_[p].owner == w.id) {
+      mine.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
+    }
+  }
+  auto owned = fbb.CreateVectorOfStructs(mine);
+  uint32_t partition = mine.empty() ? 0 : mine[0].index();
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
                                          partition_count_, assignment, reason,
-                                         state == wire::JobState::Running && Evaluator() == w.id);
+                                         state == wire::JobState::Running && Evaluator() == w.id,
+                                         owned);
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -481,6 +551,7 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
 
 void MonitorCore::ChangeMembership(const std::string& why) {
   dirty_ = true;
+  AssignPartitions();
   ++membership_version_;
   m_membership_->Set(static_cast<double>(membership_version_));
   m_live_workers_->Set(static_cast<double>(LiveWorkers().size()));
@@ -648,7 +719,9 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     map_version_ = 1;
     m_map_version_->Set(1);
     std::vector<uint32_t> live = LiveWorkers();
-    partition_count_ = static_cast<uint32_t>(live.size());
+    partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
+                                                     : static_cast<uint32_t>(live.size());
+    partitions_.assign(partition_count_, PartitionState{});
     policy_.SetWorkers(live);
     ApplyAssignments();
     ChangeMembership("batch sizes assigned");
@@ -706,6 +779,14 @@ std::string MonitorCore::SaveState() const {
   }
   auto model = fbb.CreateVectorOfStructs(model_);
   auto reason = fbb.CreateString(stop_reason_);
+  std::vector<wire::PartitionPosition> pos;
+  std::vector<uint32_t> own;
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    pos.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
+    own.push_back(partitions_[p].owner);
+  }
+  auto positions = fbb.CreateVectorOfStructs(pos);
+  auto owners = fbb.CreateVector(own);
   auto wv = fbb.CreateVector(workers);
   auto sv = fbb.CreateVector(shards);
   wire::MonitorStateBuilder b(fbb);
@@ -727,6 +808,8 @@ std::string MonitorCore::SaveState() const {
   b.add_last_accuracy(last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f);
   b.add_time_to_target(time_to_target_.value_or(-1));
   b.add_slack_open(policy_.slack_open());
+  b.add_partitions(positions);
+  b.add_partition_owners(owners);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
 }
@@ -758,6 +841,19 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   map_version_ = st->map_version();
   membership_version_ = st->membership_version();
   partition_count_ = st->partition_count();
+  partitions_.assign(partition_count_, PartitionState{});
+  if (st->partitions() != nullptr) {
+    for (size_t i = 0; i < st->partitions()->size(); ++i) {
+      const wire::PartitionPosition* pp = st->partitions()->Get(static_cast<flatbuffers::uoffset_t>(i));
+      if (pp->index() >= partitions_.size()) continue;
+      PartitionState& ps = partitions_[pp->index()];
+      ps.epoch = pp->epoch();
+      ps.offset = pp->offset();
+      if (st->partition_owners() != nullptr && i < st->partition_owners()->size()) {
+        ps.owner = st->partition_owners()->Get(static_cast<flatbuffers::uoffset_t>(i));
+      }
+    }
+  }
   workers_.clear();
   worker_tokens_.clear();
   std::map<uint32_t, policy::Assignment> saved;

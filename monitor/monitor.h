@@ -60,6 +60,10 @@ struct MonitorOptions {
   uint32_t min_workers = 1;
   // A worker silent for longer than this is declared dead (--lease).
   Duration lease = std::chrono::seconds(3);
+  // Data partitions (--data-partitions): the training set is cut into this
+  // many, each read in its own shuffled order per epoch and owned by one
+  // live worker at a time; 0: one per worker present at the start.
+  uint32_t data_partitions = 0;
   // How often workers and shards should heartbeat (--heartbeat-ms).
   uint32_t heartbeat_interval_ms = 100;
   // How often rank 0 evaluates the test set (--eval-interval).
@@ -96,6 +100,13 @@ struct WorkerState {
   bool done = false;
 };
 
+// One data partition: who reads it, and where its reading stands.
+struct PartitionState {
+  uint32_t owner = 0;  // worker id; 0: nobody
+  uint32_t epoch = 0;
+  uint64_t offset = 0;
+};
+
 // Single-threaded: one thread calls every method.
 class MonitorCore {
  public:
@@ -126,6 +137,7 @@ class MonitorCore {
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
   bool shard_down(size_t i) const { return shards_[i].down; }
   uint64_t map_version() const { return map_version_; }
+  const std::vector<PartitionState>& partitions() const { return partitions_; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::optional<double> seconds_running() const;
@@ -184,6 +196,10 @@ class MonitorCore {
   uint32_t LowestFreeRank() const;
   // The live worker with the lowest rank (0: none).
   uint32_t Evaluator() const;
+  // Gives every partition a live owner, the fewest to each (a worker that
+  // left loses its partitions to the others; a newcomer takes some over);
+  // positions stay with the partition.
+  void AssignPartitions();
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -218,6 +234,7 @@ class MonitorCore {
   uint32_t next_rank_ = 0;
   policy::StragglerPolicy policy_;
   uint32_t partition_count_ = 0;
+  std::vector<PartitionState> partitions_;
   std::map<uint32_t, WorkerState> workers_;
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id
   std::vector<ShardState> shards_;

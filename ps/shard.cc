@@ -527,8 +527,9 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
     // A retry of a push already applied (no seq: clocks only move forward).
     m_duplicates_->Increment();
   } else {
-    // One step on this gradient, weighted b_i / B.
-    if (options_.apply_updates && m->keys() != nullptr) {
+    // One step on this gradient, weighted b_i / B (an empty push, batch 0,
+    // is recorded and changes nothing).
+    if (options_.apply_updates && m->keys() != nullptr && m->batch() > 0) {
       const float scale = StalenessWeight(m) * static_cast<float>(m->batch()) /
                           static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
       const float* src = d.floats().data();

@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 64));
   app.add_option("--pin-cpu", pin_cpu, "Pin the worker (and its --cpu-contention threads) to this CPU")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-log", opts.sample_log,
+                 "Append one line per acknowledged push to this file: partition, epoch, and the "
+                 "training-set indices of the batch (for checking what was trained)");
   app.add_option("--max-batch", opts.max_batch,
                  "Largest batch this worker can hold, reported to the policy as its memory "
                  "limit (0: no limit)")

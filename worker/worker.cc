@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "ps/rpc.h"
@@ -37,6 +40,8 @@ struct JobView {
   uint32_t partition_count = 1;
   uint32_t batch = 0;       // the current assignment
   bool evaluate = false;    // this worker evaluates the test set
+  // The data partitions this worker owns, with the monitor's positions.
+  std::vector<wire::PartitionPosition> partitions;
   std::string stop_reason;
   absl::Status error;  // set when the monitor refuses us
 };
@@ -68,6 +73,15 @@ struct Worker::Impl {
   std::atomic<bool> heartbeat_exit{false};
   // The newest shard-map version the monitor announced (view.map holds it).
   std::atomic<uint64_t> map_version{0};
+  // Read positions after the last acknowledged push, per owned partition,
+  // for the monitor (guarded by mu). progress: bumped with each; reported:
+  // the progress the monitor has acknowledged; monitor_up: the last
+  // heartbeat got an answer.
+  std::map<uint32_t, std::pair<uint32_t, uint64_t>> positions;
+  uint64_t progress = 0;
+  uint64_t reported = 0;
+  bool monitor_up = true;
+  std::condition_variable progress_cv;
   // Timings since the last heartbeat, for the policy (guarded by mu).
   struct Window {
     uint32_t iterations = 0;
@@ -143,10 +157,14 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     const TimePoint next = clock->Now() + heartbeat_interval;
     const bool finishing = done.load();
     Window t;
+    std::vector<wire::PartitionPosition> pos;
+    uint64_t sending = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       t = window;
       window = Window{};
+      for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
+      sending = progress;
     }
     const double iters = std::max<uint32_t>(1, t.iterations);
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -155,7 +173,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         t.iterations, static_cast<uint32_t>(std::lround(t.samples / iters)),
         static_cast<float>(t.compute / std::max<double>(1, t.samples)),
         static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
-        options.max_batch);
+        options.max_batch, fbb.CreateVectorOfStructs(pos));
     auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
                                                                   Duration(std::chrono::seconds(1))));
     {
@@ -168,9 +186,15 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         window.communication += t.communication;
         window.wait += t.wait;
       }
+      monitor_up = reply.ok();
+      if (reply.ok()) reported = std::max(reported, sending);
       if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
         const auto* r = reply->As<wire::HeartbeatReply>();
         view.state = r->state();
+        view.partitions.clear();
+        if (r->partitions() != nullptr) {
+          for (const wire::PartitionPosition* pp : *r->partitions()) view.partitions.push_back(*pp);
+        }
         if (r->shard_map() != nullptr && !view.have_map) {
           view.map = ShardMapFromWire(r->shard_map());
           view.have_map = true;
@@ -200,9 +224,14 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
       }
     }
     cv.notify_all();
+    progress_cv.notify_all();
     if (finishing && reply.ok()) break;  // the monitor heard that we are done
     if (stop) break;
-    clock->SleepUntil(next);
+    // Until the next heartbeat is due, or at once when a push was
+    // acknowledged (the monitor keeps the read positions current).
+    std::unique_lock<std::mutex> lock(mu);
+    while (!heartbeat_exit && !stop && progress == sending && !clock->WaitUntil(progress_cv, lock, next)) {
+    }
   }
 }
 
@@ -308,6 +337,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     ~Joiner() {
       w.heartbeat_exit = true;
       w.cv.notify_all();
+      w.progress_cv.notify_all();
       if (t.joinable()) t.join();
     }
   } join_heartbeat{w, heartbeat};
@@ -355,28 +385,77 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     ~EvalJoiner() {
       w.heartbeat_exit = true;
       w.cv.notify_all();
+      w.progress_cv.notify_all();
       if (t.joinable()) t.join();
     }
   } join_eval{w, eval};
 
-  // This worker's partition of the training set.
+  // The data: partitions of the training set, each read in a shuffled order
+  // per epoch that depends only on (seed, partition, epoch), so whoever owns
+  // a partition next continues it where the monitor's position says.
   const size_t n = w.train.size();
-  const size_t begin = n * view.partition_index / view.partition_count;
-  const size_t end = n * (view.partition_index + 1) / view.partition_count;
-  std::vector<uint32_t> order(end - begin);
-  std::iota(order.begin(), order.end(), static_cast<uint32_t>(begin));
+  const uint32_t partition_count = std::max<uint32_t>(1, view.partition_count);
+  struct Reader {
+    size_t begin = 0, end = 0;  // its samples
+    uint32_t epoch = 0;
+    uint64_t offset = 0;        // next sample of this epoch's order
+    std::vector<uint32_t> order;
+    uint32_t order_epoch = UINT32_MAX;
+  };
+  std::map<uint32_t, Reader> readers;
+  uint32_t last_read = UINT32_MAX;  // round-robin over the owned partitions
+  auto sync_partitions = [&](const std::vector<wire::PartitionPosition>& owned) {
+    std::set<uint32_t> keep;
+    for (const auto& pp : owned) {
+      if (pp.index() >= partition_count) continue;
+      keep.insert(pp.index());
+      if (readers.count(pp.index())) continue;  // ours already: we are ahead
+      Reader r;
+      r.begin = n * pp.index() / partition_count;
+      r.end = n * (pp.index() + 1) / partition_count;
+      r.epoch = pp.epoch();
+      r.offset = std::min<uint64_t>(pp.offset(), r.end - r.begin);
+      readers[pp.index()] = std::move(r);
+      spdlog::info("worker {}: reads data partition {}/{} (samples {}..{}) from epoch {} offset {}",
+                   w.id, pp.index(), partition_count, readers[pp.index()].begin,
+                   readers[pp.index()].end, pp.epoch(), pp.offset());
+      std::lock_guard<std::mutex> lock(w.mu);
+      w.positions[pp.index()] = {pp.epoch(), pp.offset()};
+    }
+    for (auto it = readers.begin(); it != readers.end();) {
+      if (keep.count(it->first)) {
+        ++it;
+        continue;
+      }
+      spdlog::info("worker {}: data partition {} moved to another worker", w.id, it->first);
+      {
+        std::lock_guard<std::mutex> lock(w.mu);
+        w.positions.erase(it->first);
+      }
+      it = readers.erase(it);
+    }
+  };
+  sync_partitions(view.partitions);
   int batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
-  if (order.size() < static_cast<size_t>(batch)) {
-    return absl::FailedPreconditionError(
-        "data partition " + std::to_string(view.partition_index) + " has " +
-        std::to_string(order.size()) + " samples, fewer than one batch of " +
-        std::to_string(batch));
-  }
   const size_t features = w.train.features();
   std::vector<float> x;
   std::vector<uint8_t> y;
-  spdlog::info("worker {}: partition {}/{} (samples {}..{}), batch {}, from clock {}", w.id,
-               view.partition_index, view.partition_count, begin, end, batch, view.start_clock);
+  std::vector<uint32_t> samples;
+  std::FILE* sample_log = nullptr;
+  if (!o.sample_log.empty()) {
+    sample_log = std::fopen(o.sample_log.c_str(), "a");
+    if (sample_log == nullptr) {
+      return absl::InvalidArgumentError("cannot open --sample-log " + o.sample_log);
+    }
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f != nullptr) std::fclose(f);
+    }
+  } close_log{sample_log};
+  spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
+               readers.size(), partition_count, batch, view.start_clock);
   if (o.slowdown != 1.0 || !o.slowdown_schedule.empty()) {
     spdlog::info("worker {}: emulating a straggler: compute slowed {}x{}", w.id, o.slowdown,
                  o.slowdown_schedule.empty() ? "" : " before its schedule");
@@ -386,8 +465,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   result.id = w.id;
   result.rank = w.rank;
   uint64_t clock = view.start_clock;
-  size_t cursor = order.size();  // forces a shuffle at the start
-  uint32_t epoch = 0;
+  uint32_t epoch = 0;  // the lowest epoch among the owned partitions (progress lines)
   const TimePoint t0 = w.clock->Now();
   TimePoint next_progress = t0 + o.progress_interval;
   uint64_t window_samples = 0;
@@ -398,28 +476,63 @@ absl::StatusOr<WorkerResult> Worker::Run() {
 
   double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
   while (!w.stop && !cancel_) {
+    std::vector<wire::PartitionPosition> owned;
     {
-      // A new assignment takes effect here, between iterations.
+      // A new assignment (batch size, partitions) takes effect here,
+      // between iterations.
       std::lock_guard<std::mutex> lock(w.mu);
-      uint32_t cap = static_cast<uint32_t>(order.size());
-      if (o.max_batch > 0) cap = std::min(cap, o.max_batch);  // our memory limit
+      uint32_t cap = std::numeric_limits<uint32_t>::max();
+      if (o.max_batch > 0) cap = o.max_batch;  // our memory limit
       const int assigned = static_cast<int>(std::clamp<uint32_t>(w.view.batch, 1, cap));
       if (assigned != batch) {
         SPDLOG_DEBUG("worker {}: batch {} -> {} at clock {}", w.id, batch, assigned, clock);
         batch = assigned;
       }
+      owned = w.view.partitions;
     }
-    if (static_cast<size_t>(batch) > y.size()) {
-      x.resize(static_cast<size_t>(batch) * features);
-      y.resize(static_cast<size_t>(batch));
+    sync_partitions(owned);
+    // The next partition with samples left (round-robin), and its batch: the
+    // rest of the epoch when less than a batch is left, so none is skipped.
+    Reader* reader = nullptr;
+    uint32_t reading = 0;
+    bool all_done = !readers.empty();
+    epoch = UINT32_MAX;
+    for (auto& [index, r] : readers) {
+      const bool done = w.epochs > 0 && r.epoch >= w.epochs;
+      all_done &= done;
+      if (!done) epoch = std::min(epoch, r.epoch);
     }
-    if (cursor + static_cast<size_t>(batch) > order.size()) {
-      // Start the next epoch; the tail shorter than a batch is skipped.
-      if (w.epochs > 0 && epoch == w.epochs) break;
-      std::mt19937_64 rng(w.seed * 1000003 + w.rank * 7919 + epoch);
-      std::shuffle(order.begin(), order.end(), rng);
-      cursor = 0;
-      ++epoch;
+    if (epoch == UINT32_MAX) epoch = 0;
+    if (all_done) break;  // every partition we own has run its epochs
+    if (!readers.empty()) {
+      auto it = readers.upper_bound(last_read);
+      for (size_t tries = 0; tries <= readers.size(); ++tries) {
+        if (it == readers.end()) it = readers.begin();
+        if (w.epochs == 0 || it->second.epoch < w.epochs) break;
+        ++it;
+      }
+      reading = it->first;
+      reader = &it->second;
+      last_read = reading;
+    }
+    size_t this_batch = 0;
+    samples.clear();
+    if (reader != nullptr) {
+      Reader& r = *reader;
+      if (r.order_epoch != r.epoch) {
+        r.order.resize(r.end - r.begin);
+        std::iota(r.order.begin(), r.order.end(), static_cast<uint32_t>(r.begin));
+        std::mt19937_64 rng(w.seed * 1000003 + reading * 7919 + r.epoch);
+        std::shuffle(r.order.begin(), r.order.end(), rng);
+        r.order_epoch = r.epoch;
+      }
+      this_batch = std::min<size_t>(static_cast<size_t>(batch), r.order.size() - r.offset);
+      samples.assign(r.order.begin() + static_cast<long>(r.offset),
+                     r.order.begin() + static_cast<long>(r.offset + this_batch));
+    }
+    if (samples.size() > y.size()) {
+      x.resize(samples.size() * features);
+      y.resize(samples.size());
     }
     if (o.before_iteration) o.before_iteration(clock);
     if (w.stop || cancel_) break;
@@ -440,15 +553,21 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     const TimePoint compute_start = w.clock->Now();
     const double pull_seconds = ToSeconds(compute_start - pull_start);
     const double waited = std::min(pull_seconds, client.last_wait_seconds());
-    for (int i = 0; i < batch; ++i) {
-      uint32_t s = order[cursor + static_cast<size_t>(i)];
-      std::memcpy(x.data() + static_cast<size_t>(i) * features,
-                  w.train.images.data() + static_cast<size_t>(s) * features, features * sizeof(float));
-      y[static_cast<size_t>(i)] = w.train.labels[s];
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const uint32_t s = samples[i];
+      std::memcpy(x.data() + i * features, w.train.images.data() + static_cast<size_t>(s) * features,
+                  features * sizeof(float));
+      y[i] = w.train.labels[s];
     }
-    const std::span<const uint32_t> batch_samples(order.data() + cursor, static_cast<size_t>(batch));
-    cursor += static_cast<size_t>(batch);
-    float loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(), batch, client.grads());
+    float loss = static_cast<float>(loss_ewma);
+    if (this_batch > 0) {
+      loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
+                                        static_cast<int>(this_batch), client.grads());
+    } else {
+      // No partition to read (more workers than partitions): an empty push
+      // (batch 0) keeps the barrier moving and changes nothing.
+      std::fill(client.grads().begin(), client.grads().end(), 0.0f);
+    }
     // Straggler emulation: stretch this iteration's compute by sleeping.
     const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(compute_start - t0));
     if (factor != last_factor) {
@@ -462,18 +581,29 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     const TimePoint push_start = w.clock->Now();
     const double compute_seconds = ToSeconds(push_start - compute_start);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
+    {
+      // The monitor must hold our read positions up to the previous batch
+      // before this one is consumed: a replacement then repeats at most
+      // this batch. (Not while the monitor is unreachable: training goes on.)
+      std::unique_lock<std::mutex> lock(w.mu);
+      const TimePoint until = w.clock->Now() + std::chrono::seconds(1);
+      while (w.monitor_up && w.reported < w.progress && !w.stop && !cancel_ &&
+             !w.clock->WaitUntil(w.progress_cv, lock, until)) {
+      }
+    }
     // A shard-map change mid-push: the same push (same seq) to the new map.
-    absl::Status pushed = client.Push(clock, static_cast<uint32_t>(batch));
+    const uint32_t push_batch = static_cast<uint32_t>(this_batch);
+    absl::Status pushed = client.Push(clock, push_batch);
     while (pushed.code() == absl::StatusCode::kAborted) {
       pushed = w.RefreshMap(client);
-      if (pushed.ok()) pushed = client.Push(clock, static_cast<uint32_t>(batch), /*retry=*/true);
+      if (pushed.ok()) pushed = client.Push(clock, push_batch, /*retry=*/true);
     }
     // Timings count even when the push comes too late (backup mode drops it).
     const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
     {
       std::lock_guard<std::mutex> lock(w.mu);
       ++w.window.iterations;
-      w.window.samples += static_cast<uint64_t>(batch);
+      w.window.samples += this_batch;
       w.window.compute += compute_seconds;
       w.window.communication += communication;
       w.window.wait += waited;
@@ -492,22 +622,52 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       failure = pushed;
       break;
     }
-    if (o.on_push_acked) o.on_push_acked(client.push_seq(), clock, batch_samples);
+    if (reader != nullptr) {
+      // Consumed: record it, move the partition's position, tell the monitor.
+      if (sample_log != nullptr) {
+        std::string line = std::to_string(reading) + " " + std::to_string(reader->epoch);
+        for (uint32_t sample : samples) {
+          line += ' ';
+          line += std::to_string(sample);
+        }
+        line += '\n';
+        std::fputs(line.c_str(), sample_log);
+        std::fflush(sample_log);
+      }
+      reader->offset += this_batch;
+      if (reader->offset >= reader->order.size()) {
+        ++reader->epoch;
+        reader->offset = 0;
+      }
+      {
+        std::lock_guard<std::mutex> lock(w.mu);
+        w.positions[reading] = {reader->epoch, reader->offset};
+        ++w.progress;
+      }
+      w.progress_cv.notify_all();
+    }
+    if (o.on_push_acked) o.on_push_acked(client.push_seq(), clock, samples);
     result.compute_seconds += compute_seconds;
     result.communication_seconds += communication;
     result.wait_seconds += waited;
-    result.last_batch = static_cast<uint32_t>(batch);
+    result.last_batch = push_batch;
     ++clock;
     ++result.clocks;
-    result.samples += static_cast<uint64_t>(batch);
-    window_samples += static_cast<uint64_t>(batch);
+    result.samples += this_batch;
+    window_samples += this_batch;
     w.clock_now = clock;
     result.last_loss = loss_ewma;
     const TimePoint now = w.clock->Now();
     if (now >= next_progress) {
       double sps = window_samples / std::max(1e-9, ToSeconds(now - window_start));
       w.samples_per_second = static_cast<float>(sps);
-      double ep = epoch - 1 + static_cast<double>(cursor) / std::max<size_t>(1, order.size());
+      double ep = epoch;
+      for (const auto& [index, r] : readers) {
+        if (r.epoch == epoch && !r.order.empty()) {
+          ep = epoch + static_cast<double>(r.offset) / static_cast<double>(r.order.size());
+          break;
+        }
+      }
       if (tty) {
         std::fprintf(stderr, "\rworker %u  epoch %.2f  clock %lu  loss %.4f  %.0f samples/s   ", w.id,
                      std::max(0.0, ep), static_cast<unsigned long>(clock), loss_ewma, sps);
@@ -527,7 +687,8 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   if (!w.stop) {
     // Finished our epochs: tell the monitor, so the barrier stops waiting for us.
     w.done = true;
-    spdlog::info("worker {}: finished {} epoch(s) at clock {}", w.id, epoch, clock);
+    spdlog::info("worker {}: its data partitions finished {} epoch(s) at clock {}", w.id, w.epochs,
+                 clock);
   }
   {
     std::lock_guard<std::mutex> lock(w.mu);

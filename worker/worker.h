@@ -51,6 +51,10 @@ struct WorkerOptions {
   // memory limit (--max-batch); 0: no limit.
   uint32_t max_batch = 0;
 
+  // Appends one line per acknowledged push (--sample-log): the partition,
+  // its epoch, and the training-set indices of the batch. Empty: none.
+  std::string sample_log;
+
   // Hooks for programs that embed a worker (tests keep their own record of
   // the run through them). Both run on the training thread.
   // Before each iteration, with the clock it is about to run; it may block
