@@ -319,6 +319,11 @@ void MonitorCore::AssignPartitions() {
             [&](uint32_t a, uint32_t b) { return workers_.at(a).rank < workers_.at(b).rank; });
   for (uint32_t id : live) owned[id];
   for (size_t p = 0; p < partitions_.size(); ++p) {
+    // A worker that died while handing a partition over cannot report any
+    // more: the new owner starts from its last reported position.
+    if (partitions_[p].releasing != 0 && !owned.count(partitions_[p].releasing)) {
+      partitions_[p].releasing = 0;
+    }
     auto it = owned.find(partitions_[p].owner);
     if (it != owned.end()) {
       it->second.push_back(p);
@@ -356,6 +361,7 @@ void MonitorCore::AssignPartitions() {
     owned[from].pop_back();
     owned[to].push_back(p);
     partitions_[p].owner = to;
+    partitions_[p].releasing = from;
     spdlog::info("data partition {} (epoch {}, offset {}) moves from worker {} to worker {}", p,
                  partitions_[p].epoch, partitions_[p].offset, from, to);
   }
@@ -471,6 +477,28 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   WorkerState& w = it->second;
   w.last_seen = clock_->Now();
   w.clock = std::max(w.clock, hb->clock());
+  // Read positions first: a worker's last heartbeat (done) carries its final ones.
+  std::set<uint32_t> reading;
+  if (hb->positions() != nullptr) {
+    for (const wire::PartitionPosition* pp : *hb->positions()) {
+      if (pp->index() >= partitions_.size()) continue;
+      reading.insert(pp->index());
+      PartitionState& ps = partitions_[pp->index()];
+      // Only the worker reading a partition moves it, and only forward.
+      const bool reader = ps.releasing != 0 ? ps.releasing == w.id : ps.owner == w.id;
+      if (!reader) continue;
+      if (std::make_pair(pp->epoch(), pp->offset()) > std::make_pair(ps.epoch, ps.offset)) {
+        ps.epoch = pp->epoch();
+        ps.offset = pp->offset();
+      }
+    }
+  }
+  for (auto& ps : partitions_) {
+    // It no longer reads the partition it hands over: its position is final.
+    if (ps.releasing == w.id && !reading.count(static_cast<uint32_t>(&ps - partitions_.data()))) {
+      ps.releasing = 0;
+    }
+  }
   if (hb->done() && !w.done) {
     w.done = true;
     spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
@@ -489,18 +517,6 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     r.memory_limit_batch = hb->memory_limit_batch();
     r.clock = hb->clock();
     r.at = w.last_seen;
-    if (hb->positions() != nullptr) {
-      for (const wire::PartitionPosition* pp : *hb->positions()) {
-        if (pp->index() >= partitions_.size()) continue;
-        PartitionState& ps = partitions_[pp->index()];
-        // Only its owner moves a partition, and only forward.
-        if (ps.owner != w.id) continue;
-        if (std::make_pair(pp->epoch(), pp->offset()) > std::make_pair(ps.epoch, ps.offset)) {
-          ps.epoch = pp->epoch();
-          ps.offset = pp->offset();
-        }
-      }
-    }
     policy_.Report(w.id, r);
     // A worker whose speed just shifted gets its new size in this reply
     // rather than a heartbeat later.
@@ -517,7 +533,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   auto reason = fbb.CreateString(stop_reason_);
   std::vector<wire::PartitionPosition> mine;
   for (size_t p = 0; p < partitions_.size(); ++p) {
-    if (partitions_[p].owner == w.id) {
+    if (partitions_[p].owner == w.id && partitions_[p].releasing == 0) {
       mine.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
     }
   }

@@ -105,6 +105,9 @@ struct PartitionState {
   uint32_t owner = 0;  // worker id; 0: nobody
   uint32_t epoch = 0;
   uint64_t offset = 0;
+  // Moving from this live worker to `owner`: the new owner gets it once
+  // the old one has reported its final position and let go (0: not moving).
+  uint32_t releasing = 0;
 };
 
 // Single-threaded: one thread calls every method.

@@ -98,6 +98,15 @@ class Cluster {
     if (extra != spec_.worker_flags_by_index.end()) {
       w.insert(w.end(), extra->second.begin(), extra->second.end());
     }
+    // "{dir}" in a flag is the cluster's directory, "{n}" the worker's number.
+    for (auto& arg : w) {
+      for (const auto& [key, value] : {std::pair<std::string, std::string>{"{dir}", dir.path()},
+                                       {"{n}", std::to_string(started_workers_)}}) {
+        for (size_t at = arg.find(key); at != std::string::npos; at = arg.find(key)) {
+          arg.replace(at, key.size(), value);
+        }
+      }
+    }
     workers.push_back(Process::Start(w, dir.path(), "worker" + std::to_string(started_workers_)));
     ++started_workers_;
   }

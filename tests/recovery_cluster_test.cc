@@ -7,7 +7,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "ps/transport.h"
@@ -385,6 +387,99 @@ TEST(RecoveryClusterTest, StoppedClusterResumesFromItsCheckpoints) {
   c.monitor->Signal(SIGTERM);
   for (auto& s : c.shards) s->Signal(SIGTERM);
   EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
+}
+
+// Worker churn: mid-run one worker is killed with SIGKILL and another joins.
+// The barrier moves on within the lease; the dead worker's data partition is
+// given to another worker, which continues from the monitor's read position.
+// By the test's own record (every worker's --sample-log: what each
+// acknowledged push trained on), every sample of every partition is trained
+// in each epoch, and the only samples trained twice are those of the killed
+// worker's last batch.
+TEST(RecoveryClusterTest, WorkerChurnSkipsNoSampleAndRepeatsAtMostTheKilledWorkersLastBatch) {
+  constexpr int kPartitions = 4, kEpochs = 2, kTrain = 6000;
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 3;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--data-partitions",
+                        std::to_string(kPartitions), "--epochs", std::to_string(kEpochs),
+                        "--lease", "1.5", "--time-cap", "150", "--eval-interval", "5"};
+  spec.worker_flags = {"--train-limit", std::to_string(kTrain), "--test-limit", "500",
+                       "--sample-log", "{dir}/samples-{n}.log"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 15, seconds(60))) << c.Logs();
+
+  c.workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(c.workers[1]->Wait(seconds(5)).has_value());
+  const double at_kill = std::max(AppliedClock(c.shard_metrics[0]), AppliedClock(c.shard_metrics[1]));
+  const auto killed_at = std::chrono::steady_clock::now();
+  // The barrier waits for the dead worker at most its lease (1.5 s), plus
+  // the time the shards take to hear of the new membership.
+  ASSERT_TRUE(WaitForClock(c, at_kill + 2, seconds(20))) << c.Logs();
+  const double stalled = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(stalled, 1.5 + 2.0) << "the barrier waited " << stalled << " s for the dead worker";
+  c.StartWorker();  // joins mid-run
+
+  ASSERT_TRUE(c.monitor->Wait(seconds(150)).has_value()) << c.Logs();
+  EXPECT_NE(c.monitor->Stdout().find("stop reason: all workers finished"), std::string::npos)
+      << c.Logs();
+  for (size_t i = 0; i < c.workers.size(); ++i) {
+    if (i == 1) continue;
+    auto rc = c.workers[i]->Wait(seconds(20));
+    ASSERT_TRUE(rc.has_value()) << c.workers[i]->name() << " did not exit\n" << c.Logs();
+    EXPECT_EQ(*rc, 0) << c.Logs();
+  }
+
+  // The test's record: what every acknowledged push trained on.
+  std::map<std::pair<int, int>, std::map<uint32_t, int>> trained;  // (partition, epoch) -> counts
+  std::vector<uint32_t> killed_last_batch;
+  for (int n = 0; n < 4; ++n) {
+    std::istringstream log(ReadFile(c.dir.path() + "/samples-" + std::to_string(n) + ".log"));
+    std::string line;
+    while (std::getline(log, line)) {
+      std::istringstream in(line);
+      int partition = -1, epoch = -1;
+      in >> partition >> epoch;
+      ASSERT_TRUE(partition >= 0 && partition < kPartitions && epoch >= 0 && epoch < kEpochs) << line;
+      std::vector<uint32_t> batch;
+      for (uint32_t sample; in >> sample;) {
+        ++trained[{partition, epoch}][sample];
+        batch.push_back(sample);
+      }
+      if (n == 1) killed_last_batch = batch;
+    }
+  }
+  ASSERT_FALSE(killed_last_batch.empty()) << "the killed worker trained nothing";
+  size_t repeated = 0;
+  for (int p = 0; p < kPartitions; ++p) {
+    const uint32_t begin = kTrain * p / kPartitions, end = kTrain * (p + 1) / kPartitions;
+    for (int e = 0; e < kEpochs; ++e) {
+      const auto& counts = trained[{p, e}];
+      size_t missing = 0;
+      for (uint32_t i = begin; i < end; ++i) missing += !counts.count(i);
+      EXPECT_EQ(missing, 0u) << "partition " << p << " epoch " << e << " skipped samples";
+      for (const auto& [sample, count] : counts) {
+        EXPECT_TRUE(sample >= begin && sample < end) << "sample " << sample << " in partition " << p;
+        if (count > 1) {
+          repeated += static_cast<size_t>(count - 1);
+          EXPECT_EQ(count, 2) << "sample " << sample;
+          EXPECT_NE(std::find(killed_last_batch.begin(), killed_last_batch.end(), sample),
+                    killed_last_batch.end())
+              << "sample " << sample << " of partition " << p << " epoch " << e
+              << " was trained twice, and not in the killed worker's last batch";
+        }
+      }
+    }
+  }
+  EXPECT_LE(repeated, killed_last_batch.size());
+  if (HasFailure()) {
+    std::string tail;
+    std::istringstream log(ReadFile(c.dir.path() + "/samples-1.log"));
+    for (std::string line; std::getline(log, line);) tail = line.substr(0, 60) + "\n" + tail.substr(0, 200);
+    ADD_FAILURE() << "killed worker's last lines:\n" << tail << c.Logs();
+  }
+  EXPECT_NE(c.monitor->Stderr().find("missed its lease"), std::string::npos);
 }
 
 }  // namespace

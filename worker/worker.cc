@@ -429,7 +429,13 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       }
       spdlog::info("worker {}: data partition {} moved to another worker", w.id, it->first);
       {
-        std::lock_guard<std::mutex> lock(w.mu);
+        // Let go only once the monitor holds its final position (the next
+        // owner starts there); bounded, and not while the monitor is away.
+        std::unique_lock<std::mutex> lock(w.mu);
+        const TimePoint until = w.clock->Now() + std::chrono::seconds(1);
+        while (w.monitor_up && w.reported < w.progress && !w.stop &&
+               !w.clock->WaitUntil(w.progress_cv, lock, until)) {
+        }
         w.positions.erase(it->first);
       }
       it = readers.erase(it);
