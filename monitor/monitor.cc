@@ -245,6 +245,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     w.start_clock = w.clock;
   }
   workers_[w.id] = w;
+  awaiting_workers_ = false;
   spdlog::info("worker {} registered as rank {}", w.id, w.rank);
   if (map_built_) UpdatePolicyWorkers();
   ChangeMembership("worker " + std::to_string(w.id) + " joined");
@@ -770,7 +771,10 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     } else {
       bool any_done = false;
       for (const auto& [id, w] : workers_) any_done |= w.done;
-      if (any_done && LiveWorkers().empty()) StopJob("all workers finished", out);
+      // (Not while a resumed job waits for its new workers.)
+      if (any_done && LiveWorkers().empty() && !awaiting_workers_) {
+        StopJob("all workers finished", out);
+      }
     }
   }
 }
@@ -913,6 +917,9 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   }
   if (st->last_accuracy() >= 0) last_accuracy_ = st->last_accuracy();
   if (st->time_to_target() >= 0) time_to_target_ = st->time_to_target();
+  // Workers that were here are gone or will say so; the job waits for a
+  // live one before "all workers finished" can end it again.
+  awaiting_workers_ = LiveWorkers().empty();
   if (state_ == wire::JobState::Stopped) {
     spdlog::warn("job {} had stopped ({}); resuming it", options_.job_id, stop_reason_);
     state_ = map_built_ ? wire::JobState::Running : wire::JobState::Waiting;

@@ -233,6 +233,7 @@ class MonitorCore {
   TimePoint created_at_{};
 
   bool dirty_ = true;
+  bool awaiting_workers_ = false;  // resumed with no live worker yet
   uint32_t next_id_ = 1;  // 0 is the monitor itself
   uint32_t next_rank_ = 0;
   policy::StragglerPolicy policy_;

@@ -691,10 +691,15 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   result.seconds = ToSeconds(w.clock->Now() - t0);
   if (!failure.ok() && !w.stop) return failure;
   if (!w.stop) {
-    // Finished our epochs: tell the monitor, so the barrier stops waiting for us.
+    // Finished our epochs, or told to go (SIGTERM): tell the monitor, so the
+    // barrier stops waiting for us.
     w.done = true;
-    spdlog::info("worker {}: its data partitions finished {} epoch(s) at clock {}", w.id, w.epochs,
-                 clock);
+    if (cancel_) {
+      spdlog::info("worker {}: leaving at clock {}", w.id, clock);
+    } else {
+      spdlog::info("worker {}: its data partitions finished {} epoch(s) at clock {}", w.id,
+                   w.epochs, clock);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(w.mu);
