@@ -159,6 +159,8 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
     case wire::Body::Heartbeat: return OnHeartbeat(peer, d, out);
     case wire::Body::AccuracyReport: return OnAccuracy(peer, d, out);
+    case wire::Body::StatusRequest: return OnStatus(peer, d, out);
+    case wire::Body::RemoveWorker: return OnRemoveWorker(peer, d, out);
     default:
       return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
                         std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
@@ -446,6 +448,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
       shard->last_seen = clock_->Now();
       // The heartbeat says max(0, applied clock).
       shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb->clock()));
+      shard->checkpoint_age = hb->checkpoint_age_seconds();
       if (hb->done() && !shard->down) {
         shard->down = true;
         spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
@@ -477,6 +480,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   WorkerState& w = it->second;
   w.last_seen = clock_->Now();
+  w.samples_per_second = hb->samples_per_second();
   w.clock = std::max(w.clock, hb->clock());
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
   std::set<uint32_t> reading;
@@ -564,6 +568,56 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
       state_ == wire::JobState::Running) {
     StopJob(fmt::format("target accuracy {:g} reached", options_.target_accuracy), out);
   }
+}
+
+void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  flatbuffers::FlatBufferBuilder fbb(4096);
+  std::vector<flatbuffers::Offset<wire::ShardStatus>> shards;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardState& sh = shards_[i];
+    const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
+    shards.push_back(wire::CreateShardStatusDirect(fbb, sh.id, sh.address.c_str(), range.first,
+                                                   range.second, !sh.down, sh.applied_clock,
+                                                   sh.checkpoint_age, sh.restarts));
+  }
+  std::vector<flatbuffers::Offset<wire::WorkerStatus>> workers;
+  for (const auto& [id, w] : workers_) {
+    std::vector<uint32_t> parts;
+    for (size_t p = 0; p < partitions_.size(); ++p) {
+      if (partitions_[p].owner == id) parts.push_back(static_cast<uint32_t>(p));
+    }
+    workers.push_back(wire::CreateWorkerStatusDirect(fbb, w.id, w.rank, w.batch, w.staleness,
+                                                     w.staleness_range, w.clock, w.alive, w.done,
+                                                     w.samples_per_second, &parts));
+  }
+  std::vector<wire::PartitionPosition> positions;
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    positions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
+  }
+  wire::Policy policy = wire::Policy::Fixed;
+  if (options_.policy.kind == policy::Kind::kAdaptiveBatch) policy = wire::Policy::AdaptiveBatch;
+  if (options_.policy.kind == policy::Kind::kPacer) policy = wire::Policy::Pacer;
+  auto map = map_built_ ? BuildShardMap(fbb) : 0;
+  auto body = wire::CreateStatusReplyDirect(
+      fbb, state_, options_.mode, policy, stop_reason_.c_str(), seconds_running().value_or(-1),
+      last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f, map, membership_version_,
+      &model_, &shards, &workers, &positions);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const uint32_t id = d.As<wire::RemoveWorker>()->id();
+  auto it = workers_.find(id);
+  if (it == workers_.end() || !it->second.alive || it->second.done) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "worker " + std::to_string(id) + " is not a live member", out);
+  }
+  it->second.alive = false;
+  spdlog::warn("worker {} (rank {}) removed by request", id, it->second.rank);
+  ChangeMembership("worker " + std::to_string(id) + " removed");
+  if (map_built_) UpdatePolicyWorkers();
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
 }
 
 void MonitorCore::ChangeMembership(const std::string& why) {

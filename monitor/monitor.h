@@ -98,6 +98,7 @@ struct WorkerState {
   TimePoint last_seen{};
   bool alive = true;
   bool done = false;
+  float samples_per_second = 0;  // as it last reported
 };
 
 // One data partition: who reads it, and where its reading stands.
@@ -184,6 +185,7 @@ class MonitorCore {
     uint32_t restarts = 0;
     uint64_t incarnation = 0;  // of the process that registered last
     int64_t applied_clock = -1;  // from its heartbeats
+    float checkpoint_age = -1;   // seconds, from its heartbeats (-1: none)
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -206,6 +208,9 @@ class MonitorCore {
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // pacerctl.
+  void OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void ChangeMembership(const std::string& why);
   // Gives the policy the current live set and copies its assignments into
   // workers_; bumps the membership when a bound changed.

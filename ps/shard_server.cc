@@ -267,8 +267,13 @@ void ShardServer::HeartbeatLoop() {
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     flatbuffers::FlatBufferBuilder fbb(64);
-    auto body = wire::CreateHeartbeat(
-        fbb, wire::Role::Shard, static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));
+    const double last = last_success_unix_.load();
+    const float age = store_ ? static_cast<float>(UnixNow() - (last > 0 ? last : started_unix_)) : -1.0f;
+    wire::HeartbeatBuilder hb(fbb);
+    hb.add_role(wire::Role::Shard);
+    hb.add_clock(static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));
+    hb.add_checkpoint_age_seconds(age);
+    auto body = hb.Finish();
     auto reply = monitor_->Call(fbb, body, clock->Now() + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply &&
         reply->As<wire::HeartbeatReply>()->state() == wire::JobState::Stopped) {

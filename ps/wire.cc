@@ -112,8 +112,9 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                     std::to_string(kProtocolVersion) + ")",
                 env);
   }
-  const bool unbound_register = options.allow_unbound_register && env.job_id == 0 &&
-                                env.type == wire::Body::Register;
+  const bool unbound_register =
+      options.allow_unbound_register && env.job_id == 0 &&
+      (env.type == wire::Body::Register || env.type == wire::Body::StatusRequest);
   if (options.check_job && env.job_id != options.job_id && !unbound_register) {
     return Fail(err, wire::ErrorCode::WrongJob,
                 "message for job " + std::to_string(env.job_id) + ", this is job " +

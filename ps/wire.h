@@ -52,8 +52,8 @@ std::optional<wire::Mode> ParseMode(const std::string& name);
 struct DecodeOptions {
   uint64_t job_id = 0;         // messages from other jobs are refused
   bool check_job = true;       // false only for processes that learn the job id
-  // Accept job id 0 on Register messages: a newcomer learns the job id from
-  // the register reply (the monitor sets this).
+  // Accept job id 0 on Register and StatusRequest messages: a newcomer (or
+  // pacerctl) learns the job id from the reply (the monitor sets this).
   bool allow_unbound_register = false;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   bool check_crc = true;

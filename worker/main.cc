@@ -29,7 +29,12 @@ int main(int argc, char** argv) {
                "MLP on its partition of Fashion-MNIST on the CPU, and pushes gradients to and "
                "pulls parameters from the shards.",
                "pacer-worker"};
-  app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
+  std::string evaluate_model;
+  app.add_option("--monitor", opts.monitor,
+                 "The monitor's address, tcp://HOST:PORT (required unless --evaluate-model)");
+  app.add_option("--evaluate-model", evaluate_model,
+                 "Evaluate an exported model (pacerctl export-model FILE) on the test set, print "
+                 "'test accuracy: A' and 'test loss: L' on stdout, and exit; needs no cluster");
   app.add_option("--dataset", opts.dataset_dir, "Directory with the Fashion-MNIST IDX .gz files")
       ->capture_default_str();
   app.add_option("--train-limit", opts.train_limit,
@@ -77,6 +82,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+  if (opts.monitor.empty() && evaluate_model.empty()) {
+    std::fprintf(stderr, "pacer-worker: --monitor is required (or --evaluate-model FILE)\n");
+    return pacer::kExitUsage;
+  }
 
   opts.model.layers.clear();
   std::stringstream ss(layers);
@@ -123,6 +132,16 @@ int main(int argc, char** argv) {
       spdlog::info("emulating a shared node: {} busy thread(s){}", contention,
                    pin_cpu >= 0 ? fmt::format(" on CPU {}", pin_cpu) : std::string());
     }
+  }
+  if (!evaluate_model.empty()) {
+    auto r = pacer::worker::EvaluateModelFile(evaluate_model, opts);
+    if (!r.ok()) {
+      spdlog::error("{}", r.status().ToString());
+      return pacer::kExitFailure;
+    }
+    std::printf("test accuracy: %.4f\ntest loss: %.4f\ntest samples: %zu\n", r->accuracy, r->loss,
+                r->samples);
+    return pacer::kExitOk;
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "ps/model_file.h"
 #include "ps/rpc.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu_backend.h"
@@ -26,6 +27,24 @@ std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats) {
     keys.emplace_back(k, std::min(block_floats, num_params - off));
   }
   return keys;
+}
+
+absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options) {
+  auto model = ReadModelFile(path);
+  if (!model.ok()) return model.status();
+  auto backend = MakeCpuBackend(options.model);
+  if (backend == nullptr) return absl::InvalidArgumentError("invalid model layer widths");
+  if (model->values.size() != backend->num_params()) {
+    return absl::FailedPreconditionError(
+        path + " holds " + std::to_string(model->values.size()) + " parameters; the model of " +
+        "--layers has " + std::to_string(backend->num_params()));
+  }
+  auto test = LoadFashionMnist(options.dataset_dir, /*train=*/false);
+  if (!test.ok()) return test.status();
+  size_t n = test->size();
+  if (options.test_limit > 0) n = std::min(n, options.test_limit);
+  // The file lays keys out in ascending order, as the worker's flat vector.
+  return backend->Evaluate(model->values, test->images.data(), test->labels.data(), n);
 }
 
 namespace {

@@ -99,6 +99,11 @@ class Worker {
   std::atomic<bool> cancel_{false};
 };
 
+// Evaluates an exported model file (ps/model_file.h) on the test set of
+// options.dataset_dir (options.test_limit samples; 0: all), with the model
+// of options.model. FailedPrecondition when the file holds another model.
+absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options);
+
 // The keys of a model: its flat parameter vector cut into blocks.
 std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats);
 

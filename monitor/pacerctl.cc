@@ -1,0 +1,319 @@
+// pacerctl: a small CLI that talks to the monitor.
+//
+//   pacerctl [--monitor ADDR] status [-o table|wide|json] [--watch S]
+//   pacerctl [--monitor ADDR] remove-worker ID
+//   pacerctl [--monitor ADDR] export-model FILE
+//
+// --monitor falls back to $PACER_MONITOR. Data on stdout, messages on stderr.
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "ps/cli.h"
+#include "ps/client.h"
+#include "ps/model_file.h"
+#include "ps/rpc.h"
+#include "ps/transport.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+// The sender id pacerctl uses: not a member, not the monitor.
+constexpr uint32_t kToolSender = 0xFFFFFFFFu;
+
+struct Ctl {
+  std::unique_ptr<pacer::Transport> transport;
+  std::unique_ptr<pacer::RpcChannel> monitor;
+  double timeout_s = 5;
+  uint64_t job = 0;
+
+  pacer::TimePoint Deadline() const {
+    return transport->clock()->Now() + pacer::FromSeconds(timeout_s);
+  }
+  absl::Status Connect(const std::string& address) {
+    transport = pacer::MakeZmqTransport(pacer::TransportOptions{});
+    pacer::RpcOptions ropts;
+    ropts.check_job = false;
+    ropts.sender = kToolSender;
+    auto ch = pacer::RpcChannel::Connect(transport.get(), address, ropts);
+    if (!ch.ok()) return ch.status();
+    monitor = std::move(*ch);
+    return absl::OkStatus();
+  }
+  // The monitor's status reply (kept alive in `out`).
+  absl::StatusOr<const pacer::wire::StatusReply*> Status(pacer::Decoded* out) {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    auto reply = monitor->Call(fbb, pacer::wire::CreateStatusRequest(fbb), Deadline());
+    if (!reply.ok()) return reply.status();
+    if (reply->type() != pacer::wire::Body::StatusReply) {
+      return absl::InternalError(std::string("the monitor answered with ") +
+                                 pacer::wire::EnumNameBody(reply->type()));
+    }
+    *out = std::move(*reply);
+    job = out->env.job_id;
+    monitor->options().job_id = job;
+    return out->As<pacer::wire::StatusReply>();
+  }
+};
+
+std::string Str(const flatbuffers::String* s) { return s ? s->str() : ""; }
+
+std::string Lower(const char* name) {
+  std::string s = name ? name : "";
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+nlohmann::json StatusJson(uint64_t job, const pacer::wire::StatusReply* r) {
+  using nlohmann::json;
+  json j;
+  j["job_id"] = std::to_string(job);  // 64-bit ids do not survive JSON doubles
+  j["state"] = Lower(pacer::wire::EnumNameJobState(r->state()));
+  j["mode"] = Lower(pacer::wire::EnumNameMode(r->mode()));
+  // As --policy spells them.
+  j["policy"] = r->policy() == pacer::wire::Policy::AdaptiveBatch ? "adaptive-batch"
+                : r->policy() == pacer::wire::Policy::Pacer        ? "pacer"
+                                                                   : "fixed";
+  j["stop_reason"] = Str(r->stop_reason());
+  j["seconds_running"] = r->seconds_running() >= 0 ? json(r->seconds_running()) : json(nullptr);
+  j["test_accuracy"] = r->last_accuracy() >= 0 ? json(r->last_accuracy()) : json(nullptr);
+  j["shard_map_version"] = r->shard_map() ? r->shard_map()->version() : 0;
+  j["membership_version"] = r->membership_version();
+  uint64_t params = 0;
+  if (r->model()) {
+    for (const auto* k : *r->model()) params += k->length();
+  }
+  j["model"] = {{"keys", r->model() ? r->model()->size() : 0}, {"parameters", params}};
+  j["shards"] = json::array();
+  if (r->shards()) {
+    for (const auto* s : *r->shards()) {
+      j["shards"].push_back({{"id", s->id()},
+                             {"address", Str(s->address())},
+                             {"key_begin", s->key_begin()},
+                             {"key_end", s->key_end()},
+                             {"up", s->up()},
+                             {"applied_clock", s->applied_clock()},
+                             {"checkpoint_age_seconds", s->checkpoint_age_seconds() >= 0
+                                                            ? json(s->checkpoint_age_seconds())
+                                                            : json(nullptr)},
+                             {"restarts", s->restarts()}});
+    }
+  }
+  j["workers"] = json::array();
+  if (r->workers()) {
+    for (const auto* w : *r->workers()) {
+      json parts = json::array();
+      if (w->partitions()) {
+        for (uint32_t p : *w->partitions()) parts.push_back(p);
+      }
+      j["workers"].push_back({{"id", w->id()},
+                              {"rank", w->rank()},
+                              {"state", w->done() ? "done" : (w->alive() ? "live" : "dead")},
+                              {"batch", w->batch()},
+                              {"staleness", w->staleness()},
+                              {"staleness_range", w->staleness_range()},
+                              {"clock", w->clock()},
+                              {"samples_per_second", w->samples_per_second()},
+                              {"partitions", parts}});
+    }
+  }
+  j["partitions"] = json::array();
+  if (r->partitions()) {
+    for (const auto* p : *r->partitions()) {
+      j["partitions"].push_back({{"index", p->index()}, {"epoch", p->epoch()}, {"offset", p->offset()}});
+    }
+  }
+  return j;
+}
+
+void PrintTable(const nlohmann::json& j, bool wide) {
+  std::printf("job %s  %s", j["job_id"].get<std::string>().c_str(),
+              j["state"].get<std::string>().c_str());
+  if (!j["seconds_running"].is_null()) std::printf(" %.1f s", j["seconds_running"].get<double>());
+  std::printf("  mode %s  policy %s", j["mode"].get<std::string>().c_str(),
+              j["policy"].get<std::string>().c_str());
+  if (!j["test_accuracy"].is_null()) std::printf("  accuracy %.4f", j["test_accuracy"].get<double>());
+  std::printf("  shard map v%llu  membership v%llu  model %llu parameters\n",
+              static_cast<unsigned long long>(j["shard_map_version"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["membership_version"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["model"]["parameters"].get<uint64_t>()));
+  if (!j["stop_reason"].get<std::string>().empty()) {
+    std::printf("stop reason: %s\n", j["stop_reason"].get<std::string>().c_str());
+  }
+  std::printf("\n%-6s %-24s %-14s %-4s %-8s %-15s %s\n", "SHARD", "ADDRESS", "KEYS", "UP", "CLOCK",
+              "CHECKPOINT AGE", "RESTARTS");
+  for (const auto& s : j["shards"]) {
+    const uint64_t end = s["key_end"].get<uint64_t>();
+    const std::string keys = "[" + std::to_string(s["key_begin"].get<uint64_t>()) + ", " +
+                             (end == UINT64_MAX ? std::string("end") : std::to_string(end)) + ")";
+    const std::string age = s["checkpoint_age_seconds"].is_null()
+                                ? "-"
+                                : fmt::format("{:.1f} s", s["checkpoint_age_seconds"].get<double>());
+    std::printf("%-6u %-24s %-14s %-4s %-8lld %-15s %u\n", s["id"].get<uint32_t>(),
+                s["address"].get<std::string>().c_str(), keys.c_str(),
+                s["up"].get<bool>() ? "yes" : "no",
+                static_cast<long long>(s["applied_clock"].get<int64_t>()), age.c_str(),
+                s["restarts"].get<uint32_t>());
+  }
+  std::printf("\n%-7s %-5s %-5s %-6s %-10s %-8s %-10s %s\n", "WORKER", "RANK", "STATE", "BATCH",
+              "STALENESS", "CLOCK", "SAMPLES/S", "PARTITIONS");
+  for (const auto& w : j["workers"]) {
+    if (!wide && w["state"] != "live") continue;
+    std::string parts;
+    for (const auto& p : w["partitions"]) parts += (parts.empty() ? "" : ",") + std::to_string(p.get<uint32_t>());
+    const std::string staleness = std::to_string(w["staleness"].get<uint32_t>()) +
+                                  (w["staleness_range"].get<uint32_t>() > 0
+                                       ? "+" + std::to_string(w["staleness_range"].get<uint32_t>())
+                                       : "");
+    std::printf("%-7u %-5u %-5s %-6u %-10s %-8llu %-10.0f %s\n", w["id"].get<uint32_t>(),
+                w["rank"].get<uint32_t>(), w["state"].get<std::string>().c_str(),
+                w["batch"].get<uint32_t>(), staleness.c_str(),
+                static_cast<unsigned long long>(w["clock"].get<uint64_t>()),
+                w["samples_per_second"].get<double>(), parts.empty() ? "-" : parts.c_str());
+  }
+  if (wide) {
+    std::printf("\n%-10s %-6s %s\n", "PARTITION", "EPOCH", "OFFSET");
+    for (const auto& p : j["partitions"]) {
+      std::printf("%-10u %-6u %llu\n", p["index"].get<uint32_t>(), p["epoch"].get<uint32_t>(),
+                  static_cast<unsigned long long>(p["offset"].get<uint64_t>()));
+    }
+  }
+}
+
+int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
+  for (;;) {
+    pacer::Decoded d;
+    auto r = ctl.Status(&d);
+    if (!r.ok()) {
+      std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+      return pacer::kExitFailure;
+    }
+    const nlohmann::json j = StatusJson(ctl.job, *r);
+    if (output == "json") {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      PrintTable(j, output == "wide");
+    }
+    std::fflush(stdout);
+    if (watch_s <= 0) return pacer::kExitOk;
+    std::this_thread::sleep_for(std::chrono::duration<double>(watch_s));
+    if (output != "json") std::printf("\n");
+  }
+}
+
+int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
+  pacer::Decoded d;
+  if (auto r = ctl.Status(&d); !r.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateRemoveWorker(fbb, id), ctl.Deadline());
+  if (!reply.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  std::printf("removed worker %u\n", id);
+  return pacer::kExitOk;
+}
+
+int ExportModelCommand(Ctl& ctl, const std::string& path) {
+  pacer::Decoded d;
+  auto r = ctl.Status(&d);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  const auto* st = *r;
+  if (st->shard_map() == nullptr || st->model() == nullptr || st->model()->size() == 0) {
+    std::fprintf(stderr, "pacerctl: the job has no model on the shards yet\n");
+    return pacer::kExitFailure;
+  }
+  pacer::ShardMapInfo map = pacer::ShardMapFromWire(st->shard_map());
+  std::vector<pacer::wire::KeyLen> keys;
+  for (const pacer::wire::KeyLen* k : *st->model()) keys.push_back(*k);
+  pacer::ClientOptions copts;
+  copts.rpc.job_id = ctl.job;
+  copts.rpc.sender = kToolSender;
+  copts.request_timeout = pacer::FromSeconds(ctl.timeout_s * 6);
+  auto client = pacer::PsClient::Create(ctl.transport.get(), copts, map, keys);
+  if (!client.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", client.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  auto pulled = (*client)->Pull(0, /*latest=*/true);
+  if (!pulled.ok()) {
+    std::fprintf(stderr, "pacerctl: reading the parameters: %s\n", pulled.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  pacer::ModelFile m;
+  m.job_id = ctl.job;
+  m.map_version = map.version;
+  m.keys = (*client)->keys();
+  m.values.assign((*client)->params().begin(), (*client)->params().end());
+  if (absl::Status s = pacer::WriteModelFile(path, m); !s.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", s.ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  std::printf("exported %zu parameters (%zu keys, applied clock %lld) of job %llu to %s\n",
+              m.values.size(), m.keys.size(), static_cast<long long>(*pulled),
+              static_cast<unsigned long long>(ctl.job), path.c_str());
+  return pacer::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string monitor;
+  if (const char* env = std::getenv("PACER_MONITOR")) monitor = env;
+  std::string log_level = "warn";
+  Ctl ctl;
+  CLI::App app{"pacerctl: inspect and steer a running Pacer job through its monitor.", "pacerctl"};
+  app.add_option("--monitor", monitor,
+                 "The monitor's address, tcp://HOST:PORT (default: $PACER_MONITOR)");
+  app.add_option("--timeout", ctl.timeout_s, "Seconds to wait for the monitor's answer")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  pacer::AddLogLevelFlag(app, &log_level);
+  app.require_subcommand(1);
+
+  std::string output = "table";
+  double watch_s = 0;
+  auto* status = app.add_subcommand(
+      "status", "A table of the job's shards and workers: key ranges, clocks, checkpoint age, "
+                "batch sizes, staleness bounds, data partitions");
+  status->add_option("-o,--output", output, "table, wide (adds dead workers and read positions) "
+                                            "or json (a stable shape, for scripts)")
+      ->capture_default_str()->check(CLI::IsMember({"table", "wide", "json"}));
+  status->add_option("--watch", watch_s, "Refresh every S seconds until interrupted")
+      ->check(CLI::NonNegativeNumber);
+
+  uint32_t worker_id = 0;
+  auto* remove = app.add_subcommand(
+      "remove-worker", "Take a worker out of the job now, as if its lease had expired; its data "
+                       "partitions go to the others");
+  remove->add_option("ID", worker_id, "The worker's id (pacerctl status)")->required();
+
+  std::string path;
+  auto* exportm = app.add_subcommand(
+      "export-model", "Read the current parameters from the shards and write them to FILE "
+                      "(format: ps/model_file.h); pacer-worker --evaluate-model FILE evaluates it");
+  exportm->add_option("FILE", path, "Output file")->required();
+
+  if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+  pacer::SetupLogging("pacerctl", log_level);
+  if (monitor.empty()) {
+    std::fprintf(stderr, "pacerctl: no monitor address: give --monitor or set PACER_MONITOR\n");
+    return pacer::kExitUsage;
+  }
+  if (absl::Status s = ctl.Connect(monitor); !s.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", s.ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  if (*status) return StatusCommand(ctl, output, watch_s);
+  if (*remove) return RemoveWorkerCommand(ctl, worker_id);
+  return ExportModelCommand(ctl, path);
+}
