@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", ctl.timeout_s, "Seconds to wait for the monitor's answer")
       ->capture_default_str()->check(CLI::PositiveNumber);
   pacer::AddLogLevelFlag(app, &log_level);
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);
 
   std::string output = "table";
   double watch_s = 0;
@@ -305,6 +305,11 @@ int main(int argc, char** argv) {
 
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("pacerctl", log_level);
+  if (!*status && !*remove && !*exportm) {
+    std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker or export-model "
+                         "(see --help)\n");
+    return pacer::kExitUsage;
+  }
   if (monitor.empty()) {
     std::fprintf(stderr, "pacerctl: no monitor address: give --monitor or set PACER_MONITOR\n");
     return pacer::kExitUsage;

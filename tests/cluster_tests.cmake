@@ -5,7 +5,8 @@ target_link_libraries(pacer_test_util PUBLIC GTest::gtest)
 target_compile_definitions(pacer_test_util PUBLIC
   PACER_SERVER_BIN="$<TARGET_FILE:pacer-server>"
   PACER_MONITOR_BIN="$<TARGET_FILE:pacer-monitor>"
-  PACER_WORKER_BIN="$<TARGET_FILE:pacer-worker>")
+  PACER_WORKER_BIN="$<TARGET_FILE:pacer-worker>"
+  PACERCTL_BIN="$<TARGET_FILE:pacerctl>")
 
 foreach(t cluster_test straggler_cluster_test bad_input_test help_test)
   pacer_test(${t} cluster pacer_test_util pacer_ps)
@@ -18,3 +19,6 @@ pacer_test(inproc_cluster_test cluster pacer_monitor pacer_worker)
 # Crash recovery: shard and monitor processes, workers embedded in the test.
 pacer_test(recovery_cluster_test cluster pacer_test_util pacer_worker)
 add_dependencies(recovery_cluster_test pacer-server pacer-monitor)
+
+pacer_test(pacerctl_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
+add_dependencies(pacerctl_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)

@@ -20,16 +20,20 @@ const Binary kBinaries[] = {
     {PACER_SERVER_BIN,
      {"--listen", "--monitor", "--metrics-addr", "--log-level", "--max-message-bytes",
       "--pull-timeout", "--register-timeout", "--heartbeat-ms", "--no-apply", "--no-crc",
-      "--request-timeout", "--stall-report"}},
+      "--request-timeout", "--stall-report", "--data-dir", "--checkpoint-interval",
+      "--checkpoint-updates"}},
     {PACER_MONITOR_BIN,
      {"--listen", "--metrics-addr", "--log-level", "--job-id", "--mode", "--lr", "--momentum",
       "--global-batch", "--epochs", "--time-cap", "--target-accuracy", "--report-accuracy",
       "--seed", "--min-shards", "--min-workers", "--lease", "--heartbeat-ms", "--eval-interval",
-      "--max-message-bytes", "--shard-resend-ms", "--stop-grace"}},
+      "--max-message-bytes", "--shard-resend-ms", "--stop-grace", "--data-dir",
+      "--data-partitions"}},
     {PACER_WORKER_BIN,
      {"--monitor", "--log-level", "--dataset", "--train-limit", "--test-limit", "--layers",
       "--block-floats", "--request-timeout", "--start-timeout", "--progress-interval",
-      "--progress", "--max-message-bytes"}},
+      "--progress", "--max-message-bytes", "--sample-log", "--evaluate-model"}},
+    {PACERCTL_BIN, {"--monitor", "--timeout", "--log-level", "status", "remove-worker",
+                    "export-model"}},
 };
 
 TEST(HelpTest, EveryOptionAppearsInHelp) {
