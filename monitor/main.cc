@@ -109,6 +109,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--rescale-batch", opts.rescale_batch,
+               "As workers join or leave, scale the global batch with their number (each keeps "
+               "its share); default: keep --global-batch and split it anew");
   app.add_option("--data-partitions", opts.data_partitions,
                  "Data partitions the training set is cut into, each read by one live worker at a "
                  "time from where the last one stopped (0: one per worker at the start)")

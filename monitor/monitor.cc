@@ -646,7 +646,15 @@ bool MonitorCore::ApplyAssignments() {
 }
 
 void MonitorCore::UpdatePolicyWorkers() {
-  policy_.SetWorkers(LiveWorkers());
+  const std::vector<uint32_t> live = LiveWorkers();
+  if (options_.rescale_batch && batch_per_worker_ > 0 && !live.empty()) {
+    const auto b = static_cast<uint32_t>(std::lround(batch_per_worker_ * static_cast<double>(live.size())));
+    if (b != policy_.global_batch()) {
+      spdlog::info("global batch {} -> {} ({} live workers)", policy_.global_batch(), b, live.size());
+      policy_.SetGlobalBatch(b);
+    }
+  }
+  policy_.SetWorkers(live);
   if (ApplyAssignments()) ChangeMembership("staleness bounds changed");
 }
 
@@ -793,6 +801,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
                                                      : static_cast<uint32_t>(live.size());
     partitions_.assign(partition_count_, PartitionState{});
+    batch_per_worker_ = static_cast<double>(options_.global_batch) / static_cast<double>(live.size());
     policy_.SetWorkers(live);
     ApplyAssignments();
     ChangeMembership("batch sizes assigned");
@@ -884,6 +893,7 @@ std::string MonitorCore::SaveState() const {
   b.add_slack_open(policy_.slack_open());
   b.add_partitions(positions);
   b.add_partition_owners(owners);
+  b.add_batch_per_worker(batch_per_worker_);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
 }
@@ -915,6 +925,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   map_version_ = st->map_version();
   membership_version_ = st->membership_version();
   partition_count_ = st->partition_count();
+  batch_per_worker_ = st->batch_per_worker();
   partitions_.assign(partition_count_, PartitionState{});
   if (st->partitions() != nullptr) {
     for (size_t i = 0; i < st->partitions()->size(); ++i) {

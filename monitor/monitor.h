@@ -47,6 +47,9 @@ struct MonitorOptions {
   // Global batch B (--global-batch): split evenly over the workers present
   // when the run starts; a later worker gets the same share.
   uint32_t global_batch = 192;
+  // As workers join or leave, scale B with their number, so each keeps its
+  // share (--rescale-batch); false: B is kept and re-split.
+  bool rescale_batch = false;
   // Epochs each worker runs over its partition (--epochs); 0: no cap.
   uint32_t epochs = 0;
   // Stop after this many seconds of training (--time-cap); 0: no cap.
@@ -244,6 +247,7 @@ class MonitorCore {
   policy::StragglerPolicy policy_;
   uint32_t partition_count_ = 0;
   std::vector<PartitionState> partitions_;
+  double batch_per_worker_ = 0;  // B / workers at the start (rescale_batch)
   std::map<uint32_t, WorkerState> workers_;
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id
   std::vector<ShardState> shards_;

@@ -186,6 +186,7 @@ const char* KindName(Kind kind) {
 StragglerPolicy::StragglerPolicy(const PolicyOptions& options,
                                  std::unique_ptr<SpeedPredictor> predictor)
     : options_(options),
+      batch_(options.batch),
       predictor_(predictor ? std::move(predictor)
                            : std::make_unique<EwmaTrendPredictor>(0.5, 0.3, options.level_shift)) {}
 
@@ -210,20 +211,24 @@ void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
   std::vector<Entry> e;
   uint64_t lo_sum = 0, hi_sum = 0;
   for (const auto& [id, target] : targets) {
-    uint32_t hi = options_.batch.b_max;
+    uint32_t hi = batch_.b_max;
     const uint32_t limit = slots_.at(id).memory_limit;
     if (limit > 0) hi = std::min(hi, limit);
-    e.push_back({id, std::min(options_.batch.b_min, hi), hi, std::max(target, 1e-9), 0});
+    e.push_back({id, std::min(batch_.b_min, hi), hi, std::max(target, 1e-9), 0});
     lo_sum += e.back().lo;
     hi_sum += hi;
   }
-  if (lo_sum > options_.batch.global_batch || hi_sum < options_.batch.global_batch) {
+  if (lo_sum > batch_.global_batch || hi_sum < batch_.global_batch) {
     spdlog::warn("policy: {} workers with batch limits [{}, {}] in all cannot hold the global "
                  "batch {}; the sizes will not add up to it",
-                 targets.size(), lo_sum, hi_sum, options_.batch.global_batch);
+                 targets.size(), lo_sum, hi_sum, batch_.global_batch);
   }
-  Distribute(e, options_.batch.global_batch);
+  Distribute(e, batch_.global_batch);
   for (const auto& x : e) assignments_[x.id].batch = std::max<uint32_t>(1, x.size);
+}
+
+void StragglerPolicy::SetGlobalBatch(uint32_t global_batch) {
+  batch_.global_batch = std::max<uint32_t>(1, global_batch);
 }
 
 void StragglerPolicy::Restore(const std::map<uint32_t, Assignment>& saved, bool slack_open) {
@@ -236,7 +241,7 @@ void StragglerPolicy::Restore(const std::map<uint32_t, Assignment>& saved, bool 
 
 void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
   std::map<uint32_t, double> targets;
-  const double even = static_cast<double>(options_.batch.global_batch) /
+  const double even = static_cast<double>(batch_.global_batch) /
                       static_cast<double>(std::max<size_t>(1, ids.size()));
   bool changed = ids.size() != assignments_.size();
   for (uint32_t id : ids) {
@@ -398,7 +403,7 @@ bool StragglerPolicy::Round(TimePoint now) {
     }
   }
   bool changed = false;
-  if (absl::Status s = RebalanceInto(timings_, options_.batch, &sizes_); s.ok()) {
+  if (absl::Status s = RebalanceInto(timings_, batch_, &sizes_); s.ok()) {
     size_t k = 0;
     for (auto& [id, assignment] : assignments_) {
       changed |= assignment.batch != sizes_[k];

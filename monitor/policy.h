@@ -213,6 +213,11 @@ class StragglerPolicy {
   // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
 
+  // Changes B (the monitor's --rescale-batch, as workers come and go); the
+  // next SetWorkers or Round spreads the new total.
+  void SetGlobalBatch(uint32_t global_batch);
+  uint32_t global_batch() const { return batch_.global_batch; }
+
   // A restarted monitor's saved decisions: the assignments of workers
   // already set by SetWorkers are put back as they were, and the DSSP
   // slack's state. Speeds are measured afresh.
@@ -251,6 +256,7 @@ class StragglerPolicy {
   };
 
   const PolicyOptions options_;
+  BatchOptions batch_;  // options_.batch, with B changed by SetGlobalBatch
   std::unique_ptr<SpeedPredictor> predictor_;
   // The same keys in both: the live workers.
   std::map<uint32_t, Assignment> assignments_;

@@ -549,3 +549,91 @@ TEST_F(MonitorTest, AWorkerWhoseSpeedJumpsGetsItsNewSizeInTheSameReply) {
 
 }  // namespace
 }  // namespace pacer
+
+namespace pacer {
+namespace {
+
+uint32_t BatchSum(const MonitorCore& core) {
+  uint32_t sum = 0;
+  for (uint32_t id : core.LiveWorkers()) sum += core.workers().at(id).batch;
+  return sum;
+}
+
+// --rescale-batch: a third worker brings its share with it; without it the
+// global batch is kept and split three ways.
+TEST_F(MonitorTest, GlobalBatchIsKeptOrScaledWithTheWorkers) {
+  for (bool rescale : {false, true}) {
+    SCOPED_TRACE(rescale ? "rescale" : "keep");
+    options_.rescale_batch = rescale;
+    core_ = std::make_unique<MonitorCore>(options_, &clock_);
+    to_shards_.clear();
+    StartJob();
+    EXPECT_EQ(BatchSum(*core_), options_.global_batch);
+    RegisterWorker(202);
+    EXPECT_EQ(BatchSum(*core_), rescale ? options_.global_batch * 3 / 2 : options_.global_batch);
+    EXPECT_EQ(core_->LiveWorkers().size(), 3u);
+  }
+}
+
+// Data partitions follow the workers: a dead worker's go to the live ones,
+// positions move only forward and only by their reader, and a saved state
+// brings back the job, its members and the positions.
+TEST_F(MonitorTest, PartitionsFollowTheWorkersAndSurviveARestart) {
+  StartJob();
+  ASSERT_EQ(core_->partitions().size(), 2u);
+  const uint32_t owner0 = core_->partitions()[0].owner;
+  ASSERT_TRUE(owner0 == worker_a_ || owner0 == worker_b_);
+  const uint32_t other = owner0 == worker_a_ ? worker_b_ : worker_a_;
+  auto report = [&](uint32_t sender, uint32_t partition, uint32_t epoch, uint64_t offset) {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<wire::PartitionPosition> pos = {{partition, epoch, offset}};
+    auto v = fbb.CreateVectorOfStructs(pos);
+    wire::HeartbeatBuilder hb(fbb);
+    hb.add_role(wire::Role::Worker);
+    hb.add_positions(v);
+    auto body = hb.Finish();
+    return Send(200, kJob, sender, fbb, body);
+  };
+  Only(report(owner0, 0, 1, 640), wire::Body::HeartbeatReply);
+  Only(report(other, 0, 5, 0), wire::Body::HeartbeatReply);  // not its partition: ignored
+  Only(report(owner0, 0, 1, 320), wire::Body::HeartbeatReply);  // backwards: ignored
+  EXPECT_EQ(core_->partitions()[0].epoch, 1u);
+  EXPECT_EQ(core_->partitions()[0].offset, 640u);
+
+  // The saved state, loaded by a new monitor.
+  const std::string saved = core_->SaveState();
+  const uint64_t version = core_->membership_version();
+  auto restarted = std::make_unique<MonitorCore>(options_, &clock_);
+  ASSERT_TRUE(restarted->RestoreState(saved).ok());
+  EXPECT_EQ(restarted->state(), wire::JobState::Running);
+  EXPECT_EQ(restarted->LiveWorkers(), core_->LiveWorkers());
+  EXPECT_GT(restarted->membership_version(), version) << "shards must take the live set again";
+  EXPECT_EQ(restarted->partitions()[0].owner, owner0);
+  EXPECT_EQ(restarted->partitions()[0].offset, 640u);
+  EXPECT_EQ(BatchSum(*restarted), options_.global_batch);
+  EXPECT_EQ(restarted->RestoreState("not a state").code(), absl::StatusCode::kDataLoss);
+  MonitorOptions other_job = options_;
+  other_job.job_id = kJob + 1;
+  EXPECT_EQ(MonitorCore(other_job, &clock_).RestoreState(saved).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The owner of partition 0 dies: the other worker takes it, at 640.
+  core_ = std::move(restarted);
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(std::chrono::milliseconds(200));
+    Only(Heartbeat(other), wire::Body::HeartbeatReply);
+    Tick();
+  }
+  EXPECT_EQ(core_->LiveWorkers(), std::vector<uint32_t>{other});
+  EXPECT_EQ(core_->partitions()[0].owner, other);
+  EXPECT_EQ(core_->partitions()[1].owner, other);
+  Decoded hb = Only(Heartbeat(other), wire::Body::HeartbeatReply);
+  const auto* parts = hb.As<wire::HeartbeatReply>()->partitions();
+  ASSERT_NE(parts, nullptr);
+  ASSERT_EQ(parts->size(), 2u);
+  EXPECT_EQ(parts->Get(0)->index(), 0u);
+  EXPECT_EQ(parts->Get(0)->offset(), 640u);
+}
+
+}  // namespace
+}  // namespace pacer
