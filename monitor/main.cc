@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   app.add_option("--time-cap", opts.time_cap_seconds, "Stop after this many seconds of training "
                  "(0: no cap)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--target-accuracy", opts.target_accuracy,
-                 "Stop once rank 0 reports this test accuracy (0: never)")
+                 "Stop once the evaluating worker reports this test accuracy (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--report-accuracy", report_threshold,
                  "Accuracy whose first crossing is timed and printed as 'time to ACC: S s'")
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
                  "Milliseconds between worker heartbeats (sent to workers)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--eval-interval", opts.eval_interval_seconds,
-                 "Seconds between rank 0's test-set evaluations")
+                 "Seconds between the evaluating worker's test-set evaluations")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--shard-resend-ms", shard_resend_ms,
                  "Milliseconds before an unacknowledged update to a shard is sent again")
