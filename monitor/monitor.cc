@@ -360,8 +360,12 @@ void MonitorCore::AssignPartitions() {
   for (;;) {
     const uint32_t from = most(), to = fewest();
     if (owned[from].size() < owned[to].size() + 2) break;
-    const size_t p = owned[from].back();
-    owned[from].pop_back();
+    // Not one that is still being handed over to `from`.
+    auto pick = std::find_if(owned[from].rbegin(), owned[from].rend(),
+                             [&](size_t q) { return partitions_[q].releasing == 0; });
+    if (pick == owned[from].rend()) break;
+    const size_t p = *pick;
+    owned[from].erase(std::next(pick).base());
     owned[to].push_back(p);
     partitions_[p].owner = to;
     partitions_[p].releasing = from;
@@ -645,15 +649,18 @@ bool MonitorCore::ApplyAssignments() {
   return bounds;
 }
 
+void MonitorCore::RescaleBatch(size_t live) {
+  if (!options_.rescale_batch || batch_per_worker_ <= 0 || live == 0) return;
+  const auto b = static_cast<uint32_t>(std::lround(batch_per_worker_ * static_cast<double>(live)));
+  if (b != policy_.global_batch()) {
+    spdlog::info("global batch {} -> {} ({} live workers)", policy_.global_batch(), b, live);
+    policy_.SetGlobalBatch(b);
+  }
+}
+
 void MonitorCore::UpdatePolicyWorkers() {
   const std::vector<uint32_t> live = LiveWorkers();
-  if (options_.rescale_batch && batch_per_worker_ > 0 && !live.empty()) {
-    const auto b = static_cast<uint32_t>(std::lround(batch_per_worker_ * static_cast<double>(live.size())));
-    if (b != policy_.global_batch()) {
-      spdlog::info("global batch {} -> {} ({} live workers)", policy_.global_batch(), b, live.size());
-      policy_.SetGlobalBatch(b);
-    }
-  }
+  RescaleBatch(live.size());
   policy_.SetWorkers(live);
   if (ApplyAssignments()) ChangeMembership("staleness bounds changed");
 }
@@ -858,18 +865,21 @@ std::string MonitorCore::SaveState() const {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
     shards.push_back(wire::CreateMonitorShardDirect(fbb, sh.id, sh.address.c_str(), sh.incarnation,
-                                                    range.first, range.second, sh.applied_clock));
+                                                    range.first, range.second, sh.applied_clock,
+                                                    sh.restarts));
   }
   auto model = fbb.CreateVectorOfStructs(model_);
   auto reason = fbb.CreateString(stop_reason_);
   std::vector<wire::PartitionPosition> pos;
-  std::vector<uint32_t> own;
+  std::vector<uint32_t> own, releasing;
   for (size_t p = 0; p < partitions_.size(); ++p) {
     pos.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
     own.push_back(partitions_[p].owner);
+    releasing.push_back(partitions_[p].releasing);
   }
   auto positions = fbb.CreateVectorOfStructs(pos);
   auto owners = fbb.CreateVector(own);
+  auto releasers = fbb.CreateVector(releasing);
   auto wv = fbb.CreateVector(workers);
   auto sv = fbb.CreateVector(shards);
   wire::MonitorStateBuilder b(fbb);
@@ -893,6 +903,7 @@ std::string MonitorCore::SaveState() const {
   b.add_slack_open(policy_.slack_open());
   b.add_partitions(positions);
   b.add_partition_owners(owners);
+  b.add_partition_releasing(releasers);
   b.add_batch_per_worker(batch_per_worker_);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
@@ -937,6 +948,9 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
       if (st->partition_owners() != nullptr && i < st->partition_owners()->size()) {
         ps.owner = st->partition_owners()->Get(static_cast<flatbuffers::uoffset_t>(i));
       }
+      if (st->partition_releasing() != nullptr && i < st->partition_releasing()->size()) {
+        ps.releasing = st->partition_releasing()->Get(static_cast<flatbuffers::uoffset_t>(i));
+      }
     }
   }
   workers_.clear();
@@ -970,6 +984,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
       s.address = ms->address() ? ms->address()->str() : "";
       s.incarnation = ms->incarnation();
       s.applied_clock = ms->applied_clock();
+      s.restarts = ms->restarts();
       s.last_seen = now;
       shards_.push_back(s);
       ranges_.emplace_back(ms->key_begin(), ms->key_end());
@@ -992,6 +1007,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
     if (map_built_ && !started_at_) started_at_ = now;
   }
   if (map_built_) {
+    RescaleBatch(LiveWorkers().size());
     policy_.SetWorkers(LiveWorkers());
     policy_.Restore(saved, st->slack_open());
     ApplyAssignments();

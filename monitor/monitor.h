@@ -218,6 +218,8 @@ class MonitorCore {
   // Gives the policy the current live set and copies its assignments into
   // workers_; bumps the membership when a bound changed.
   void UpdatePolicyWorkers();
+  // --rescale-batch: sets the policy's B for `live` workers.
+  void RescaleBatch(size_t live);
   // Copies the policy's assignments into workers_; true when a bound changed.
   bool ApplyAssignments();
   // Runs a policy round when one is due and applies what it decides.

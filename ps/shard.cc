@@ -357,6 +357,9 @@ ShardSnapshot ShardCore::Snapshot() const {
   s.params = params_;
   s.velocity = velocity_;
   for (const auto& [id, m] : live_) s.workers[id] = {m.pushed, m.seq};
+  // Restored workers the monitor has not named again yet keep their marks:
+  // a checkpoint taken before the membership arrives must not lose them.
+  for (const auto& [id, mark] : restored_marks_) s.workers.emplace(id, mark);
   // Pushes waiting in open clocks are not in the parameters: a worker's
   // mark is the push before its first one still open.
   for (const auto& [clock, oc] : open_) {

@@ -572,6 +572,12 @@ TEST_F(MonitorTest, GlobalBatchIsKeptOrScaledWithTheWorkers) {
     RegisterWorker(202);
     EXPECT_EQ(BatchSum(*core_), rescale ? options_.global_batch * 3 / 2 : options_.global_batch);
     EXPECT_EQ(core_->LiveWorkers().size(), 3u);
+    // A restarted monitor keeps the scaled B.
+    MonitorCore restarted(options_, &clock_);
+    ASSERT_TRUE(restarted.RestoreState(core_->SaveState()).ok());
+    EXPECT_EQ(restarted.straggler_policy().global_batch(),
+              rescale ? options_.global_batch * 3 / 2 : options_.global_batch);
+    EXPECT_EQ(BatchSum(restarted), BatchSum(*core_));
   }
 }
 

@@ -458,6 +458,9 @@ TEST_F(ShardTest, RestoredShardCountsLostPushesAndCatchesUp) {
   job.global_batch = kGlobalBatch;
   shard_->Configure(job, kShardId);
   ASSERT_TRUE(shard_->Restore(snap).ok());
+  // A checkpoint taken before the monitor names the workers again keeps
+  // their marks (a second crash then restores the same dedup state).
+  EXPECT_EQ(shard_->Snapshot().workers, snap.workers);
   ExpectAck(Declare(kKeys));
   ExpectAck(Membership(1, {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}}));
   // A waits for clock 5; B pushes clock 4 (its next) and then reads 5.

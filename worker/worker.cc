@@ -89,6 +89,8 @@ struct Worker::Impl {
   std::atomic<float> samples_per_second{0};
   std::atomic<bool> done{false};      // finished its epochs
   std::atomic<bool> stop{false};      // the job stopped (or we must stop)
+  // Set with stop, and by Cancel(): requests in flight give up.
+  std::atomic<bool> interrupt{false};
   std::atomic<bool> heartbeat_exit{false};
   // The newest shard-map version the monitor announced (view.map holds it).
   std::atomic<uint64_t> map_version{0};
@@ -134,6 +136,11 @@ Worker::Worker(Transport* transport, const WorkerOptions& options) : impl_(new I
 }
 
 Worker::~Worker() = default;
+
+void Worker::Cancel() {
+  cancel_ = true;
+  impl_->interrupt = true;
+}
 
 absl::Status Worker::Impl::Register(RpcChannel& monitor) {
   const TimePoint give_up = clock->Now() + options.start_timeout;
@@ -233,11 +240,13 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         if (r->state() == wire::JobState::Stopped) {
           view.stop_reason = r->stop_reason() ? r->stop_reason()->str() : "";
           stop = true;
+          interrupt = true;
         }
       } else if (!reply.ok() && WireCode(reply.status()) == wire::ErrorCode::NotMember) {
         view.error = absl::FailedPreconditionError("the monitor no longer counts this worker: " +
                                                    std::string(reply.status().message()));
         stop = true;
+        interrupt = true;
       } else if (!reply.ok()) {
         SPDLOG_DEBUG("heartbeat: {}", reply.status().ToString());
       }
@@ -385,7 +394,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   ClientOptions copts;
   copts.rpc = w.Rpc();
   copts.request_timeout = o.request_timeout;
-  copts.cancel = &w.stop;
+  copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
   copts.latest_map_version = &w.map_version;
   auto client_or = PsClient::Create(w.transport, copts, view.map, w.keys);
   if (!client_or.ok()) return client_or.status();

@@ -91,7 +91,7 @@ class Worker {
   // set cannot be read.
   absl::StatusOr<WorkerResult> Run();
   // Asks Run() to return soon; thread-safe.
-  void Cancel() { cancel_ = true; }
+  void Cancel();
 
  private:
   struct Impl;
