@@ -132,6 +132,7 @@ flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
     flatbuffers::FlatBufferBuilder& fbb) const {
   std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
   for (size_t i = 0; i < shards_.size(); ++i) {
+    if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
     infos.push_back(wire::CreateShardInfoDirect(fbb, shards_[i].id, shards_[i].address.c_str(),
                                                 ranges_[i].first, ranges_[i].second));
   }
@@ -161,6 +162,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::AccuracyReport: return OnAccuracy(peer, d, out);
     case wire::Body::StatusRequest: return OnStatus(peer, d, out);
     case wire::Body::RemoveWorker: return OnRemoveWorker(peer, d, out);
+    case wire::Body::ShardControl: return OnShardControl(peer, d, out);
     default:
       return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
                         std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
@@ -195,21 +197,17 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
         return;
       }
     }
-    if (map_built_) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                        "the shard map is already built; adding shards to a running job is not "
-                        "supported yet",
-                        out);
-    }
     ShardState s;
     s.id = next_id_++;
     s.address = address;
     s.last_seen = clock_->Now();
     s.incarnation = r->incarnation();
     shards_.push_back(s);
+    if (map_built_) ranges_.emplace_back(0, 0);  // idle until pacerctl add-shard
     dirty_ = true;
     UpdateShardGauges();
-    spdlog::info("shard {} registered at {}", s.id, address);
+    spdlog::info("shard {} registered at {}{}", s.id, address,
+                 map_built_ ? " (idle: pacerctl add-shard gives it keys)" : "");
     auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
     out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
     return;
@@ -453,6 +451,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
       // The heartbeat says max(0, applied clock).
       shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb->clock()));
       shard->checkpoint_age = hb->checkpoint_age_seconds();
+      shard->reported_applied = static_cast<int64_t>(hb->clock());
       if (hb->done() && !shard->down) {
         shard->down = true;
         spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
@@ -485,6 +484,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   WorkerState& w = it->second;
   w.last_seen = clock_->Now();
   w.samples_per_second = hb->samples_per_second();
+  w.paused = hb->paused();
   w.clock = std::max(w.clock, hb->clock());
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
   std::set<uint32_t> reading;
@@ -551,7 +551,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
                                          partition_count_, assignment, reason,
                                          state == wire::JobState::Running && Evaluator() == w.id,
-                                         owned);
+                                         owned, pause_at_);
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -592,7 +592,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
     }
     workers.push_back(wire::CreateWorkerStatusDirect(fbb, w.id, w.rank, w.batch, w.staleness,
                                                      w.staleness_range, w.clock, w.alive, w.done,
-                                                     w.samples_per_second, &parts));
+                                                     w.samples_per_second, &parts, w.paused));
   }
   std::vector<wire::PartitionPosition> positions;
   for (size_t p = 0; p < partitions_.size(); ++p) {
@@ -605,8 +605,204 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   auto body = wire::CreateStatusReplyDirect(
       fbb, state_, options_.mode, policy, stop_reason_.c_str(), seconds_running().value_or(-1),
       last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f, map, membership_version_,
-      &model_, &shards, &workers, &positions);
+      &model_, &shards, &workers, &positions, pause_at_, move_.has_value());
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+}
+
+uint64_t MonitorCore::PauseClock() const {
+  uint64_t c = 0;
+  for (uint32_t id : LiveWorkers()) c = std::max(c, workers_.at(id).clock);
+  return c + 2;  // past every worker, heartbeats being a little behind
+}
+
+void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* c = d.As<wire::ShardControl>();
+  auto refuse = [&](const std::string& why) {
+    ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  };
+  auto ack = [&] {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  };
+  if (state_ != wire::JobState::Running) return refuse("the job is not running");
+  switch (c->op()) {
+    case wire::ShardOp::Pause:
+      operator_pause_ = true;
+      if (pause_at_ == 0) pause_at_ = PauseClock();
+      spdlog::info("workers held at clock {} (pacerctl pause)", pause_at_);
+      return ack();
+    case wire::ShardOp::Resume:
+      operator_pause_ = false;
+      if (!move_) pause_at_ = 0;
+      spdlog::info("workers resume{}", move_ ? " after the move in progress" : "");
+      return ack();
+    default:
+      break;
+  }
+  if (move_) return refuse("a shard move is already in progress");
+  auto idx = std::find_if(shards_.begin(), shards_.end(),
+                          [&](const ShardState& s) { return s.id == c->shard_id(); });
+  if (idx == shards_.end()) return refuse("no shard " + std::to_string(c->shard_id()));
+  const size_t target = static_cast<size_t>(idx - shards_.begin());
+  auto has_range = [&](size_t i) { return ranges_[i].first != ranges_[i].second; };
+  auto bytes_of = [&](size_t i) {
+    uint64_t b = 0;
+    for (const auto& k : model_) {
+      if (k.key() >= ranges_[i].first && k.key() < ranges_[i].second) b += k.length();
+    }
+    return b;
+  };
+  Move m;
+  m.op = c->op();
+  if (c->op() == wire::ShardOp::Add) {
+    if (has_range(target) || shards_[target].drained || shards_[target].down) {
+      return refuse("shard " + std::to_string(c->shard_id()) + " is not an idle, live shard");
+    }
+    size_t from = SIZE_MAX;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (has_range(i) && (from == SIZE_MAX || bytes_of(i) > bytes_of(from))) from = i;
+    }
+    if (from == SIZE_MAX) return refuse("no shard holds keys");
+    // Split the largest range where half its bytes lie on each side.
+    std::vector<wire::KeyLen> keys;
+    for (const auto& k : model_) {
+      if (k.key() >= ranges_[from].first && k.key() < ranges_[from].second) keys.push_back(k);
+    }
+    if (keys.size() < 2) return refuse("the largest range has a single key; nothing to split");
+    const uint64_t total = bytes_of(from);
+    uint64_t acc = 0;
+    size_t split = 1;
+    for (size_t i = 0; i + 1 < keys.size(); ++i) {
+      acc += keys[i].length();
+      split = i + 1;
+      if (2 * acc >= total) break;
+    }
+    m.from = from;
+    m.to = target;
+    m.key_begin = keys[split].key();
+    m.key_end = ranges_[from].second;
+  } else {
+    if (!has_range(target)) return refuse("shard " + std::to_string(c->shard_id()) + " holds no keys");
+    size_t to = SIZE_MAX;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (i != target && has_range(i) && ranges_[i].second == ranges_[target].first) to = i;
+    }
+    for (size_t i = 0; i < shards_.size() && to == SIZE_MAX; ++i) {
+      if (i != target && has_range(i) && ranges_[i].first == ranges_[target].second) to = i;
+    }
+    if (to == SIZE_MAX) return refuse("no other shard can take the range: add one first");
+    m.from = target;
+    m.to = to;
+    m.key_begin = ranges_[target].first;
+    m.key_end = ranges_[target].second;
+  }
+  m.started = clock_->Now();
+  move_ = std::move(m);
+  if (pause_at_ == 0) pause_at_ = PauseClock();
+  spdlog::info("{} shard {}: keys [{}, {}) move from shard {} to shard {}; workers held at clock {}",
+               c->op() == wire::ShardOp::Add ? "adding" : "draining", c->shard_id(),
+               move_->key_begin, move_->key_end, shards_[move_->from].id, shards_[move_->to].id,
+               pause_at_);
+  return ack();
+}
+
+void MonitorCore::StepMove(std::vector<Outgoing>* out) {
+  if (!move_) return;
+  const TimePoint now = clock_->Now();
+  Move& m = *move_;
+  if (m.stage == 0) {
+    // Every live worker held at the pause clock, every shard caught up with
+    // it: no clock is open anywhere.
+    for (uint32_t id : LiveWorkers()) {
+      const WorkerState& w = workers_.at(id);
+      if (!w.paused || w.clock < pause_at_) return;
+    }
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (ranges_[i].first == ranges_[i].second || shards_[i].drained) continue;
+      if (shards_[i].reported_applied < static_cast<int64_t>(pause_at_) - 1) return;
+    }
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.request_id = m.request = ++next_shard_request_;
+    flatbuffers::FlatBufferBuilder fbb(64);
+    m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end));
+    m.target = m.from;
+    m.stage = 1;
+    m.sent = now;
+    out->push_back({Frame(), static_cast<int>(m.from), m.pending});
+    return;
+  }
+  // Stages 1 and 2: re-send the same request (same id: the shards answer a
+  // repeat with the same reply) until it is answered.
+  if (now - m.sent >= std::chrono::seconds(1)) {
+    m.sent = now;
+    out->push_back({Frame(), static_cast<int>(m.target), m.pending});
+  }
+}
+
+void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out) {
+  Move& m = *move_;
+  if (index != m.target) return;
+  if (reply.type() == wire::Body::Error) {
+    const auto* e = reply.As<wire::Error>();
+    spdlog::warn("shard {} refused a move step: {}", shards_[index].id,
+                 e->reason() ? e->reason()->str() : "");
+    if (m.stage == 1) m.stage = 0;  // not quiet yet: wait and ask again
+    return;
+  }
+  if (m.stage == 1 && reply.type() == wire::Body::MoveData) {
+    // The keys and their values, on to the new owner.
+    const auto* md = reply.As<wire::MoveData>();
+    std::vector<wire::KeyLen> keys;
+    if (md->keys() != nullptr) {
+      for (const wire::KeyLen* k : *md->keys()) keys.push_back(*k);
+    }
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.request_id = m.request = ++next_shard_request_;
+    flatbuffers::FlatBufferBuilder fbb(128 + keys.size() * sizeof(wire::KeyLen));
+    auto kv = fbb.CreateVectorOfStructs(keys);
+    m.pending = EncodeBody(env, fbb, wire::CreateMoveData(fbb, kv, md->applied_clock(), md->steps()),
+                           reply.payload);
+    m.target = m.to;
+    m.stage = 2;
+    m.sent = clock_->Now();
+    out->push_back({Frame(), static_cast<int>(m.to), m.pending});
+    return;
+  }
+  if (m.stage == 2 && reply.type() == wire::Body::Ack) {
+    // Moved: the new map.
+    if (m.op == wire::ShardOp::Add) {
+      ranges_[m.to] = {m.key_begin, m.key_end};
+      ranges_[m.from].second = m.key_begin;
+    } else {
+      if (ranges_[m.to].second == m.key_begin) {
+        ranges_[m.to].second = m.key_end;
+      } else {
+        ranges_[m.to].first = m.key_begin;
+      }
+      ranges_[m.from] = {0, 0};
+      shards_[m.from].drained = true;
+      Envelope env;
+      env.job_id = options_.job_id;
+      env.request_id = ++next_shard_request_;
+      flatbuffers::FlatBufferBuilder fbb(128);
+      out->push_back({Frame(), static_cast<int>(m.from),
+                      EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
+    }
+    ++map_version_;
+    m_map_version_->Set(static_cast<double>(map_version_));
+    dirty_ = true;
+    spdlog::info("shard map v{}: keys [{}, {}) now on shard {}{} ({:.2f} s)", map_version_,
+                 m.key_begin, m.key_end, shards_[m.to].id,
+                 m.op == wire::ShardOp::Drain
+                     ? "; shard " + std::to_string(shards_[m.from].id) + " drained and stopped"
+                     : "",
+                 ToSeconds(clock_->Now() - m.started));
+    move_.reset();
+    if (!operator_pause_) pause_at_ = 0;
+    UpdateShardGauges();
+  }
 }
 
 void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -676,7 +872,9 @@ bool MonitorCore::SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t 
 
 uint64_t MonitorCore::MinAckedMembership() const {
   uint64_t v = UINT64_MAX;
-  for (const auto& s : shards_) v = std::min(v, s.acked_membership);
+  for (const auto& s : shards_) {
+    if (!s.drained) v = std::min(v, s.acked_membership);
+  }
   return shards_.empty() ? 0 : v;
 }
 
@@ -686,6 +884,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
   std::vector<uint32_t> live = LiveWorkers();
   for (size_t i = 0; i < shards_.size(); ++i) {
     ShardState& s = shards_[i];
+    if (s.drained) continue;
     bool need_model = !s.acked_model;
     bool need_members = s.acked_membership < membership_version_;
     if (!need_model && !need_members) continue;
@@ -720,9 +919,10 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
   }
 }
 
-void MonitorCore::HandleShardReply(size_t index, const Decoded& reply) {
+void MonitorCore::HandleShardReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out) {
   if (index >= shards_.size()) return;
   ShardState& s = shards_[index];
+  if (move_ && reply.env.request_id == move_->request) return OnMoveReply(index, reply, out);
   if (reply.type() == wire::Body::Error) {
     const auto* e = reply.As<wire::Error>();
     spdlog::warn("shard {} refused an update: {}", s.id, e->reason() ? e->reason()->str() : "");
@@ -775,7 +975,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   const TimePoint now = clock_->Now();
   // Shards silent past the lease are marked down (they keep their keys).
   for (auto& s : shards_) {
-    if (!s.down && now - s.last_seen > options_.lease) {
+    if (!s.down && !s.drained && now - s.last_seen > options_.lease) {
       s.down = true;
       spdlog::warn("shard {} at {} silent for {:.1f} s; marked down", s.id, s.address,
                    ToSeconds(now - s.last_seen));
@@ -833,6 +1033,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     }
   }
   SendToShards(false, out);
+  StepMove(out);
 
   if (state_ == wire::JobState::Running) RunPolicy(now);
   if (state_ == wire::JobState::Running) {
@@ -1114,7 +1315,7 @@ void MonitorServer::Run() {
         dopts.job_id = options_.job_id;
         Decoded d;
         DecodeError err;
-        if (Decode(frames, dopts, &d, &err)) core_->HandleShardReply(i, d);
+        if (Decode(frames, dopts, &d, &err)) core_->HandleShardReply(i, d, &out);
       }
     }
     if (clock->Now() >= next_tick) {

@@ -102,6 +102,7 @@ struct WorkerState {
   bool alive = true;
   bool done = false;
   float samples_per_second = 0;  // as it last reported
+  bool paused = false;           // held at the pause clock, as it last reported
 };
 
 // One data partition: who reads it, and where its reading stands.
@@ -129,7 +130,7 @@ class MonitorCore {
   // One message from the ROUTER socket; frames[0] is the peer's routing id.
   void Handle(Frames frames, std::vector<Outgoing>* out);
   // A reply from shard `index` on the monitor's connection to it.
-  void HandleShardReply(size_t index, const Decoded& reply);
+  void HandleShardReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out);
   // Leases, start and stop decisions, re-sends to shards.
   void Tick(std::vector<Outgoing>* out);
 
@@ -144,6 +145,8 @@ class MonitorCore {
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
   bool shard_down(size_t i) const { return shards_[i].down; }
   uint64_t map_version() const { return map_version_; }
+  uint64_t pause_at() const { return pause_at_; }
+  bool moving() const { return move_.has_value(); }
   const std::vector<PartitionState>& partitions() const { return partitions_; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
@@ -189,6 +192,19 @@ class MonitorCore {
     uint64_t incarnation = 0;  // of the process that registered last
     int64_t applied_clock = -1;  // from its heartbeats
     float checkpoint_age = -1;   // seconds, from its heartbeats (-1: none)
+    int64_t reported_applied = -1;  // the clock of its last heartbeat
+    bool drained = false;        // its range moved away; stopped
+  };
+  // A shard move in progress (pacerctl add-shard / drain-shard).
+  struct Move {
+    wire::ShardOp op = wire::ShardOp::Add;
+    size_t from = 0, to = 0;  // shard indexes
+    uint64_t key_begin = 0, key_end = 0;
+    int stage = 0;  // 0: holding the workers; 1: MoveOut sent; 2: MoveIn sent
+    size_t target = 0;      // the shard the pending request went to
+    uint64_t request = 0;   // its request id
+    Frames pending;         // re-sent until answered
+    TimePoint started{}, sent{};
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -214,6 +230,12 @@ class MonitorCore {
   // pacerctl.
   void OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // Elastic shards: advances the move in progress.
+  void StepMove(std::vector<Outgoing>* out);
+  void OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out);
+  // A clock past every live worker's, to hold them at.
+  uint64_t PauseClock() const;
   void ChangeMembership(const std::string& why);
   // Gives the policy the current live set and copies its assignments into
   // workers_; bumps the membership when a bound changed.
@@ -244,6 +266,9 @@ class MonitorCore {
 
   bool dirty_ = true;
   bool awaiting_workers_ = false;  // resumed with no live worker yet
+  std::optional<Move> move_;
+  uint64_t pause_at_ = 0;         // workers hold before this clock (0: no pause)
+  bool operator_pause_ = false;   // pacerctl pause
   uint32_t next_id_ = 1;  // 0 is the monitor itself
   uint32_t next_rank_ = 0;
   policy::StragglerPolicy policy_;

@@ -83,6 +83,8 @@ nlohmann::json StatusJson(uint64_t job, const pacer::wire::StatusReply* r) {
   j["test_accuracy"] = r->last_accuracy() >= 0 ? json(r->last_accuracy()) : json(nullptr);
   j["shard_map_version"] = r->shard_map() ? r->shard_map()->version() : 0;
   j["membership_version"] = r->membership_version();
+  j["pause_at"] = r->pause_at();
+  j["moving"] = r->moving();
   uint64_t params = 0;
   if (r->model()) {
     for (const auto* k : *r->model()) params += k->length();
@@ -118,7 +120,8 @@ nlohmann::json StatusJson(uint64_t job, const pacer::wire::StatusReply* r) {
                               {"staleness_range", w->staleness_range()},
                               {"clock", w->clock()},
                               {"samples_per_second", w->samples_per_second()},
-                              {"partitions", parts}});
+                              {"partitions", parts},
+                              {"paused", w->paused()}});
     }
   }
   j["partitions"] = json::array();
@@ -141,6 +144,11 @@ void PrintTable(const nlohmann::json& j, bool wide) {
               static_cast<unsigned long long>(j["shard_map_version"].get<uint64_t>()),
               static_cast<unsigned long long>(j["membership_version"].get<uint64_t>()),
               static_cast<unsigned long long>(j["model"]["parameters"].get<uint64_t>()));
+  if (j["pause_at"].get<uint64_t>() != 0) {
+    std::printf("workers held at clock %llu%s\n",
+                static_cast<unsigned long long>(j["pause_at"].get<uint64_t>()),
+                j["moving"].get<bool>() ? " (a shard move is in progress)" : "");
+  }
   if (!j["stop_reason"].get<std::string>().empty()) {
     std::printf("stop reason: %s\n", j["stop_reason"].get<std::string>().c_str());
   }
@@ -148,8 +156,11 @@ void PrintTable(const nlohmann::json& j, bool wide) {
               "CHECKPOINT AGE", "RESTARTS");
   for (const auto& s : j["shards"]) {
     const uint64_t end = s["key_end"].get<uint64_t>();
-    const std::string keys = "[" + std::to_string(s["key_begin"].get<uint64_t>()) + ", " +
-                             (end == UINT64_MAX ? std::string("end") : std::to_string(end)) + ")";
+    const std::string keys =
+        end == s["key_begin"].get<uint64_t>()
+            ? std::string("idle")
+            : "[" + std::to_string(s["key_begin"].get<uint64_t>()) + ", " +
+                  (end == UINT64_MAX ? std::string("end") : std::to_string(end)) + ")";
     const std::string age = s["checkpoint_age_seconds"].is_null()
                                 ? "-"
                                 : fmt::format("{:.1f} s", s["checkpoint_age_seconds"].get<double>());
@@ -219,6 +230,40 @@ int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
   }
   std::printf("removed worker %u\n", id);
   return pacer::kExitOk;
+}
+
+int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
+  pacer::Decoded d;
+  auto r = ctl.Status(&d);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  const uint64_t version = (*r)->shard_map() ? (*r)->shard_map()->version() : 0;
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateShardControl(fbb, op, shard), ctl.Deadline());
+  if (!reply.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  if (op == pacer::wire::ShardOp::Pause || op == pacer::wire::ShardOp::Resume) {
+    std::printf("%s\n", op == pacer::wire::ShardOp::Pause ? "workers held" : "workers resume");
+    return pacer::kExitOk;
+  }
+  // Wait for the move: a newer shard map, nothing moving.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(ctl.timeout_s * 12);
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto st = ctl.Status(&d);
+    if (st.ok() && !(*st)->moving() && (*st)->shard_map() && (*st)->shard_map()->version() > version) {
+      std::printf("shard map v%llu: shard %u %s\n",
+                  static_cast<unsigned long long>((*st)->shard_map()->version()), shard,
+                  op == pacer::wire::ShardOp::Add ? "added" : "drained");
+      return pacer::kExitOk;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::fprintf(stderr, "pacerctl: the move did not finish in time (see the monitor's log)\n");
+  return pacer::kExitFailure;
 }
 
 int ExportModelCommand(Ctl& ctl, const std::string& path) {
@@ -297,6 +342,19 @@ int main(int argc, char** argv) {
                        "partitions go to the others");
   remove->add_option("ID", worker_id, "The worker's id (pacerctl status)")->required();
 
+  uint32_t shard_id = 0;
+  auto* add = app.add_subcommand(
+      "add-shard", "Give an idle shard (one registered after the start) half of the largest key "
+                   "range; the workers are held while the keys move. Waits until done");
+  add->add_option("ID", shard_id, "The idle shard's id (pacerctl status)")->required();
+  auto* drain = app.add_subcommand(
+      "drain-shard", "Move a shard's whole key range to a neighbouring shard and stop it; the "
+                     "workers are held while the keys move. Waits until done");
+  drain->add_option("ID", shard_id, "The shard's id (pacerctl status)")->required();
+  auto* pause = app.add_subcommand("pause", "Hold every worker at a common clock (no update is "
+                                            "applied until resume)");
+  auto* resume = app.add_subcommand("resume", "Let the workers go on after pause");
+
   std::string path;
   auto* exportm = app.add_subcommand(
       "export-model", "Read the current parameters from the shards and write them to FILE "
@@ -305,9 +363,9 @@ int main(int argc, char** argv) {
 
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("pacerctl", log_level);
-  if (!*status && !*remove && !*exportm) {
-    std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker or export-model "
-                         "(see --help)\n");
+  if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume) {
+    std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker, export-model, "
+                         "add-shard, drain-shard, pause or resume (see --help)\n");
     return pacer::kExitUsage;
   }
   if (monitor.empty()) {
@@ -320,5 +378,9 @@ int main(int argc, char** argv) {
   }
   if (*status) return StatusCommand(ctl, output, watch_s);
   if (*remove) return RemoveWorkerCommand(ctl, worker_id);
+  if (*add) return ShardControlCommand(ctl, pacer::wire::ShardOp::Add, shard_id);
+  if (*drain) return ShardControlCommand(ctl, pacer::wire::ShardOp::Drain, shard_id);
+  if (*pause) return ShardControlCommand(ctl, pacer::wire::ShardOp::Pause, 0);
+  if (*resume) return ShardControlCommand(ctl, pacer::wire::ShardOp::Resume, 0);
   return ExportModelCommand(ctl, path);
 }

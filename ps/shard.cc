@@ -185,6 +185,14 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::Init: return OnInit(peer, d, out);
     case wire::Body::Push: return OnPush(peer, d, out);
     case wire::Body::Pull: return OnPull(peer, d, out);
+    case wire::Body::MoveOut:
+    case wire::Body::MoveData:
+      if (d.env.sender == 0 && d.env.request_id == last_move_request_ && last_move_request_ != 0) {
+        // The monitor asking again (its reply was lost): the same answer.
+        out->push_back({peer, last_move_reply_});
+        return;
+      }
+      return d.type() == wire::Body::MoveOut ? OnMoveOut(peer, d, out) : OnMoveIn(peer, d, out);
     case wire::Body::Stop: {
       if (d.env.sender != 0) {
         return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor stops a shard",
@@ -340,6 +348,122 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  Advance(out);
+}
+
+void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  if (d.env.sender != 0) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor moves keys", out);
+  }
+  if (!open_.empty() || !initialized_) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                      "a clock is still open (the workers must be held first)", out);
+  }
+  const auto* m = d.As<wire::MoveOut>();
+  std::vector<wire::KeyLen> moving;
+  std::map<uint64_t, KeySlot> kept;
+  size_t moving_total = 0, kept_total = 0;
+  for (const auto& [key, slot] : slots_) {
+    if (key >= m->key_begin() && key < m->key_end()) {
+      moving.emplace_back(key, slot.length);
+      moving_total += slot.length;
+    } else {
+      kept.emplace(key, KeySlot{kept_total, slot.length});
+      kept_total += slot.length;
+    }
+  }
+  // The payload: the moving parameters, then their momentum.
+  auto payload = std::make_shared<std::vector<float>>(2 * moving_total);
+  auto next_params = std::make_shared<std::vector<float>>(kept_total);
+  auto next_velocity = std::make_shared<std::vector<float>>(kept_total);
+  size_t at = 0;
+  for (const auto& [key, slot] : slots_) {
+    const float* w = params_->data() + slot.offset;
+    const float* v = velocity_->data() + slot.offset;
+    auto k = kept.find(key);
+    if (k != kept.end()) {
+      std::copy(w, w + slot.length, next_params->data() + k->second.offset);
+      std::copy(v, v + slot.length, next_velocity->data() + k->second.offset);
+    } else {
+      std::copy(w, w + slot.length, payload->data() + at);
+      std::copy(v, v + slot.length, payload->data() + moving_total + at);
+      at += slot.length;
+    }
+  }
+  slots_ = std::move(kept);
+  params_ = std::move(next_params);
+  velocity_ = std::move(next_velocity);
+  spare_params_.reset();
+  spare_velocity_.reset();
+  spare_acc_.clear();
+  m_keys_->Set(static_cast<double>(slots_.size()));
+  spdlog::info("shard {}: moved out {} keys ({} values) in [{}, {}); {} keys left", shard_id_,
+               moving.size(), moving_total, m->key_begin(), m->key_end(), slots_.size());
+  flatbuffers::FlatBufferBuilder fbb(128 + moving.size() * sizeof(wire::KeyLen));
+  auto kv = fbb.CreateVectorOfStructs(moving);
+  auto body = wire::CreateMoveData(fbb, kv, applied_clock_, steps_);
+  Frame frame(payload, payload->data(), payload->size() * sizeof(float));
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, body,
+                                   payload->empty() ? Frame() : std::move(frame), options_.check_crc)});
+  last_move_request_ = d.env.request_id;
+  last_move_reply_ = out->back().frames;
+}
+
+void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  if (d.env.sender != 0) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor moves keys", out);
+  }
+  const auto* m = d.As<wire::MoveData>();
+  size_t incoming = 0;
+  if (m->keys() != nullptr) {
+    for (const wire::KeyLen* k : *m->keys()) {
+      if (slots_.count(k->key())) {
+        return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                          "key " + std::to_string(k->key()) + " is already here", out);
+      }
+      incoming += k->length();
+    }
+  }
+  std::span<const float> values = d.floats();
+  if (values.size() != 2 * incoming) {
+    return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                      "a move of " + std::to_string(incoming) + " values needs " +
+                          std::to_string(2 * incoming) + " floats",
+                      out);
+  }
+  const size_t old_total = params_->size();
+  auto next_params = std::make_shared<std::vector<float>>(old_total + incoming);
+  auto next_velocity = std::make_shared<std::vector<float>>(old_total + incoming);
+  std::copy(params_->begin(), params_->end(), next_params->begin());
+  std::copy(velocity_->begin(), velocity_->end(), next_velocity->begin());
+  size_t at = 0;
+  if (m->keys() != nullptr) {
+    for (const wire::KeyLen* k : *m->keys()) {
+      slots_.emplace(k->key(), KeySlot{old_total + at, k->length()});
+      std::copy(values.data() + at, values.data() + at + k->length(), next_params->data() + old_total + at);
+      std::copy(values.data() + incoming + at, values.data() + incoming + at + k->length(),
+                next_velocity->data() + old_total + at);
+      at += k->length();
+    }
+  }
+  params_ = std::move(next_params);
+  velocity_ = std::move(next_velocity);
+  spare_params_.reset();
+  spare_velocity_.reset();
+  spare_acc_.clear();
+  if (!initialized_ || applied_clock_ < m->applied_clock()) {
+    applied_clock_ = m->applied_clock();
+    steps_ = std::max(steps_, m->steps());
+    m_clock_->Set(static_cast<double>(applied_clock_));
+  }
+  initialized_ = true;
+  m_keys_->Set(static_cast<double>(slots_.size()));
+  spdlog::info("shard {}: moved in {} keys ({} values) at applied clock {}", shard_id_,
+               m->keys() ? m->keys()->size() : 0, incoming, applied_clock_);
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  last_move_request_ = d.env.request_id;
+  last_move_reply_ = out->back().frames;
   Advance(out);
 }
 

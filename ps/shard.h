@@ -181,6 +181,9 @@ class ShardCore {
   void OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // Elastic shards: hand keys over (reply MoveData), or take them in.
+  void OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
 
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
@@ -256,6 +259,10 @@ class ShardCore {
   uint64_t updates_applied_ = 0;
   uint64_t dropped_pushes_ = 0;
   uint64_t stale_pushes_ = 0;
+
+  // The last key move (its request id and reply), repeated if asked again.
+  uint64_t last_move_request_ = 0;
+  Frames last_move_reply_;
 
   // Recovery (Restore).
   bool restored_ = false;

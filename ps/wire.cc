@@ -167,6 +167,7 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
   // Messages that carry values: the keys' lengths must add up to the payload.
   const flatbuffers::Vector<const wire::KeyLen*>* keys = nullptr;
   bool carries_values = false;
+  uint64_t copies = 1;  // MoveData: the parameters, then the momentum
   switch (env.type) {
     case wire::Body::Push:
       keys = msg->body_as_Push()->keys();
@@ -180,11 +181,17 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
       keys = msg->body_as_PullReply()->keys();
       carries_values = true;
       break;
+    case wire::Body::MoveData:
+      keys = msg->body_as_MoveData()->keys();
+      carries_values = true;
+      copies = 2;
+      break;
     default:
       break;
   }
   if (carries_values) {
     std::optional<uint64_t> want = PayloadBytesFor(keys);
+    if (want) *want *= copies;
     if (!want || *want != payload.size()) {
       return Fail(err, wire::ErrorCode::BadLength,
                   "key lengths give " + (want ? std::to_string(*want) : std::string("overflowing")) +

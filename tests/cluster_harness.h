@@ -68,6 +68,14 @@ class Cluster {
     return true;
   }
 
+  // Starts one more shard (it registers idle once the map is built).
+  bool AddShard() {
+    shards.emplace_back();
+    shard_metrics.emplace_back();
+    shard_addresses.emplace_back();
+    return StartShard(shards.size() - 1);
+  }
+
   // (Re)starts shard i on a fresh port; after a kill -9 with data
   // directories it comes back from its checkpoint.
   bool StartShard(size_t i) {

@@ -22,3 +22,5 @@ add_dependencies(recovery_cluster_test pacer-server pacer-monitor)
 
 pacer_test(pacerctl_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
 add_dependencies(pacerctl_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)
+pacer_test(shard_move_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
+add_dependencies(shard_move_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)

@@ -179,7 +179,8 @@ class MonitorTest : public ::testing::Test {
     env.job_id = kJob;
     env.sender = shard_id_;
     env.request_id = request.env.request_id;
-    core_->HandleShardReply(index, MustDecode(EncodeBody(env, fbb, wire::CreateAck(fbb))));
+    std::vector<MonitorCore::Outgoing> out;
+    core_->HandleShardReply(index, MustDecode(EncodeBody(env, fbb, wire::CreateAck(fbb))), &out);
   }
   // Acknowledges every message the shard was sent so far.
   void AckAll() {

@@ -59,6 +59,7 @@ struct JobView {
   uint32_t partition_count = 1;
   uint32_t batch = 0;       // the current assignment
   bool evaluate = false;    // this worker evaluates the test set
+  uint64_t pause_at = 0;    // hold before running this clock (0: no pause)
   // The data partitions this worker owns, with the monitor's positions.
   std::vector<wire::PartitionPosition> partitions;
   std::string stop_reason;
@@ -102,6 +103,7 @@ struct Worker::Impl {
   uint64_t progress = 0;
   uint64_t reported = 0;
   bool monitor_up = true;
+  bool paused = false;  // held at the monitor's pause clock
   std::condition_variable progress_cv;
   // Timings since the last heartbeat, for the policy (guarded by mu).
   struct Window {
@@ -185,12 +187,14 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     Window t;
     std::vector<wire::PartitionPosition> pos;
     uint64_t sending = 0;
+    bool paused_now = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       t = window;
       window = Window{};
       for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
       sending = progress;
+      paused_now = paused;
     }
     const double iters = std::max<uint32_t>(1, t.iterations);
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -199,7 +203,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         t.iterations, static_cast<uint32_t>(std::lround(t.samples / iters)),
         static_cast<float>(t.compute / std::max<double>(1, t.samples)),
         static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
-        options.max_batch, fbb.CreateVectorOfStructs(pos));
+        options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now);
     auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
                                                                   Duration(std::chrono::seconds(1))));
     {
@@ -234,6 +238,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
           map_version = view.map.version;
         }
         view.evaluate = r->evaluate();
+        view.pause_at = r->pause_at();
         if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
           view.batch = r->assignment()->batch_size();
         }
@@ -524,6 +529,24 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       }
       owned = w.view.partitions;
     }
+    {
+      // Held by the monitor (a shard move, pacerctl pause): wait here, between
+      // iterations, with every push acknowledged; heartbeats go on.
+      std::unique_lock<std::mutex> lock(w.mu);
+      bool logged = false;
+      while (w.view.pause_at != 0 && clock >= w.view.pause_at && !w.stop && !cancel_) {
+        if (!logged) {
+          spdlog::info("worker {}: held at clock {}", w.id, clock);
+          logged = true;
+        }
+        w.paused = true;
+        w.clock->WaitUntil(w.cv, lock, w.clock->Now() + std::chrono::milliseconds(100));
+      }
+      if (logged) spdlog::info("worker {}: resumes at clock {}", w.id, clock);
+      w.paused = false;
+      owned = w.view.partitions;
+    }
+    if (w.stop || cancel_) break;
     sync_partitions(owned);
     // The next partition with samples left (round-robin), and its batch: the
     // rest of the epoch when less than a batch is left, so none is skipped.

@@ -1,0 +1,148 @@
+// Elastic shards against a real local cluster: with the workers held
+// (pacerctl pause), add a shard and drain one; a checksum over every
+// parameter, read by the test through pacerctl export-model, is the same
+// before and after each move; then training goes on.
+#include <signal.h>
+
+#include <cstring>
+#include <regex>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "tests/cluster_harness.h"
+
+namespace pacer::test {
+namespace {
+
+using std::chrono::seconds;
+
+struct CtlRun {
+  int code = -1;
+  std::string out, err;
+};
+
+CtlRun Ctl(Cluster& c, const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> argv = {PACERCTL_BIN, "--monitor", c.monitor_address};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = Process::Start(argv, c.dir.path(), name);
+  CtlRun r;
+  r.code = p->Wait(std::chrono::seconds(60)).value_or(-1);
+  r.out = p->Stdout();
+  r.err = p->Stderr();
+  return r;
+}
+
+nlohmann::json Status(Cluster& c) {
+  CtlRun r = Ctl(c, {"status", "-o", "json"}, "status");
+  EXPECT_EQ(r.code, 0) << r.err;
+  return nlohmann::json::parse(r.out, nullptr, false);
+}
+
+// The exported model file's bytes past its header: keys and values (the
+// header holds the shard-map version, which a move changes).
+std::string ModelBody(Cluster& c, const std::string& name) {
+  const std::string path = c.dir.path() + "/" + name + ".bin";
+  CtlRun r = Ctl(c, {"export-model", path}, "export-" + name);
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string bytes = ReadFile(path);
+  return bytes.size() > 28 ? bytes.substr(28) : "";
+}
+
+// Byte-equal model bodies; on a mismatch, where the first float differs.
+void ExpectSame(const std::string& after, const std::string& before, const std::string& what) {
+  ASSERT_EQ(after.size(), before.size()) << what;
+  size_t differ = 0, first = std::string::npos;
+  for (size_t i = 0; i + 4 <= before.size(); i += 4) {
+    if (std::memcmp(after.data() + i, before.data() + i, 4) != 0) {
+      ++differ;
+      if (first == std::string::npos) first = i;
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << before.size() / 4
+                        << " words differ, the first at byte " << first << " of the body";
+}
+
+TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
+  ClusterSpec spec;
+  spec.shards = 1;
+  spec.workers = 2;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--time-cap", "120",
+                        "--eval-interval", "1", "--lease", "3"};
+  spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  auto applied = [&](size_t i) {
+    return MetricValue(FetchMetrics(c.shard_metrics[i]), "pacer_shard_applied_clock").value_or(-1);
+  };
+  auto wait_clock = [&](size_t i, double target) {
+    const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (applied(i) >= target) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_clock(0, 20)) << c.Logs();
+
+  // A second shard registers: idle, outside the map.
+  ASSERT_TRUE(c.AddShard()) << c.Logs();
+  nlohmann::json j;
+  uint32_t first = 0, second = 0;
+  for (int i = 0; i < 100 && second == 0; ++i) {
+    j = Status(c);
+    if (j.is_discarded()) continue;
+    for (const auto& s : j["shards"]) {
+      if (s["key_begin"] == s["key_end"]) second = s["id"].get<uint32_t>();
+      else first = s["id"].get<uint32_t>();
+    }
+    if (second == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(second, 0u) << j.dump(2) << c.Logs();
+  ASSERT_NE(first, 0u);
+
+  // Hold the workers; every parameter, before any move.
+  ASSERT_EQ(Ctl(c, {"pause"}, "pause").code, 0);
+  bool held = false;
+  for (int i = 0; i < 100 && !held; ++i) {
+    j = Status(c);
+    held = !j.is_discarded();
+    for (const auto& w : j["workers"]) held &= w["state"] != "live" || w["paused"].get<bool>();
+    if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(held) << j.dump(2) << c.Logs();
+  const std::string before = ModelBody(c, "before");
+  ASSERT_GT(before.size(), 235146u * 4);
+  const uint64_t v1 = j["shard_map_version"].get<uint64_t>();
+
+  // Add: the idle shard takes half the keys.
+  CtlRun added = Ctl(c, {"add-shard", std::to_string(second)}, "add");
+  ASSERT_EQ(added.code, 0) << added.err << c.Logs();
+  j = Status(c);
+  EXPECT_EQ(j["shard_map_version"].get<uint64_t>(), v1 + 1);
+  for (const auto& s : j["shards"]) EXPECT_NE(s["key_begin"], s["key_end"]) << j.dump(2);
+  ExpectSame(ModelBody(c, "after-add"), before, "add");
+
+  // Drain the first shard: its keys go to the second, and it stops.
+  CtlRun drained = Ctl(c, {"drain-shard", std::to_string(first)}, "drain");
+  ASSERT_EQ(drained.code, 0) << drained.err << c.Logs();
+  j = Status(c);
+  EXPECT_EQ(j["shard_map_version"].get<uint64_t>(), v1 + 2);
+  ExpectSame(ModelBody(c, "after-drain"), before, "drain");
+  auto rc = c.shards[0]->Wait(seconds(10));
+  EXPECT_TRUE(rc.has_value()) << "the drained shard should stop\n" << c.Logs();
+
+  // Bad requests are refused, clearly.
+  CtlRun bad = Ctl(c, {"drain-shard", std::to_string(second)}, "drain-last");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("no other shard"), std::string::npos) << bad.err;
+
+  // Training goes on, on the remaining shard.
+  const double at = applied(1);
+  ASSERT_EQ(Ctl(c, {"resume"}, "resume").code, 0);
+  ASSERT_TRUE(wait_clock(1, at + 30)) << c.Logs();
+  c.monitor->Signal(SIGTERM);
+  EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
+}
+
+}  // namespace
+}  // namespace pacer::test
