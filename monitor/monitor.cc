@@ -485,6 +485,13 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   w.last_seen = clock_->Now();
   w.samples_per_second = hb->samples_per_second();
   w.paused = hb->paused();
+  if (pause_at_ != 0 && w.paused && w.clock > pause_at_) {
+    // It was further along than the monitor knew (heartbeats lag a few
+    // iterations) and holds at a later clock: the others run up to it.
+    spdlog::info("worker {} holds at clock {}; the hold clock moves up from {}", w.id, w.clock,
+                 pause_at_);
+    pause_at_ = w.clock;
+  }
   w.clock = std::max(w.clock, hb->clock());
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
   std::set<uint32_t> reading;
@@ -715,7 +722,7 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
     // it: no clock is open anywhere.
     for (uint32_t id : LiveWorkers()) {
       const WorkerState& w = workers_.at(id);
-      if (!w.paused || w.clock < pause_at_) return;
+      if (!w.paused || w.clock != pause_at_) return;
     }
     for (size_t i = 0; i < shards_.size(); ++i) {
       if (ranges_[i].first == ranges_[i].second || shards_[i].drained) continue;
@@ -1067,7 +1074,7 @@ std::string MonitorCore::SaveState() const {
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
     shards.push_back(wire::CreateMonitorShardDirect(fbb, sh.id, sh.address.c_str(), sh.incarnation,
                                                     range.first, range.second, sh.applied_clock,
-                                                    sh.restarts));
+                                                    sh.restarts, sh.drained));
   }
   auto model = fbb.CreateVectorOfStructs(model_);
   auto reason = fbb.CreateString(stop_reason_);
@@ -1186,6 +1193,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
       s.incarnation = ms->incarnation();
       s.applied_clock = ms->applied_clock();
       s.restarts = ms->restarts();
+      s.drained = ms->drained();
       s.last_seen = now;
       shards_.push_back(s);
       ranges_.emplace_back(ms->key_begin(), ms->key_end());

@@ -105,6 +105,15 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
   auto take = [&](size_t i, absl::StatusOr<std::optional<Decoded>> r) -> absl::StatusOr<bool> {
     if (!r.ok()) {
       const wire::ErrorCode code = WireCode(r.status());
+      if (code == wire::ErrorCode::NotOwner) {
+        // Keys moved (elastic shards): the caller takes the newer map and
+        // asks again; wait a little so that a map not out yet can arrive.
+        clock->SleepUntil(clock->Now() + std::chrono::milliseconds(50));
+        const absl::Status e = ShardError(i, r.status());
+        absl::Status aborted(absl::StatusCode::kAborted, "shard map out of date: " + std::string(e.message()));
+        e.ForEachPayload([&](absl::string_view url, const absl::Cord& p) { aborted.SetPayload(url, p); });
+        return aborted;
+      }
       if (code == wire::ErrorCode::NotReady || code == wire::ErrorCode::NotMember) {
         // Restarting, or not told of us yet: ask again shortly.
         resend_at[i] = clock->Now() + backoff[i];

@@ -345,6 +345,8 @@ TEST_F(PsClientTest, ShardErrorBecomesStatusWithWireCode) {
   ASSERT_FALSE(applied.ok());
   EXPECT_EQ(WireCode(applied.status()), wire::ErrorCode::NotOwner) << applied.status();
   EXPECT_NE(applied.status().message().find("mem://b"), std::string_view::npos) << applied.status();
+  // NotOwner: keys moved; Aborted tells the caller to take the newer map.
+  EXPECT_EQ(applied.status().code(), absl::StatusCode::kAborted) << applied.status();
 }
 
 // The spec's concurrency requirement: "Shard A holds its reply until shard B

@@ -33,7 +33,7 @@ const Binary kBinaries[] = {
       "--block-floats", "--request-timeout", "--start-timeout", "--progress-interval",
       "--progress", "--max-message-bytes", "--sample-log", "--evaluate-model"}},
     {PACERCTL_BIN, {"--monitor", "--timeout", "--log-level", "status", "remove-worker",
-                    "export-model"}},
+                    "export-model", "add-shard", "drain-shard", "pause", "resume"}},
 };
 
 TEST(HelpTest, EveryOptionAppearsInHelp) {
