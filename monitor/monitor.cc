@@ -485,10 +485,10 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   w.last_seen = clock_->Now();
   w.samples_per_second = hb->samples_per_second();
   w.paused = hb->paused();
-  if (pause_at_ != 0 && w.paused && w.clock > pause_at_) {
+  if (pause_at_ != 0 && w.clock > pause_at_) {
     // It was further along than the monitor knew (heartbeats lag a few
     // iterations) and holds at a later clock: the others run up to it.
-    spdlog::info("worker {} holds at clock {}; the hold clock moves up from {}", w.id, w.clock,
+    spdlog::info("worker {} is at clock {}; the hold clock moves up from {}", w.id, w.clock,
                  pause_at_);
     pause_at_ = w.clock;
   }
@@ -703,6 +703,18 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     m.key_begin = ranges_[target].first;
     m.key_end = ranges_[target].second;
   }
+  if (shards_[m.from].down || shards_[m.to].down) {
+    return refuse("shard " + std::to_string(shards_[shards_[m.from].down ? m.from : m.to].id) +
+                  " is down");
+  }
+  uint64_t moving = 0;
+  for (const auto& k : model_) {
+    if (k.key() >= m.key_begin && k.key() < m.key_end) moving += k.length();
+  }
+  if (2 * moving * sizeof(float) + 65536 > options_.max_message_bytes) {
+    return refuse("the range holds " + std::to_string(moving) +
+                  " values; moving them with their momentum needs more than --max-message-bytes");
+  }
   m.started = clock_->Now();
   move_ = std::move(m);
   if (pause_at_ == 0) pause_at_ = PauseClock();
@@ -752,9 +764,10 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
   if (index != m.target) return;
   if (reply.type() == wire::Body::Error) {
     const auto* e = reply.As<wire::Error>();
-    spdlog::warn("shard {} refused a move step: {}", shards_[index].id,
+    // Not quiet yet, or the like: the same request goes again in a second.
+    SPDLOG_DEBUG("shard {} refused a move step: {}", shards_[index].id,
                  e->reason() ? e->reason()->str() : "");
-    if (m.stage == 1) m.stage = 0;  // not quiet yet: wait and ask again
+    (void)e;
     return;
   }
   if (m.stage == 1 && reply.type() == wire::Body::MoveData) {
@@ -778,6 +791,19 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     return;
   }
   if (m.stage == 2 && reply.type() == wire::Body::Ack) {
+    // The new owner has the keys: now the old one drops them.
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.request_id = m.request = ++next_shard_request_;
+    flatbuffers::FlatBufferBuilder fbb(64);
+    m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end, /*drop=*/true));
+    m.target = m.from;
+    m.stage = 3;
+    m.sent = clock_->Now();
+    out->push_back({Frame(), static_cast<int>(m.from), m.pending});
+    return;
+  }
+  if (m.stage == 3 && reply.type() == wire::Body::Ack) {
     // Moved: the new map.
     if (m.op == wire::ShardOp::Add) {
       ranges_[m.to] = {m.key_begin, m.key_end};
@@ -879,8 +905,11 @@ bool MonitorCore::SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t 
 
 uint64_t MonitorCore::MinAckedMembership() const {
   uint64_t v = UINT64_MAX;
-  for (const auto& s : shards_) {
-    if (!s.drained) v = std::min(v, s.acked_membership);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardState& s = shards_[i];
+    // A drained shard is gone; an idle one that is down holds no keys.
+    const bool idle = map_built_ && i < ranges_.size() && ranges_[i].first == ranges_[i].second;
+    if (!s.drained && !(idle && s.down)) v = std::min(v, s.acked_membership);
   }
   return shards_.empty() ? 0 : v;
 }

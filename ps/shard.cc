@@ -186,13 +186,29 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::Push: return OnPush(peer, d, out);
     case wire::Body::Pull: return OnPull(peer, d, out);
     case wire::Body::MoveOut:
-    case wire::Body::MoveData:
-      if (d.env.sender == 0 && d.env.request_id == last_move_request_ && last_move_request_ != 0) {
-        // The monitor asking again (its reply was lost): the same answer.
+    case wire::Body::MoveData: {
+      // The monitor asking again (its reply was lost): the same answer. The
+      // header must match too (a restarted monitor reuses request ids).
+      const std::string header = frames.size() > 1 ? std::string(reinterpret_cast<const char*>(frames[1].data()), frames[1].size()) : "";
+      if (d.env.sender == 0 && last_move_request_ != 0 && d.env.request_id == last_move_request_ &&
+          header == last_move_header_) {
         out->push_back({peer, last_move_reply_});
         return;
       }
-      return d.type() == wire::Body::MoveOut ? OnMoveOut(peer, d, out) : OnMoveIn(peer, d, out);
+      const size_t before = out->size();
+      move_ok_ = false;
+      if (d.type() == wire::Body::MoveOut) {
+        OnMoveOut(peer, d, out);
+      } else {
+        OnMoveIn(peer, d, out);
+      }
+      if (move_ok_ && out->size() > before) {  // errors are not kept: a retry re-checks
+        last_move_request_ = d.env.request_id;
+        last_move_header_ = header;
+        last_move_reply_ = (*out)[before].frames;
+      }
+      return;
+    }
     case wire::Body::Stop: {
       if (d.env.sender != 0) {
         return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor stops a shard",
@@ -360,6 +376,7 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
                       "a clock is still open (the workers must be held first)", out);
   }
   const auto* m = d.As<wire::MoveOut>();
+  if (m->drop()) return DropKeys(peer, d, m->key_begin(), m->key_end(), out);
   std::vector<wire::KeyLen> moving;
   std::map<uint64_t, KeySlot> kept;
   size_t moving_total = 0, kept_total = 0;
@@ -390,28 +407,79 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
       at += slot.length;
     }
   }
-  slots_ = std::move(kept);
-  params_ = std::move(next_params);
-  velocity_ = std::move(next_velocity);
-  spare_params_.reset();
-  spare_velocity_.reset();
-  spare_acc_.clear();
-  m_keys_->Set(static_cast<double>(slots_.size()));
-  spdlog::info("shard {}: moved out {} keys ({} values) in [{}, {}); {} keys left", shard_id_,
-               moving.size(), moving_total, m->key_begin(), m->key_end(), slots_.size());
+  // A copy: the keys stay here until the monitor says drop (after the new
+  // owner has them).
+  spdlog::info("shard {}: copied {} keys ({} values) in [{}, {}) for their new owner", shard_id_,
+               moving.size(), moving_total, m->key_begin(), m->key_end());
   flatbuffers::FlatBufferBuilder fbb(128 + moving.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(moving);
   auto body = wire::CreateMoveData(fbb, kv, applied_clock_, steps_);
   Frame frame(payload, payload->data(), payload->size() * sizeof(float));
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, body,
                                    payload->empty() ? Frame() : std::move(frame), options_.check_crc)});
-  last_move_request_ = d.env.request_id;
-  last_move_reply_ = out->back().frames;
+  move_ok_ = true;
+}
+
+void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, uint64_t end,
+                         std::vector<Outgoing>* out) {
+  // The Ack first (the repeat cache keeps the first reply), then any
+  // parked pull that can no longer be answered here.
+  flatbuffers::FlatBufferBuilder fbb(64);
+  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  move_ok_ = true;
+  std::map<uint64_t, KeySlot> kept;
+  size_t kept_total = 0, dropped = 0;
+  for (const auto& [key, slot] : slots_) {
+    if (key >= begin && key < end) {
+      ++dropped;
+    } else {
+      kept.emplace(key, KeySlot{kept_total, slot.length});
+      kept_total += slot.length;
+    }
+  }
+  if (dropped > 0) {
+    auto next_params = std::make_shared<std::vector<float>>(kept_total);
+    auto next_velocity = std::make_shared<std::vector<float>>(kept_total);
+    for (const auto& [key, slot] : kept) {
+      const KeySlot& old = slots_.at(key);
+      std::copy(params_->begin() + static_cast<long>(old.offset),
+                params_->begin() + static_cast<long>(old.offset + old.length),
+                next_params->begin() + static_cast<long>(slot.offset));
+      std::copy(velocity_->begin() + static_cast<long>(old.offset),
+                velocity_->begin() + static_cast<long>(old.offset + old.length),
+                next_velocity->begin() + static_cast<long>(slot.offset));
+    }
+    slots_ = std::move(kept);
+    params_ = std::move(next_params);
+    velocity_ = std::move(next_velocity);
+    spare_params_.reset();
+    spare_velocity_.reset();
+    spare_acc_.clear();
+    ++key_version_;
+    m_keys_->Set(static_cast<double>(slots_.size()));
+    // Parked pulls that name a key gone from here: the reader must ask the new owner.
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      const bool gone = std::any_of(it->keys.begin(), it->keys.end(),
+                                    [&](const wire::KeyLen& k) { return !slots_.count(k.key()); });
+      if (gone) {
+        ReplyError(it->peer, it->env, wire::ErrorCode::NotOwner, "keys moved to another shard", out);
+        it = parked_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    spdlog::info("shard {}: dropped {} keys in [{}, {}) (moved); {} keys left", shard_id_, dropped,
+                 begin, end, slots_.size());
+  }
 }
 
 void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   if (d.env.sender != 0) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor moves keys", out);
+  }
+  if (!open_.empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                      "a clock is still open (the workers must be held first)", out);
   }
   const auto* m = d.As<wire::MoveData>();
   size_t incoming = 0;
@@ -431,21 +499,35 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
                           std::to_string(2 * incoming) + " floats",
                       out);
   }
-  const size_t old_total = params_->size();
-  auto next_params = std::make_shared<std::vector<float>>(old_total + incoming);
-  auto next_velocity = std::make_shared<std::vector<float>>(old_total + incoming);
-  std::copy(params_->begin(), params_->end(), next_params->begin());
-  std::copy(velocity_->begin(), velocity_->end(), next_velocity->begin());
+  // Lay every key out in key order again (checkpoints rely on it).
+  std::map<uint64_t, std::pair<const float*, const float*>> sources;  // key -> (w, v)
+  std::map<uint64_t, size_t> lengths;
+  for (const auto& [key, slot] : slots_) {
+    sources[key] = {params_->data() + slot.offset, velocity_->data() + slot.offset};
+    lengths[key] = slot.length;
+  }
   size_t at = 0;
   if (m->keys() != nullptr) {
     for (const wire::KeyLen* k : *m->keys()) {
-      slots_.emplace(k->key(), KeySlot{old_total + at, k->length()});
-      std::copy(values.data() + at, values.data() + at + k->length(), next_params->data() + old_total + at);
-      std::copy(values.data() + incoming + at, values.data() + incoming + at + k->length(),
-                next_velocity->data() + old_total + at);
+      sources[k->key()] = {values.data() + at, values.data() + incoming + at};
+      lengths[k->key()] = k->length();
       at += k->length();
     }
   }
+  const size_t total = params_->size() + incoming;
+  auto next_params = std::make_shared<std::vector<float>>(total);
+  auto next_velocity = std::make_shared<std::vector<float>>(total);
+  std::map<uint64_t, KeySlot> slots;
+  size_t offset = 0;
+  for (const auto& [key, src] : sources) {
+    const size_t n = lengths[key];
+    std::copy(src.first, src.first + n, next_params->data() + offset);
+    std::copy(src.second, src.second + n, next_velocity->data() + offset);
+    slots.emplace(key, KeySlot{offset, n});
+    offset += n;
+  }
+  slots_ = std::move(slots);
+  ++key_version_;
   params_ = std::move(next_params);
   velocity_ = std::move(next_velocity);
   spare_params_.reset();
@@ -462,8 +544,7 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
                m->keys() ? m->keys()->size() : 0, incoming, applied_clock_);
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
-  last_move_request_ = d.env.request_id;
-  last_move_reply_ = out->back().frames;
+  move_ok_ = true;
   Advance(out);
 }
 

@@ -131,6 +131,7 @@ class ShardCore {
   absl::Status Restore(const ShardSnapshot& snapshot);
   bool restored() const { return restored_; }
   uint64_t lost_updates() const { return lost_updates_; }
+  uint64_t key_version() const { return key_version_; }
   // Clocks closed after a restore with none of their pushes (all lost).
   uint64_t skipped_clocks() const { return skipped_clocks_; }
 
@@ -184,6 +185,8 @@ class ShardCore {
   // Elastic shards: hand keys over (reply MoveData), or take them in.
   void OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, uint64_t end,
+                std::vector<Outgoing>* out);
 
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
@@ -262,7 +265,11 @@ class ShardCore {
 
   // The last key move (its request id and reply), repeated if asked again.
   uint64_t last_move_request_ = 0;
+  std::string last_move_header_;
+  bool move_ok_ = false;  // the move request just handled succeeded
   Frames last_move_reply_;
+  // Bumped whenever keys move in or out (a checkpoint is due at once).
+  uint64_t key_version_ = 0;
 
   // Recovery (Restore).
   bool restored_ = false;

@@ -239,13 +239,15 @@ void ShardServer::MaybeCheckpoint(bool final) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
+  const bool keys_moved = core_->key_version() != keys_at_checkpoint_;
   if (core_->updates_applied() == updates_at_checkpoint_ &&
-      core_->applied_clock() == clock_at_checkpoint_) {
+      core_->applied_clock() == clock_at_checkpoint_ && !keys_moved) {
     return;  // nothing new since the last one
   }
   const TimePoint now = transport_->clock()->Now();
-  const bool on_time = options_.checkpoint_interval > Duration::zero() &&
-                       now - last_checkpoint_ >= options_.checkpoint_interval;
+  // Keys that moved in or out: at once, so that a restart has the new set.
+  const bool on_time = keys_moved || (options_.checkpoint_interval > Duration::zero() &&
+                                      now - last_checkpoint_ >= options_.checkpoint_interval);
   const bool on_count = options_.checkpoint_updates > 0 &&
                         core_->updates_applied() - updates_at_checkpoint_ >= options_.checkpoint_updates;
   if (!on_time && !on_count) return;
@@ -260,6 +262,7 @@ void ShardServer::MaybeCheckpoint(bool final) {
   last_checkpoint_ = now;
   updates_at_checkpoint_ = core_->updates_applied();
   clock_at_checkpoint_ = core_->applied_clock();
+  keys_at_checkpoint_ = core_->key_version();
 }
 
 void ShardServer::HeartbeatLoop() {

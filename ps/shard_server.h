@@ -107,6 +107,7 @@ class ShardServer {
   TimePoint last_checkpoint_{};            // serving thread only
   uint64_t updates_at_checkpoint_ = 0;     // serving thread only
   int64_t clock_at_checkpoint_ = -2;       // serving thread only
+  uint64_t keys_at_checkpoint_ = 0;        // serving thread only
   std::atomic<double> last_success_unix_{0};
   double started_unix_ = 0;
   prometheus::Histogram* m_ckpt_seconds_ = nullptr;

@@ -66,6 +66,7 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   ClusterSpec spec;
   spec.shards = 1;
   spec.workers = 2;
+  spec.shard_data_dirs = true;
   spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--time-cap", "120",
                         "--eval-interval", "1", "--lease", "3"};
   spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
@@ -127,6 +128,8 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   EXPECT_EQ(j["shard_map_version"].get<uint64_t>(), v1 + 1);
   for (const auto& s : j["shards"]) EXPECT_NE(s["key_begin"], s["key_end"]) << j.dump(2);
   ExpectSame(ModelBody(c, "after-add"), before, "add");
+  EXPECT_NE(c.shards[0]->Stderr().find("dropped"), std::string::npos) << c.shards[0]->Stderr();
+  EXPECT_NE(c.shards[1]->Stderr().find("moved in"), std::string::npos) << c.shards[1]->Stderr();
 
   // Drain the first shard: its keys go to the second, and it stops.
   CtlRun drained = Ctl(c, {"drain-shard", std::to_string(first)}, "drain");
@@ -136,6 +139,25 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   ExpectSame(ModelBody(c, "after-drain"), before, "drain");
   auto rc = c.shards[0]->Wait(seconds(10));
   EXPECT_TRUE(rc.has_value()) << "the drained shard should stop\n" << c.Logs();
+
+  // The shard holding everything now is killed and restarted: its
+  // checkpoint, taken right after the keys moved, has them all, in order.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  c.shards[1]->Signal(SIGKILL);
+  ASSERT_TRUE(c.shards[1]->Wait(seconds(5)).has_value());
+  ASSERT_TRUE(c.StartShard(1)) << c.Logs();
+  std::string restored;
+  for (int i = 0; i < 50; ++i) {
+    const std::string path = c.dir.path() + "/restored.bin";
+    CtlRun r = Ctl(c, {"export-model", path}, "export-restored");
+    if (r.code == 0) {
+      const std::string bytes = ReadFile(path);
+      restored = bytes.substr(28, bytes.size() - 32);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ExpectSame(restored, before, "restart after the moves");
 
   // Bad requests are refused, clearly.
   CtlRun bad = Ctl(c, {"drain-shard", std::to_string(second)}, "drain-last");
