@@ -657,7 +657,9 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     }
     // Timings count even when the push comes too late (backup mode drops it).
     const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
-    {
+    if (this_batch == static_cast<size_t>(batch)) {
+      // Timed for the policy. An epoch's short tail batch (or an empty push)
+      // is not: its fixed costs over fewer samples would read as a slowdown.
       std::lock_guard<std::mutex> lock(w.mu);
       ++w.window.iterations;
       w.window.samples += this_batch;
