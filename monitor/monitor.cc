@@ -1,7 +1,6 @@
 #include "monitor/monitor.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <random>
 #include <set>
 
@@ -13,10 +12,6 @@
 
 namespace pacer {
 namespace {
-
-double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 policy::PolicyOptions PolicyFor(const MonitorOptions& o) {
   policy::PolicyOptions p = o.policy;
@@ -1134,7 +1129,7 @@ std::string MonitorCore::SaveState() const {
   b.add_workers(wv);
   b.add_shards(sv);
   b.add_seconds_running(seconds_running().value_or(-1));
-  b.add_saved_unix(UnixNow());
+  b.add_saved_unix(UnixSeconds());
   b.add_last_accuracy(last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f);
   b.add_time_to_target(time_to_target_.value_or(-1));
   b.add_slack_open(policy_.slack_open());
@@ -1230,7 +1225,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   }
   if (st->seconds_running() >= 0) {
     // The time it was down counts as running time (the time cap).
-    const double down = std::max(0.0, UnixNow() - st->saved_unix());
+    const double down = std::max(0.0, UnixSeconds() - st->saved_unix());
     started_at_ = now - FromSeconds(st->seconds_running() + down);
   }
   if (st->last_accuracy() >= 0) last_accuracy_ = st->last_accuracy();
@@ -1270,13 +1265,9 @@ absl::StatusOr<std::unique_ptr<MonitorServer>> MonitorServer::Start(Transport* t
   s->options_ = options;
   std::optional<std::string> saved;
   if (!options.data_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.data_dir, ec);
-    if (ec) {
-      return absl::InvalidArgumentError("cannot create --data-dir '" + options.data_dir +
-                                        "': " + ec.message());
-    }
-    auto store = RecordStore::Open((std::filesystem::path(options.data_dir) / "state").string());
+    auto dir = DataDirPath(options.data_dir, "state");
+    if (!dir.ok()) return dir.status();
+    auto store = RecordStore::Open(*dir);
     if (!store.ok()) return store.status();
     auto got = (*store)->Get("monitor");
     if (!got.ok()) return got.status();

@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <span>
 
 #include "ps/wire.h"
@@ -228,6 +229,13 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
   s.params = std::move(params);
   s.velocity = std::move(velocity);
   return std::optional<ShardSnapshot>(std::move(s));
+}
+
+absl::StatusOr<std::string> DataDirPath(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError("cannot create --data-dir '" + dir + "': " + ec.message());
+  return (std::filesystem::path(dir) / name).string();
 }
 
 RecordStore::RecordStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}

@@ -85,6 +85,10 @@ class CheckpointStore {
   std::unique_ptr<rocksdb::DB> db_;
 };
 
+// DIR/name for a store under a --data-dir, creating DIR (and its parents)
+// first; InvalidArgument when it cannot be created.
+absl::StatusOr<std::string> DataDirPath(const std::string& dir, const std::string& name);
+
 // Small records in RocksDB, each written synced (the monitor's state).
 class RecordStore {
  public:

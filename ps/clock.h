@@ -66,6 +66,11 @@ class FakeClock final : public Clock {
 
 // Seconds as a double, for logs and metrics.
 inline double ToSeconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+// Wall-clock time as Unix seconds (timestamps that outlive the process:
+// metrics, saved state); never for deadlines.
+inline double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 inline Duration FromSeconds(double s) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
 }

@@ -1,6 +1,5 @@
 #include "ps/shard_server.h"
 
-#include <filesystem>
 #include <random>
 
 #include "prometheus/counter.h"
@@ -10,14 +9,6 @@
 #include "spdlog/spdlog.h"
 
 namespace pacer {
-namespace {
-
-double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     Transport* transport, const ShardServerOptions& options) {
   if (options.monitor.empty()) return absl::InvalidArgumentError("a shard needs --monitor");
@@ -34,13 +25,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   // The latest snapshot, if this shard ran here before.
   std::optional<ShardSnapshot> snapshot;
   if (!options.data_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.data_dir, ec);
-    if (ec) {
-      return absl::InvalidArgumentError("cannot create --data-dir '" + options.data_dir +
-                                        "': " + ec.message());
-    }
-    const std::string path = (std::filesystem::path(options.data_dir) / "checkpoint").string();
+    auto dir = DataDirPath(options.data_dir, "checkpoint");
+    if (!dir.ok()) return dir.status();
+    const std::string path = *dir;
     auto store = CheckpointStore::Open(path);
     if (!store.ok()) return store.status();
     const auto t0 = std::chrono::steady_clock::now();
@@ -155,7 +142,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                      .Register(r);
     s->m_ckpt_ok_ = &done.Add({{"result", "ok"}});
     s->m_ckpt_failed_ = &done.Add({{"result", "failed"}});
-    s->started_unix_ = UnixNow();
+    s->started_unix_ = UnixSeconds();
     s->writer_thread_ = std::thread([p = s.get()] { p->WriterLoop(); });
   }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
@@ -213,7 +200,7 @@ void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
   m_ckpt_ok_->Increment();
   m_ckpt_seconds_->Observe(seconds);
   m_ckpt_bytes_->Set(static_cast<double>(*bytes));
-  last_success_unix_ = UnixNow();
+  last_success_unix_ = UnixSeconds();
   m_ckpt_last_->Set(last_success_unix_);
   SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", id_,
                snap.applied_clock, *bytes, seconds);
@@ -222,7 +209,7 @@ void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
 void ShardServer::MaybeCheckpoint(bool final) {
   if (!store_) return;
   const double last = last_success_unix_.load();
-  m_ckpt_age_->Set(UnixNow() - (last > 0 ? last : started_unix_));
+  m_ckpt_age_->Set(UnixSeconds() - (last > 0 ? last : started_unix_));
   if (!core_->initialized()) return;  // nothing worth keeping yet
   if (final) {
     {
@@ -271,7 +258,7 @@ void ShardServer::HeartbeatLoop() {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     flatbuffers::FlatBufferBuilder fbb(64);
     const double last = last_success_unix_.load();
-    const float age = store_ ? static_cast<float>(UnixNow() - (last > 0 ? last : started_unix_)) : -1.0f;
+    const float age = store_ ? static_cast<float>(UnixSeconds() - (last > 0 ? last : started_unix_)) : -1.0f;
     wire::HeartbeatBuilder hb(fbb);
     hb.add_role(wire::Role::Shard);
     hb.add_clock(static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));

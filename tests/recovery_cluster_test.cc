@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ps/clock.h"
 #include "ps/transport.h"
 #include "tests/cluster_harness.h"
 #include "worker/worker.h"
@@ -20,10 +21,6 @@ namespace pacer::test {
 namespace {
 
 using std::chrono::seconds;
-
-double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // Holds embedded workers between iterations: open, closed, or a budget of
 // iterations each.
@@ -163,7 +160,7 @@ TEST(RecoveryClusterTest, KilledShardComesBackFromItsCheckpointAndTrainingReache
   ASSERT_GE(min_clock(), 15u) << c.Logs();
   gate.Close();
   ASSERT_TRUE(gate.WaitAllHeld(std::chrono::milliseconds(30000))) << c.Logs();
-  const double held_at = UnixNow();
+  const double held_at = UnixSeconds();
 
   // Wait for a checkpoint of shard 0 taken after the hold: it has every
   // push acknowledged so far.

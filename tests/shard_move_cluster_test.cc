@@ -8,35 +8,12 @@
 #include <regex>
 #include <thread>
 
-#include "nlohmann/json.hpp"
-#include "tests/cluster_harness.h"
+#include "tests/pacerctl_util.h"
 
 namespace pacer::test {
 namespace {
 
 using std::chrono::seconds;
-
-struct CtlRun {
-  int code = -1;
-  std::string out, err;
-};
-
-CtlRun Ctl(Cluster& c, const std::vector<std::string>& args, const std::string& name) {
-  std::vector<std::string> argv = {PACERCTL_BIN, "--monitor", c.monitor_address};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto p = Process::Start(argv, c.dir.path(), name);
-  CtlRun r;
-  r.code = p->Wait(std::chrono::seconds(60)).value_or(-1);
-  r.out = p->Stdout();
-  r.err = p->Stderr();
-  return r;
-}
-
-nlohmann::json Status(Cluster& c) {
-  CtlRun r = Ctl(c, {"status", "-o", "json"}, "status");
-  EXPECT_EQ(r.code, 0) << r.err;
-  return nlohmann::json::parse(r.out, nullptr, false);
-}
 
 // The exported model file's keys and values: the bytes between the header
 // (which holds the shard-map version, changed by a move) and the CRC.

@@ -121,6 +121,14 @@ struct Worker::Impl {
   void EvalLoop(ShardMapInfo map);
   // Switches `client` to the newest shard map if it is behind.
   absl::Status RefreshMap(PsClient& client);
+  // Waits (at most 1 s) until the monitor holds every read position
+  // reported so far; not while the monitor is unreachable. `lock` holds mu.
+  void WaitForReportedPositions(std::unique_lock<std::mutex>& lock) {
+    const TimePoint until = clock->Now() + std::chrono::seconds(1);
+    while (monitor_up && reported < progress && !stop && !cancel->load() &&
+           !clock->WaitUntil(progress_cv, lock, until)) {
+    }
+  }
   RpcOptions Rpc() const {
     RpcOptions r;
     r.job_id = job_id;
@@ -463,12 +471,9 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       spdlog::info("worker {}: data partition {} moved to another worker", w.id, it->first);
       {
         // Let go only once the monitor holds its final position (the next
-        // owner starts there); bounded, and not while the monitor is away.
+        // owner starts there).
         std::unique_lock<std::mutex> lock(w.mu);
-        const TimePoint until = w.clock->Now() + std::chrono::seconds(1);
-        while (w.monitor_up && w.reported < w.progress && !w.stop &&
-               !w.clock->WaitUntil(w.progress_cv, lock, until)) {
-        }
+        w.WaitForReportedPositions(lock);
         w.positions.erase(it->first);
       }
       it = readers.erase(it);
@@ -643,10 +648,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       // before this one is consumed: a replacement then repeats at most
       // this batch. (Not while the monitor is unreachable: training goes on.)
       std::unique_lock<std::mutex> lock(w.mu);
-      const TimePoint until = w.clock->Now() + std::chrono::seconds(1);
-      while (w.monitor_up && w.reported < w.progress && !w.stop && !cancel_ &&
-             !w.clock->WaitUntil(w.progress_cv, lock, until)) {
-      }
+      w.WaitForReportedPositions(lock);
     }
     // A shard-map change mid-push: the same push (same seq) to the new map.
     const uint32_t push_batch = static_cast<uint32_t>(this_batch);
