@@ -12,7 +12,7 @@
 int main(int argc, char** argv) {
   pacer::MonitorOptions opts;
   std::string log_level = "info";
-  std::string metrics_addr;
+  pacer::MetricsFlags metrics_flags;
   std::string mode;
   std::string policy_name = "pacer";
   int staleness = -1, staleness_range = -1;
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--listen", opts.listen, "Address to bind, tcp://HOST:PORT (port 0: ephemeral; "
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
-  pacer::AddMetricsFlag(app, &metrics_addr);
+  pacer::AddMetricsFlags(app, &metrics_flags);
   app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
   app.add_option("--policy", policy_name,
                  "Straggler policy: fixed (even batches), adaptive-batch (batch sizes follow "
@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
   opts.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
-  if (!pacer::ServeMetrics(metrics_addr, opts.registry, &metrics)) return pacer::kExitFailure;
+  if (!pacer::ServeMetrics(metrics_flags, "monitor", opts.registry, &metrics)) {
+    return pacer::kExitFailure;
+  }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
@@ -174,6 +176,10 @@ int main(int argc, char** argv) {
   }
   (*server)->set_report_threshold(report_threshold);
   pacer::PrintAddress("listening", (*server)->address());
+  pacer::MonitorServer* monitor = server->get();
+  if (metrics) {
+    metrics->SetReadiness([monitor] { return monitor->done() ? std::string("stopped") : ""; });
+  }
   if (!(*server)->resumed()) {
     spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", (*server)->job_id(),
                  opts.min_shards, opts.min_workers);

@@ -73,6 +73,64 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
                      .Help("Last test accuracy reported by rank 0")
                      .Register(*registry_)
                      .Add({});
+  auto& changes = prometheus::BuildCounter()
+                      .Name("pacer_monitor_membership_changes_total")
+                      .Help("Membership changes (each bumps the membership version), by reason: "
+                            "joined, finished, removed, lost (lease expired), bounds (staleness "
+                            "bounds changed), started, restarted (the monitor)")
+                      .Register(*registry_);
+  for (const char* r : {"joined", "finished", "removed", "lost", "bounds", "started", "restarted"}) {
+    m_membership_changes_[r] = &changes.Add({{"reason", r}});
+  }
+  auto& state = prometheus::BuildGauge()
+                    .Name("pacer_monitor_state")
+                    .Help("The job's state: 1 for the current one (waiting, running, stopped)")
+                    .Register(*registry_);
+  for (const char* st : {"waiting", "running", "stopped"}) {
+    m_state_[st] = &state.Add({{"state", st}});
+  }
+  m_state_["waiting"]->Set(1);
+  m_straggler_ = &prometheus::BuildGauge()
+                      .Name("pacer_monitor_worker_straggler_score")
+                      .Help("A worker's predicted compute time per sample over the median of the "
+                            "live workers' (1: typical; 2: twice as slow)")
+                      .Register(*registry_);
+  m_lag_ = &prometheus::BuildGauge()
+                .Name("pacer_monitor_worker_clock_lag")
+                .Help("Clocks a live worker is behind the most advanced live worker")
+                .Register(*registry_);
+  m_worker_sps_ = &prometheus::BuildGauge()
+                       .Name("pacer_monitor_worker_samples_per_second")
+                       .Help("Training samples per second a live worker last reported")
+                       .Register(*registry_);
+  m_worker_clock_ = &prometheus::BuildGauge()
+                         .Name("pacer_monitor_worker_clock")
+                         .Help("The clock (iteration) a live worker last reported")
+                         .Register(*registry_);
+  m_shard_up_ = &prometheus::BuildGauge()
+                     .Name("pacer_monitor_shard_up")
+                     .Help("1 while a registered shard heartbeats, 0 once it left or missed its "
+                           "lease (it keeps its key range)")
+                     .Register(*registry_);
+  m_shard_clock_ = &prometheus::BuildGauge()
+                        .Name("pacer_monitor_shard_applied_clock")
+                        .Help("The highest clock a shard reported applied (-1: none)")
+                        .Register(*registry_);
+  m_shard_ckpt_age_ = &prometheus::BuildGauge()
+                           .Name("pacer_monitor_shard_checkpoint_age_seconds")
+                           .Help("Age of a shard's last checkpoint, from its heartbeats (shards "
+                                 "with --data-dir only)")
+                           .Register(*registry_);
+  m_test_loss_ = &prometheus::BuildGauge()
+                      .Name("pacer_training_test_loss")
+                      .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")
+                      .Register(*registry_)
+                      .Add({});
+  m_accuracy_reports_ = &prometheus::BuildCounter()
+                             .Name("pacer_training_evaluations_total")
+                             .Help("Test-set evaluations reported by the evaluating worker")
+                             .Register(*registry_)
+                             .Add({});
   m_dead_ = &prometheus::BuildCounter()
                  .Name("pacer_monitor_workers_lost_total")
                  .Help("Workers declared dead after missing their lease")
@@ -243,7 +301,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   awaiting_workers_ = false;
   spdlog::info("worker {} registered as rank {}", w.id, w.rank);
   if (map_built_) UpdatePolicyWorkers();
-  ChangeMembership("worker " + std::to_string(w.id) + " joined");
+  ChangeMembership("joined", "worker " + std::to_string(w.id) + " joined");
   workers_[w.id].joined_version = membership_version_;
   auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
@@ -513,7 +571,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   if (hb->done() && !w.done) {
     w.done = true;
     spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
-    ChangeMembership("worker " + std::to_string(w.id) + " finished");
+    ChangeMembership("finished", "worker " + std::to_string(w.id) + " finished");
     if (map_built_) UpdatePolicyWorkers();
   } else {
     // Every heartbeat reports where the worker is (its clock), even one
@@ -561,6 +619,8 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
   const auto* a = d.As<wire::AccuracyReport>();
   last_accuracy_ = a->accuracy();
   m_accuracy_->Set(a->accuracy());
+  m_test_loss_->Set(a->loss());
+  m_accuracy_reports_->Increment();
   auto running = seconds_running();
   spdlog::info("clock {}: test accuracy {:.4f}, loss {:.4f} ({} samples) after {:.1f} s",
                a->clock(), a->accuracy(), a->loss(), a->samples(), running.value_or(0));
@@ -842,14 +902,17 @@ void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vecto
   }
   it->second.alive = false;
   spdlog::warn("worker {} (rank {}) removed by request", id, it->second.rank);
-  ChangeMembership("worker " + std::to_string(id) + " removed");
+  ChangeMembership("removed", "worker " + std::to_string(id) + " removed");
   if (map_built_) UpdatePolicyWorkers();
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
 }
 
-void MonitorCore::ChangeMembership(const std::string& why) {
+void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {
   dirty_ = true;
+  if (auto it = m_membership_changes_.find(reason); it != m_membership_changes_.end()) {
+    it->second->Increment();
+  }
   AssignPartitions();
   ++membership_version_;
   m_membership_->Set(static_cast<double>(membership_version_));
@@ -886,13 +949,13 @@ void MonitorCore::UpdatePolicyWorkers() {
   const std::vector<uint32_t> live = LiveWorkers();
   RescaleBatch(live.size());
   policy_.SetWorkers(live);
-  if (ApplyAssignments()) ChangeMembership("staleness bounds changed");
+  if (ApplyAssignments()) ChangeMembership("bounds", "staleness bounds changed");
 }
 
 bool MonitorCore::SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {
   if (staleness + uint64_t{staleness_range} > kMaxStalenessBound) return false;
   if (!policy_.SetBounds(worker, staleness, staleness_range)) return false;
-  if (ApplyAssignments()) ChangeMembership("staleness bounds of worker " + std::to_string(worker));
+  if (ApplyAssignments()) ChangeMembership("bounds", "staleness bounds of worker " + std::to_string(worker));
   spdlog::info("worker {}: staleness bounds set to s={} r_max={}", worker, staleness,
                staleness_range);
   return true;
@@ -988,7 +1051,7 @@ void MonitorCore::RunPolicy(TimePoint now) {
   const bool urgent = policy_.urgent();
   if (!policy_.Round(now)) return;
   if (ApplyAssignments()) {
-    ChangeMembership(policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
+    ChangeMembership("bounds", policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
     spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",
                  100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
   }
@@ -1002,8 +1065,66 @@ void MonitorCore::RunPolicy(TimePoint now) {
                urgent ? " (a worker's speed shifted)" : "", sizes);
 }
 
+void MonitorCore::UpdateWorkerGauges() {
+  const char* state = state_ == wire::JobState::Running   ? "running"
+                      : state_ == wire::JobState::Stopped ? "stopped"
+                                                          : "waiting";
+  for (auto& [name, g] : m_state_) g->Set(name == state ? 1 : 0);
+  const std::vector<uint32_t> live = LiveWorkers();
+  std::vector<double> speeds;
+  uint64_t newest = 0;
+  for (uint32_t id : live) {
+    if (auto p = policy_.predicted_seconds_per_sample(id); p && *p > 0) speeds.push_back(*p);
+    newest = std::max(newest, workers_.at(id).clock);
+  }
+  double median = 0;
+  if (!speeds.empty()) {
+    std::nth_element(speeds.begin(), speeds.begin() + static_cast<long>(speeds.size() / 2),
+                     speeds.end());
+    median = speeds[speeds.size() / 2];
+  }
+  std::set<uint32_t> ranks;
+  for (uint32_t id : live) {
+    const WorkerState& w = workers_.at(id);
+    const prometheus::Labels labels{{"worker_rank", std::to_string(w.rank)}};
+    ranks.insert(w.rank);
+    auto p = policy_.predicted_seconds_per_sample(id);
+    m_straggler_->Add(labels).Set(p && median > 0 ? *p / median : 1.0);
+    m_lag_->Add(labels).Set(static_cast<double>(newest - w.clock));
+    m_worker_sps_->Add(labels).Set(w.samples_per_second);
+    m_worker_clock_->Add(labels).Set(static_cast<double>(w.clock));
+  }
+  // A departed worker's series go, so that max() and count() see live ones.
+  for (uint32_t rank : gauged_ranks_) {
+    if (ranks.count(rank)) continue;
+    const prometheus::Labels labels{{"worker_rank", std::to_string(rank)}};
+    for (auto* family : {m_straggler_, m_lag_, m_worker_sps_, m_worker_clock_, m_batch_}) {
+      family->Remove(&family->Add(labels));
+    }
+  }
+  gauged_ranks_ = std::move(ranks);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardState& sh = shards_[i];
+    const prometheus::Labels labels{{"shard", std::to_string(sh.id)}};
+    if (sh.drained) {
+      for (auto* family : {m_shard_up_, m_shard_clock_, m_shard_ckpt_age_}) {
+        family->Remove(&family->Add(labels));
+      }
+      continue;
+    }
+    m_shard_up_->Add(labels).Set(sh.down ? 0 : 1);
+    m_shard_clock_->Add(labels).Set(static_cast<double>(sh.applied_clock));
+    // -1 (no checkpoint reported) leaves the series out rather than lying.
+    if (sh.checkpoint_age >= 0) m_shard_ckpt_age_->Add(labels).Set(sh.checkpoint_age);
+  }
+}
+
 void MonitorCore::Tick(std::vector<Outgoing>* out) {
   const TimePoint now = clock_->Now();
+  if (now >= next_gauges_) {
+    UpdateWorkerGauges();
+    next_gauges_ = now + std::chrono::milliseconds(250);
+  }
   // Shards silent past the lease are marked down (they keep their keys).
   for (auto& s : shards_) {
     if (!s.down && !s.drained && now - s.last_seen > options_.lease) {
@@ -1020,7 +1141,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       m_dead_->Increment();
       spdlog::warn("worker {} (rank {}) missed its lease ({:.1f} s without a heartbeat); declared dead",
                    id, w.rank, ToSeconds(now - w.last_seen));
-      ChangeMembership("worker " + std::to_string(id) + " lost");
+      ChangeMembership("lost", "worker " + std::to_string(id) + " lost");
       if (map_built_) UpdatePolicyWorkers();
     }
   }
@@ -1042,7 +1163,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     batch_per_worker_ = static_cast<double>(options_.global_batch) / static_cast<double>(live.size());
     policy_.SetWorkers(live);
     ApplyAssignments();
-    ChangeMembership("batch sizes assigned");
+    ChangeMembership("started", "batch sizes assigned");
     for (auto& [id, w] : workers_) w.joined_version = std::min(w.joined_version, membership_version_);
     spdlog::info("shard map v{} built over {} shards; {} workers share global batch {} ({} policy, "
                  "{} mode)",
@@ -1247,7 +1368,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
     m_map_version_->Set(static_cast<double>(map_version_));
   }
   // A new version, so that every shard takes the live set from us again.
-  ChangeMembership("monitor restarted");
+  ChangeMembership("restarted", "monitor restarted");
   UpdateShardGauges();
   spdlog::info("resumed job {} from its saved state: {}, {} shard(s), {} live worker(s), shard map "
                "v{}, membership v{}",

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,7 +239,12 @@ class MonitorCore {
   void OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out);
   // A clock past every live worker's, to hold them at.
   uint64_t PauseClock() const;
-  void ChangeMembership(const std::string& why);
+  // `reason` is one of the labels of pacer_monitor_membership_changes_total.
+  void ChangeMembership(const char* reason, const std::string& why);
+  // The state gauge, the per-worker gauges (straggler score, clock lag,
+  // speed, batch) of the live workers (a departed worker's series are
+  // removed) and the per-shard ones.
+  void UpdateWorkerGauges();
   // Gives the policy the current live set and copies its assignments into
   // workers_; bumps the membership when a bound changed.
   void UpdatePolicyWorkers();
@@ -302,6 +308,19 @@ class MonitorCore {
   prometheus::Counter* m_dead_ = nullptr;
   prometheus::Counter* m_decisions_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_batch_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_straggler_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_lag_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_worker_sps_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_worker_clock_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_shard_up_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_shard_clock_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_shard_ckpt_age_ = nullptr;
+  prometheus::Gauge* m_test_loss_ = nullptr;
+  prometheus::Counter* m_accuracy_reports_ = nullptr;
+  std::map<std::string, prometheus::Counter*> m_membership_changes_;
+  std::map<std::string, prometheus::Gauge*> m_state_;
+  std::set<uint32_t> gauged_ranks_;  // ranks with per-worker series
+  TimePoint next_gauges_{};
 };
 
 class MonitorServer {

@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -50,16 +51,35 @@ void PrintAddress(const std::string& what, const std::string& address) {
   std::fflush(stdout);
 }
 
-void AddMetricsFlag(CLI::App& app, std::string* address) {
-  app.add_option("--metrics-addr", *address,
-                 "Serve Prometheus /metrics on HOST:PORT (port 0: ephemeral; printed as "
-                 "'metrics ADDRESS'); off when empty");
+void AddMetricsFlags(CLI::App& app, MetricsFlags* flags) {
+  app.add_option("--metrics-addr", flags->address,
+                 "Serve /metrics, /livez and /readyz over HTTP on HOST:PORT (':PORT' is "
+                 "127.0.0.1:PORT; port 0: ephemeral, printed as 'metrics ADDRESS'; 'off': none)")
+      ->envname("PACER_METRICS_ADDR")
+      ->capture_default_str();
+  app.add_option("--metrics-auth-file", flags->auth_file,
+                 "File holding USER:PASSWORD: /metrics then asks for HTTP basic auth (the "
+                 "probes /livez and /readyz stay open)")
+      ->envname("PACER_METRICS_AUTH_FILE");
 }
 
-bool ServeMetrics(const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
+                  std::shared_ptr<prometheus::Registry> registry,
                   std::unique_ptr<MetricsServer>* server) {
-  if (address.empty()) return true;
-  auto m = MetricsServer::Start(address, std::move(registry));
+  RegisterBuildInfo(*registry, role);
+  if (flags.address.empty() || flags.address == "off") return true;
+  std::string address = flags.address;
+  if (address[0] == ':') address = "127.0.0.1" + address;
+  std::string auth;
+  if (!flags.auth_file.empty()) {
+    std::ifstream in(flags.auth_file);
+    if (!in || !std::getline(in, auth) || auth.find(':') == std::string::npos) {
+      spdlog::error("--metrics-auth-file {}: cannot read a USER:PASSWORD line", flags.auth_file);
+      return false;
+    }
+    while (!auth.empty() && (auth.back() == '\r' || auth.back() == ' ')) auth.pop_back();
+  }
+  auto m = MetricsServer::Start(address, std::move(registry), auth);
   if (!m.ok()) {
     spdlog::error("{}", m.status().ToString());
     return false;

@@ -35,13 +35,23 @@ void SetupLogging(const std::string& role, const std::string& level);
 // parses to find a port bound as 0, e.g. "listening tcp://127.0.0.1:40123".
 void PrintAddress(const std::string& what, const std::string& address);
 
-// Adds --metrics-addr bound to `address`.
-void AddMetricsFlag(CLI::App& app, std::string* address);
+// The HTTP endpoint's flags (--metrics-addr, --metrics-auth-file).
+struct MetricsFlags {
+  // HOST:PORT; ":PORT" means 127.0.0.1:PORT; "off" serves nothing.
+  std::string address = "127.0.0.1:0";
+  // A file holding "USER:PASSWORD" for basic auth on /metrics (empty: open).
+  std::string auth_file;
+};
 
-// Starts /metrics on `address` when it is non-empty and prints
-// "metrics HOST:PORT". Returns false, after logging why, when it cannot bind;
-// `server` stays null when no address was given.
-bool ServeMetrics(const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+// Adds --metrics-addr ($PACER_METRICS_ADDR) and --metrics-auth-file
+// ($PACER_METRICS_AUTH_FILE).
+void AddMetricsFlags(CLI::App& app, MetricsFlags* flags);
+
+// Registers pacer_build_info{role}, starts /metrics, /livez and /readyz and
+// prints "metrics HOST:PORT". Returns false, after logging why, when it
+// cannot bind or read the auth file; `server` stays null with "off".
+bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
+                  std::shared_ptr<prometheus::Registry> registry,
                   std::unique_ptr<MetricsServer>* server);
 
 // Makes SIGINT and SIGTERM set the returned flag instead of killing the

@@ -1,22 +1,154 @@
 #include "ps/metrics.h"
 
+#include <sstream>
+
+#include "CivetServer.h"
+#include "absl/strings/escaping.h"
+#include "prometheus/text_serializer.h"
 #include "ps/wire.h"
 
 namespace pacer {
 
+namespace {
+
+// Compares without an early exit, so the time taken tells nothing of where
+// a guessed credential first differs.
+bool SameSecret(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+void SendText(mg_connection* conn, int status, const char* reason, const std::string& body,
+              const char* extra_headers = "") {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            "Content-Length: %zu\r\nCache-Control: no-store\r\n%sConnection: close\r\n\r\n",
+            status, reason, body.size(), extra_headers);
+  mg_write(conn, body.data(), body.size());
+}
+
+}  // namespace
+
+struct MetricsServer::Impl {
+  std::shared_ptr<prometheus::Registry> registry;
+  std::string expected_auth;  // "Basic base64(user:password)"; empty: open
+  std::mutex mu;
+  std::function<std::string()> readiness;  // guarded by mu
+
+  class Metrics final : public CivetHandler {
+   public:
+    explicit Metrics(Impl* impl) : impl_(impl) {}
+    bool handleGet(CivetServer*, mg_connection* conn) override {
+      if (!impl_->expected_auth.empty()) {
+        const char* got = mg_get_header(conn, "Authorization");
+        if (got == nullptr || !SameSecret(got, impl_->expected_auth)) {
+          SendText(conn, 401, "Unauthorized", "unauthorized\n",
+                   "WWW-Authenticate: Basic realm=\"pacer metrics\"\r\n");
+          return true;
+        }
+      }
+      std::ostringstream out;
+      prometheus::TextSerializer().Serialize(out, impl_->registry->Collect());
+      const std::string body = out.str();
+      mg_printf(conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                body.size());
+      mg_write(conn, body.data(), body.size());
+      return true;
+    }
+
+   private:
+    Impl* impl_;
+  };
+  class Live final : public CivetHandler {
+   public:
+    bool handleGet(CivetServer*, mg_connection* conn) override {
+      SendText(conn, 200, "OK", "ok\n");
+      return true;
+    }
+  };
+  class Ready final : public CivetHandler {
+   public:
+    explicit Ready(Impl* impl) : impl_(impl) {}
+    bool handleGet(CivetServer*, mg_connection* conn) override {
+      std::string why = "starting";
+      {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        if (impl_->readiness) why = impl_->readiness();
+      }
+      if (why.empty()) {
+        SendText(conn, 200, "OK", "ready\n");
+      } else {
+        SendText(conn, 503, "Service Unavailable", "not ready: " + why + "\n");
+      }
+      return true;
+    }
+
+   private:
+    Impl* impl_;
+  };
+
+  Metrics metrics{this};
+  Live live;
+  Ready ready{this};
+  std::unique_ptr<CivetServer> server;  // last: stops before the handlers go
+};
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+    const std::string& basic_auth) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError("metrics address '" + address + "' is not HOST:PORT");
+  }
+  if (!basic_auth.empty() && basic_auth.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError("metrics basic auth must be USER:PASSWORD");
+  }
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
+  server->impl_ = std::make_unique<Impl>();
+  Impl& impl = *server->impl_;
+  impl.registry = std::move(registry);
+  if (!basic_auth.empty()) impl.expected_auth = "Basic " + absl::Base64Escape(basic_auth);
+  // civetweb takes "HOST:PORT" for IPv4 and "[HOST]:PORT" for IPv6 as given.
+  const std::vector<std::string> options = {"listening_ports", address, "num_threads", "2",
+                                            "request_timeout_ms", "5000"};
   try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+    impl.server = std::make_unique<CivetServer>(options);
   } catch (const std::exception& e) {
     return absl::UnavailableError("cannot serve metrics on " + address + ": " + e.what());
   }
-  server->exposer_->RegisterCollectable(registry);
-  std::string host = address.substr(0, address.rfind(':'));
-  auto ports = server->exposer_->GetListeningPorts();
-  server->address_ = host + ":" + (ports.empty() ? std::string("?") : std::to_string(ports[0]));
+  impl.server->addHandler("/metrics", impl.metrics);
+  impl.server->addHandler("/livez", impl.live);
+  impl.server->addHandler("/readyz", impl.ready);
+  const auto ports = impl.server->getListeningPorts();
+  if (ports.empty()) return absl::UnavailableError("cannot serve metrics on " + address);
+  server->address_ = address.substr(0, colon) + ":" + std::to_string(ports[0]);
   return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (impl_ && impl_->server) impl_->server->close();
+}
+
+void MetricsServer::SetReadiness(std::function<std::string()> check) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->readiness = std::move(check);
+}
+
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& role) {
+  prometheus::BuildGauge()
+      .Name("pacer_build_info")
+      .Help("Always 1; the labels say which build of Pacer this process runs")
+      .Register(registry)
+      .Add({{"version", PACER_VERSION},
+            {"revision", PACER_REVISION},
+            {"role", role},
+            {"cuda", PACER_BUILD_CUDA ? "true" : "false"}})
+      .Set(1);
 }
 
 RejectCounters::RejectCounters(prometheus::Registry& registry, const std::string& role) {

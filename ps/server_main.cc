@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   pacer::ShardServerOptions opts;
   std::string log_level = "info";
-  std::string metrics_addr;
+  pacer::MetricsFlags metrics_flags;
   double register_timeout_s = 30, heartbeat_ms = 200, pull_timeout_s = 60;
   double request_timeout_s = 1, stall_report_s = 5, checkpoint_interval_s = 10;
   bool no_apply = false, no_crc = false;
@@ -21,7 +21,10 @@ int main(int argc, char** argv) {
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
   app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
-  pacer::AddMetricsFlag(app, &metrics_addr);
+  app.add_option("--advertise", opts.advertise,
+                 "Address the monitor hands to workers for this shard, tcp://HOST:PORT, when it "
+                 "differs from --listen (NAT, a Kubernetes Service); default: the bound address");
+  pacer::AddMetricsFlags(app, &metrics_flags);
   app.add_option("--data-dir", opts.data_dir,
                  "Directory for this shard's checkpoints (RocksDB, in DIR/checkpoint; created if "
                  "missing). A shard restarted with the same directory reloads its latest snapshot "
@@ -72,7 +75,10 @@ int main(int argc, char** argv) {
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
-  if (!pacer::ServeMetrics(metrics_addr, opts.shard.registry, &metrics)) return pacer::kExitFailure;
+  if (!pacer::ServeMetrics(metrics_flags, "server", opts.shard.registry, &metrics)) {
+    return pacer::kExitFailure;
+  }
+  if (metrics) metrics->SetReadiness([] { return std::string("registering with the monitor"); });
 
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.shard.max_message_bytes * 2;
@@ -84,6 +90,8 @@ int main(int argc, char** argv) {
     return pacer::kExitFailure;
   }
   pacer::PrintAddress("listening", (*server)->address());
+  pacer::ShardServer* shard = server->get();
+  if (metrics) metrics->SetReadiness([shard] { return shard->NotReadyReason(); });
   while (!(*server)->done()) {
     if (stop_signal) {
       spdlog::info("signal received: final checkpoint, then leaving");
@@ -92,5 +100,6 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   (*server)->Wait();
+  if (metrics) metrics->SetReadiness([] { return std::string("stopped"); });
   return pacer::kExitOk;
 }

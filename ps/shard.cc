@@ -110,6 +110,21 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                        .Help("Steps a pushed gradient's parameters were behind the step it joins")
                        .Register(*registry_)
                        .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
+  auto& latency = prometheus::BuildHistogram()
+                      .Name("pacer_shard_request_duration_seconds")
+                      .Help("From a request's arrival to its reply being queued (a pull's wait "
+                            "on the consistency rule included)")
+                      .Register(*registry_);
+  const prometheus::Histogram::BucketBoundaries latency_buckets{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  m_push_seconds_ = &latency.Add({{"op", "push"}}, latency_buckets);
+  m_pull_seconds_ = &latency.Add({{"op", "pull"}}, latency_buckets);
+  m_pull_wait_ = &prometheus::BuildHistogram()
+                      .Name("pacer_shard_pull_wait_seconds")
+                      .Help("Time a pull waited on the consistency rule (BSP barrier, SSP/DSSP "
+                            "bound) before its answer")
+                      .Register(*registry_)
+                      .Add({}, latency_buckets);
   m_clock_ = &prometheus::BuildGauge()
                   .Name("pacer_shard_applied_clock")
                   .Help("Highest clock whose step has been applied (-1: none)")
@@ -166,6 +181,7 @@ void ShardCore::Reject(const Frame& peer, const DecodeError& err, std::vector<Ou
 
 void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   if (frames.empty()) return;
+  handle_start_ = clock_->Now();
   Frame peer = frames[0];
   frames.erase(frames.begin());
   DecodeOptions dopts;
@@ -183,7 +199,11 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
     case wire::Body::Membership: return OnMembership(peer, d, out);
     case wire::Body::Init: return OnInit(peer, d, out);
-    case wire::Body::Push: return OnPush(peer, d, out);
+    case wire::Body::Push: {
+      OnPush(peer, d, out);
+      m_push_seconds_->Observe(ToSeconds(clock_->Now() - handle_start_));
+      return;
+    }
     case wire::Body::Pull: return OnPull(peer, d, out);
     case wire::Body::MoveOut:
     case wire::Body::MoveData: {
@@ -958,6 +978,9 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
     payload = Frame(buf, buf->data(), total * sizeof(float));
   }
   m_pull_bytes_->Increment(static_cast<double>(total * sizeof(float)));
+  // A parked pull: its time parked; else the time since it arrived.
+  m_pull_seconds_->Observe(waited > 0 ? waited : ToSeconds(clock_->Now() - handle_start_));
+  m_pull_wait_->Observe(waited);
   flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
   auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited), steps_);

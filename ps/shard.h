@@ -278,6 +278,10 @@ class ShardCore {
   uint64_t skipped_clocks_ = 0;
 
   // Metrics.
+  TimePoint handle_start_{};  // when Handle began with the current message
+  prometheus::Histogram* m_push_seconds_ = nullptr;
+  prometheus::Histogram* m_pull_seconds_ = nullptr;
+  prometheus::Histogram* m_pull_wait_ = nullptr;
   prometheus::Counter* m_push_ = nullptr;
   prometheus::Counter* m_pull_ = nullptr;
   prometheus::Counter* m_push_bytes_ = nullptr;

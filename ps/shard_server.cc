@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (!router.ok()) return router.status();
   s->router_ = std::move(*router);
   s->address_ = s->router_->address();
+  const std::string advertised = options.advertise.empty() ? s->address_ : options.advertise;
 
   // The latest snapshot, if this shard ran here before.
   std::optional<ShardSnapshot> snapshot;
@@ -62,7 +63,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   for (;;) {
     flatbuffers::FlatBufferBuilder fbb(256);
     auto body = wire::CreateRegisterDirect(
-        fbb, wire::Role::Shard, s->address_.c_str(), snapshot ? snapshot->shard_id : 0,
+        fbb, wire::Role::Shard, advertised.c_str(), snapshot ? snapshot->shard_id : 0,
         snapshot ? snapshot->job_id : 0, snapshot ? snapshot->map_version : 0, incarnation);
     auto reply = s->monitor_->Call(fbb, body, std::min(give_up, clock->Now() + options.request_timeout));
     if (reply.ok()) {
@@ -292,6 +293,12 @@ void ShardServer::HeartbeatLoop() {
   }
 }
 
+std::string ShardServer::NotReadyReason() const {
+  if (shutdown_ || serving_ended_ || job_stopped_) return "leaving";
+  if (!holds_values_) return "no key range with values yet (waiting for the shard map)";
+  return "";
+}
+
 void ShardServer::Run() {
   const Clock* clock = transport_->clock();
   std::vector<ShardCore::Outgoing> out;
@@ -319,6 +326,7 @@ void ShardServer::Run() {
     }
     out.clear();
     applied_clock_ = core_->applied_clock();
+    holds_values_ = core_->initialized();
     MaybeCheckpoint(false);
     if (core_->stop_requested()) {
       spdlog::info("shard {}: stop received", id_);

@@ -22,6 +22,10 @@ struct ShardServerOptions {
   std::string listen = "tcp://127.0.0.1:0";
   // The monitor's address (--monitor). Required.
   std::string monitor;
+  // The address workers and the monitor are told to reach this shard at
+  // (--advertise), e.g. behind NAT or a Kubernetes Service; empty: the bound
+  // address.
+  std::string advertise;
   // Core settings (--max-message-bytes, --no-apply, ...).
   ShardOptions shard;
   // How long Start keeps trying to register with the monitor.
@@ -61,6 +65,10 @@ class ShardServer {
   void Wait();
   // True once the serving thread has ended.
   bool done() const { return done_; }
+  // For /readyz: "" while this shard serves its key range (restored from
+  // its checkpoint or given its initial values, and not leaving), else why
+  // not. Thread-safe.
+  std::string NotReadyReason() const;
   // The metrics registry (thread-safe to read).
   prometheus::Registry& registry() { return *registry_; }
 
@@ -92,6 +100,7 @@ class ShardServer {
   std::atomic<bool> job_stopped_{false};
   std::atomic<int64_t> applied_clock_{-1};  // mirrors core_, for heartbeats
   std::atomic<bool> serving_ended_{false};
+  std::atomic<bool> holds_values_{false};  // mirrors core_->initialized()
   bool restored_ = false;
   std::thread thread_;
   std::thread heartbeat_thread_;

@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
                  "Largest batch this worker can hold, reported to the policy as its memory "
                  "limit (0: no limit)")
       ->capture_default_str();
+  pacer::MetricsFlags metrics_flags;
+  pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   if (opts.monitor.empty() && evaluate_model.empty()) {
@@ -143,15 +145,22 @@ int main(int argc, char** argv) {
                 r->samples);
     return pacer::kExitOk;
   }
+  opts.registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<pacer::MetricsServer> metrics;
+  if (!pacer::ServeMetrics(metrics_flags, "worker", opts.registry, &metrics)) {
+    return pacer::kExitFailure;
+  }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
   pacer::worker::Worker worker(transport.get(), opts);
+  if (metrics) metrics->SetReadiness([&worker] { return worker.NotReadyReason(); });
   g_worker = &worker;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   auto result = worker.Run();
   g_worker = nullptr;
+  if (metrics) metrics->SetReadiness([] { return std::string("finished"); });
   if (!result.ok()) {
     spdlog::error("{}", result.status().ToString());
     return pacer::kExitFailure;

@@ -9,10 +9,14 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "ps/model_file.h"
 #include "ps/rpc.h"
 #include "spdlog/spdlog.h"
@@ -58,6 +62,8 @@ struct JobView {
   uint32_t partition_index = 0;
   uint32_t partition_count = 1;
   uint32_t batch = 0;       // the current assignment
+  uint32_t staleness_bound = 0;  // its s (ssp) or s_L (dssp)
+  uint32_t staleness_range = 0;  // its r_max (dssp)
   bool evaluate = false;    // this worker evaluates the test set
   uint64_t pause_at = 0;    // hold before running this clock (0: no pause)
   // The data partitions this worker owns, with the monitor's positions.
@@ -67,6 +73,81 @@ struct JobView {
 };
 
 }  // namespace
+
+// The worker's metrics, labelled with its rank (known once registered).
+struct WorkerMetrics {
+  WorkerMetrics(prometheus::Registry& r, uint32_t rank) {
+    const prometheus::Labels l{{"worker_rank", std::to_string(rank)}};
+    const prometheus::Histogram::BucketBoundaries seconds{
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+    compute = &prometheus::BuildHistogram()
+                   .Name("pacer_worker_compute_seconds")
+                   .Help("Time one iteration spent computing its gradient (straggler "
+                         "emulation's sleep included)")
+                   .Register(r)
+                   .Add(l, seconds);
+    communication = &prometheus::BuildHistogram()
+                         .Name("pacer_worker_communication_seconds")
+                         .Help("Time one iteration spent on push and pull, waiting on the "
+                               "consistency rule excluded")
+                         .Register(r)
+                         .Add(l, seconds);
+    wait = &prometheus::BuildHistogram()
+                .Name("pacer_worker_wait_seconds")
+                .Help("Time one iteration's pull waited on the consistency rule (the barrier, "
+                      "the staleness bound)")
+                .Register(r)
+                .Add(l, seconds);
+    staleness = &prometheus::BuildHistogram()
+                     .Name("pacer_worker_observed_staleness_steps")
+                     .Help("Clocks the parameters one iteration read were behind it (0: fresh)")
+                     .Register(r)
+                     .Add(l, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
+    iterations = &prometheus::BuildCounter()
+                      .Name("pacer_worker_iterations_total")
+                      .Help("Iterations whose push every shard acknowledged")
+                      .Register(r)
+                      .Add(l);
+    samples = &prometheus::BuildCounter()
+                   .Name("pacer_worker_samples_total")
+                   .Help("Training samples in acknowledged pushes")
+                   .Register(r)
+                   .Add(l);
+    samples_per_second = &prometheus::BuildGauge()
+                              .Name("pacer_worker_samples_per_second")
+                              .Help("Training samples per second over the last progress interval")
+                              .Register(r)
+                              .Add(l);
+    batch = &prometheus::BuildGauge()
+                 .Name("pacer_worker_batch_size")
+                 .Help("The batch size this worker trains with (the policy's assignment)")
+                 .Register(r)
+                 .Add(l);
+    bound = &prometheus::BuildGauge()
+                 .Name("pacer_worker_staleness_bound_steps")
+                 .Help("The staleness bound assigned to this worker: s (ssp) or s_L (dssp)")
+                 .Register(r)
+                 .Add(l);
+    range = &prometheus::BuildGauge()
+                 .Name("pacer_worker_staleness_range_steps")
+                 .Help("dssp: r_max, the extra iterations past s_L this worker may be granted")
+                 .Register(r)
+                 .Add(l);
+    clock = &prometheus::BuildGauge()
+                 .Name("pacer_worker_clock")
+                 .Help("The clock (iteration) this worker runs next")
+                 .Register(r)
+                 .Add(l);
+    loss = &prometheus::BuildGauge()
+                .Name("pacer_training_loss")
+                .Help("Training loss (cross-entropy, moving average over iterations)")
+                .Register(r)
+                .Add(l);
+  }
+  prometheus::Histogram *compute, *communication, *wait, *staleness;
+  prometheus::Counter *iterations, *samples;
+  prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss;
+};
 
 struct Worker::Impl {
   Transport* transport;
@@ -93,6 +174,9 @@ struct Worker::Impl {
   // Set with stop, and by Cancel(): requests in flight give up.
   std::atomic<bool> interrupt{false};
   std::atomic<bool> heartbeat_exit{false};
+  // What the worker is doing, for /readyz: 0 loading data, 1 registering,
+  // 2 waiting for the run, 3 training, 4 finished.
+  std::atomic<int> phase{0};
   // The newest shard-map version the monitor announced (view.map holds it).
   std::atomic<uint64_t> map_version{0};
   // Read positions after the last acknowledged push, per owned partition,
@@ -146,6 +230,16 @@ Worker::Worker(Transport* transport, const WorkerOptions& options) : impl_(new I
 }
 
 Worker::~Worker() = default;
+
+std::string Worker::NotReadyReason() const {
+  switch (impl_->phase.load()) {
+    case 0: return "loading the data set";
+    case 1: return "registering with the monitor";
+    case 2: return "waiting for the run to start";
+    case 3: return "";
+    default: return "finished";
+  }
+}
 
 void Worker::Cancel() {
   cancel_ = true;
@@ -249,6 +343,8 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         view.pause_at = r->pause_at();
         if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
           view.batch = r->assignment()->batch_size();
+          view.staleness_bound = r->assignment()->staleness_bound();
+          view.staleness_range = r->assignment()->staleness_range();
         }
         if (r->state() == wire::JobState::Stopped) {
           view.stop_reason = r->stop_reason() ? r->stop_reason()->str() : "";
@@ -356,6 +452,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   if (w.backend == nullptr) return absl::InvalidArgumentError("invalid model layer widths");
   w.keys = BlockKeys(w.backend->num_params(), o.block_floats);
 
+  w.phase = 1;
   RpcOptions boot;
   boot.check_job = false;
   boot.max_message_bytes = o.max_message_bytes;
@@ -371,11 +468,15 @@ absl::StatusOr<WorkerResult> Worker::Run() {
                                   w.clock->Now() + std::chrono::seconds(5));
     if (!reply.ok()) return reply.status();
   }
+  std::optional<WorkerMetrics> metrics;
+  if (o.registry) metrics.emplace(*o.registry, w.rank);
+  w.phase = 2;
   std::thread heartbeat([&w, m = std::move(*monitor)]() mutable { w.HeartbeatLoop(std::move(m)); });
   struct Joiner {
     Impl& w;
     std::thread& t;
     ~Joiner() {
+      w.phase = 4;
       w.heartbeat_exit = true;
       w.cv.notify_all();
       w.progress_cv.notify_all();
@@ -519,6 +620,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   absl::Status failure;
 
   double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
+  w.phase = 3;
   while (!w.stop && !cancel_) {
     std::vector<wire::PartitionPosition> owned;
     {
@@ -533,6 +635,11 @@ absl::StatusOr<WorkerResult> Worker::Run() {
         batch = assigned;
       }
       owned = w.view.partitions;
+      if (metrics) {
+        metrics->batch->Set(batch);
+        metrics->bound->Set(w.view.staleness_bound);
+        metrics->range->Set(w.view.staleness_range);
+      }
     }
     {
       // Held by the monitor (a shard move, pacerctl pause): wait here, between
@@ -708,6 +815,18 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       w.progress_cv.notify_all();
     }
     if (o.on_push_acked) o.on_push_acked(client.push_seq(), clock, samples);
+    if (metrics) {
+      metrics->compute->Observe(compute_seconds);
+      metrics->communication->Observe(communication);
+      metrics->wait->Observe(waited);
+      // Fresh parameters for clock c have every clock before it applied.
+      const int64_t behind = static_cast<int64_t>(clock) - 1 - *pulled;
+      metrics->staleness->Observe(static_cast<double>(std::max<int64_t>(0, behind)));
+      metrics->iterations->Increment();
+      metrics->samples->Increment(static_cast<double>(this_batch));
+      metrics->clock->Set(static_cast<double>(clock + 1));
+      metrics->loss->Set(loss_ewma);
+    }
     result.compute_seconds += compute_seconds;
     result.communication_seconds += communication;
     result.wait_seconds += waited;
@@ -722,6 +841,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     if (now >= next_progress) {
       double sps = window_samples / std::max(1e-9, ToSeconds(now - window_start));
       w.samples_per_second = static_cast<float>(sps);
+      if (metrics) metrics->samples_per_second->Set(sps);
       double ep = epoch;
       for (const auto& [index, r] : readers) {
         if (r.epoch == epoch && !r.order.empty()) {

@@ -51,6 +51,10 @@ struct WorkerOptions {
   // memory limit (--max-batch); 0: no limit.
   uint32_t max_batch = 0;
 
+  // Where this worker's metrics go (pacer_worker_*, pacer_training_loss,
+  // each labelled worker_rank once registered); null: none kept.
+  std::shared_ptr<prometheus::Registry> registry;
+
   // Appends one line per acknowledged push (--sample-log): the partition,
   // its epoch, and the training-set indices of the batch. Empty: none.
   std::string sample_log;
@@ -92,6 +96,10 @@ class Worker {
   absl::StatusOr<WorkerResult> Run();
   // Asks Run() to return soon; thread-safe.
   void Cancel();
+  // For /readyz: "" while this worker trains, else what it is doing
+  // instead (loading data, registering, waiting for the run, finished).
+  // Thread-safe.
+  std::string NotReadyReason() const;
 
  private:
   struct Impl;
