@@ -37,6 +37,7 @@ struct MetricsServer::Impl {
   std::string expected_auth;  // "Basic base64(user:password)"; empty: open
   std::mutex mu;
   std::function<std::string()> readiness;  // guarded by mu
+  std::map<std::string, std::string> process_labels;  // guarded by mu
 
   class Metrics final : public CivetHandler {
    public:
@@ -50,8 +51,19 @@ struct MetricsServer::Impl {
           return true;
         }
       }
+      std::vector<prometheus::MetricFamily> families = impl_->registry->Collect();
+      {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        for (auto& family : families) {
+          for (auto& metric : family.metric) {
+            for (const auto& [k, v] : impl_->process_labels) {
+              metric.label.push_back(prometheus::ClientMetric::Label{k, v});
+            }
+          }
+        }
+      }
       std::ostringstream out;
-      prometheus::TextSerializer().Serialize(out, impl_->registry->Collect());
+      prometheus::TextSerializer().Serialize(out, families);
       const std::string body = out.str();
       mg_printf(conn,
                 "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
@@ -137,6 +149,11 @@ MetricsServer::~MetricsServer() {
 void MetricsServer::SetReadiness(std::function<std::string()> check) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->readiness = std::move(check);
+}
+
+void MetricsServer::SetProcessLabels(std::map<std::string, std::string> labels) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->process_labels = std::move(labels);
 }
 
 void RegisterBuildInfo(prometheus::Registry& registry, const std::string& role) {

@@ -39,6 +39,9 @@ class MetricsServer {
   // Until set, /readyz answers 503 "starting". Thread-safe; the check runs
   // on an HTTP thread.
   void SetReadiness(std::function<std::string()> check);
+  // Adds these labels to every series served from now on (a shard's id,
+  // known only once it registered). Thread-safe.
+  void SetProcessLabels(std::map<std::string, std::string> labels);
 
  private:
   struct Impl;

@@ -91,7 +91,10 @@ int main(int argc, char** argv) {
   }
   pacer::PrintAddress("listening", (*server)->address());
   pacer::ShardServer* shard = server->get();
-  if (metrics) metrics->SetReadiness([shard] { return shard->NotReadyReason(); });
+  if (metrics) {
+    metrics->SetProcessLabels({{"shard", std::to_string(shard->id())}});
+    metrics->SetReadiness([shard] { return shard->NotReadyReason(); });
+  }
   while (!(*server)->done()) {
     if (stop_signal) {
       spdlog::info("signal received: final checkpoint, then leaving");

@@ -137,6 +137,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                            .Help("Unix time of the last successful checkpoint (0: none yet)")
                            .Register(r)
                            .Add({});
+    prometheus::BuildGauge()
+        .Name("pacer_shard_checkpoint_interval_seconds")
+        .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
+        .Register(r)
+        .Add({})
+        .Set(ToSeconds(options.checkpoint_interval));
     auto& done = prometheus::BuildCounter()
                      .Name("pacer_shard_checkpoints_total")
                      .Help("Checkpoints attempted, by result")
