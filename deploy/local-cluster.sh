@@ -12,6 +12,8 @@
 #       [--shard-args "FLAGS"] [--data-dir DIR] (shard I checkpoints to DIR/shardI)
 #       [--out DIR] (keep every process's stdout and log there) [--quiet]
 #       [--keep-training] (run to --time-cap; the target is only timed)
+#       [--targets-file FILE] (write every process's /metrics address there, as
+#       Prometheus file_sd JSON: see deploy/prometheus/prometheus.yml)
 #
 # Example, a 4x straggler under the pacer policy:
 #   deploy/local-cluster.sh --policy pacer --worker-args-2 "--slowdown 4"
@@ -19,7 +21,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 shards=2 workers=3 time_cap=120 target=0.85 policy="" mode="" batch=64 out="" quiet=0 keep=0
-monitor_args="" worker_args="" shard_args="" data_dir=""
+monitor_args="" worker_args="" shard_args="" data_dir="" targets_file=""
 declare -A worker_args_i=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,7 +40,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --quiet) quiet=1; shift ;;
     --keep-training) keep=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --targets-file) targets_file=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -120,6 +123,30 @@ for i in $(seq 0 $((workers - 1))); do
   start "worker $i" "$tmp/worker$i" "$bin/worker/pacer-worker" --monitor "$monitor" \
     --progress plain $worker_args ${worker_args_i[$i]:-}
 done
+
+if [ -n "$targets_file" ]; then
+  # targets ROLE FILE...: one file_sd group, job "pacer-ROLE".
+  targets() {
+    local role=$1 sep="" list=""; shift
+    for f in "$@"; do
+      list+="$sep\"$(address_of "$f" metrics)\""
+      sep=", "
+    done
+    printf '  {"targets": [%s], "labels": {"job": "pacer-%s"}}' "$list" "$role"
+  }
+  shard_outs=() worker_outs=()
+  for i in $(seq 0 $((shards - 1))); do shard_outs+=("$tmp/shard$i.out"); done
+  for i in $(seq 0 $((workers - 1))); do worker_outs+=("$tmp/worker$i.out"); done
+  {
+    echo "["
+    targets monitor "$tmp/monitor.out"; echo ","
+    targets server "${shard_outs[@]}"; echo ","
+    targets worker "${worker_outs[@]}"; echo
+    echo "]"
+  } > "$targets_file.tmp"
+  mv "$targets_file.tmp" "$targets_file"  # Prometheus never reads half a file
+  echo "[cluster] Prometheus targets in $targets_file" >&2
+fi
 
 wait "$monitor_pid" || true
 # Give the others a moment to hear the stop and exit on their own.

@@ -39,74 +39,85 @@ struct MetricsServer::Impl {
   std::function<std::string()> readiness;  // guarded by mu
   std::map<std::string, std::string> process_labels;  // guarded by mu
 
-  class Metrics final : public CivetHandler {
-   public:
-    explicit Metrics(Impl* impl) : impl_(impl) {}
-    bool handleGet(CivetServer*, mg_connection* conn) override {
-      if (!impl_->expected_auth.empty()) {
-        const char* got = mg_get_header(conn, "Authorization");
-        if (got == nullptr || !SameSecret(got, impl_->expected_auth)) {
-          SendText(conn, 401, "Unauthorized", "unauthorized\n",
-                   "WWW-Authenticate: Basic realm=\"pacer metrics\"\r\n");
-          return true;
-        }
+  // /metrics: the registry, behind basic auth when set.
+  void ServeMetrics(mg_connection* conn) {
+    if (!expected_auth.empty()) {
+      const char* got = mg_get_header(conn, "Authorization");
+      if (got == nullptr || !SameSecret(got, expected_auth)) {
+        SendText(conn, 401, "Unauthorized", "unauthorized\n",
+                 "WWW-Authenticate: Basic realm=\"pacer metrics\"\r\n");
+        return;
       }
-      std::vector<prometheus::MetricFamily> families = impl_->registry->Collect();
-      {
-        std::lock_guard<std::mutex> lock(impl_->mu);
-        for (auto& family : families) {
-          for (auto& metric : family.metric) {
-            for (const auto& [k, v] : impl_->process_labels) {
-              metric.label.push_back(prometheus::ClientMetric::Label{k, v});
-            }
+    }
+    std::vector<prometheus::MetricFamily> families = registry->Collect();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& family : families) {
+        for (auto& metric : family.metric) {
+          for (const auto& [k, v] : process_labels) {
+            metric.label.push_back(prometheus::ClientMetric::Label{k, v});
           }
         }
       }
-      std::ostringstream out;
-      prometheus::TextSerializer().Serialize(out, families);
-      const std::string body = out.str();
-      mg_printf(conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                body.size());
-      mg_write(conn, body.data(), body.size());
-      return true;
     }
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, families);
+    const std::string body = out.str();
+    mg_printf(conn,
+              "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+              "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+              body.size());
+    mg_write(conn, body.data(), body.size());
+  }
+  // /readyz: the readiness check's verdict.
+  void ServeReady(mg_connection* conn) {
+    std::string why = "starting";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (readiness) why = readiness();
+    }
+    if (why.empty()) {
+      SendText(conn, 200, "OK", "ready\n");
+    } else {
+      SendText(conn, 503, "Service Unavailable", "not ready: " + why + "\n");
+    }
+  }
 
-   private:
-    Impl* impl_;
-  };
-  class Live final : public CivetHandler {
+  // Every request, every method, lands here: answers never go through
+  // civetweb's own error pages (whose 404 path crashed a worker process).
+  class Router final : public CivetHandler {
    public:
+    explicit Router(Impl* impl) : impl_(impl) {}
     bool handleGet(CivetServer*, mg_connection* conn) override {
-      SendText(conn, 200, "OK", "ok\n");
-      return true;
-    }
-  };
-  class Ready final : public CivetHandler {
-   public:
-    explicit Ready(Impl* impl) : impl_(impl) {}
-    bool handleGet(CivetServer*, mg_connection* conn) override {
-      std::string why = "starting";
-      {
-        std::lock_guard<std::mutex> lock(impl_->mu);
-        if (impl_->readiness) why = impl_->readiness();
-      }
-      if (why.empty()) {
-        SendText(conn, 200, "OK", "ready\n");
+      const mg_request_info* info = mg_get_request_info(conn);
+      const std::string uri = info != nullptr && info->local_uri != nullptr ? info->local_uri : "";
+      if (uri == "/metrics") {
+        impl_->ServeMetrics(conn);
+      } else if (uri == "/livez") {
+        SendText(conn, 200, "OK", "ok\n");
+      } else if (uri == "/readyz") {
+        impl_->ServeReady(conn);
       } else {
-        SendText(conn, 503, "Service Unavailable", "not ready: " + why + "\n");
+        SendText(conn, 404, "Not Found", "not found: try /metrics, /livez or /readyz\n");
       }
       return true;
     }
+    bool handlePost(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
+    bool handleHead(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
+    bool handlePut(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
+    bool handleDelete(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
+    bool handleOptions(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
+    bool handlePatch(CivetServer*, mg_connection* conn) override { return NotAllowed(conn); }
 
    private:
+    static bool NotAllowed(mg_connection* conn) {
+      SendText(conn, 405, "Method Not Allowed", "only GET\n", "Allow: GET\r\n");
+      return true;
+    }
     Impl* impl_;
   };
 
-  Metrics metrics{this};
-  Live live;
-  Ready ready{this};
+  Router router{this};
   std::unique_ptr<CivetServer> server;  // last: stops before the handlers go
 };
 
@@ -133,9 +144,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   } catch (const std::exception& e) {
     return absl::UnavailableError("cannot serve metrics on " + address + ": " + e.what());
   }
-  impl.server->addHandler("/metrics", impl.metrics);
-  impl.server->addHandler("/livez", impl.live);
-  impl.server->addHandler("/readyz", impl.ready);
+  impl.server->addHandler("/", impl.router);
   const auto ports = impl.server->getListeningPorts();
   if (ports.empty()) return absl::UnavailableError("cannot serve metrics on " + address);
   server->address_ = address.substr(0, colon) + ":" + std::to_string(ports[0]);

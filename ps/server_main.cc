@@ -84,7 +84,12 @@ int main(int argc, char** argv) {
   topts.max_message_bytes = opts.shard.max_message_bytes * 2;
   auto transport = pacer::MakeZmqTransport(topts);
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
+  opts.cancel = &stop_signal;
   auto server = pacer::ShardServer::Start(transport.get(), opts);
+  if (!server.ok() && absl::IsCancelled(server.status())) {
+    spdlog::info("signal received while registering: leaving");
+    return pacer::kExitOk;
+  }
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return pacer::kExitFailure;

@@ -108,6 +108,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (WireCode(last) == wire::ErrorCode::Refused || WireCode(last) == wire::ErrorCode::WrongVersion) {
       return absl::FailedPreconditionError("monitor refused this shard: " + std::string(last.message()));
     }
+    if (options.cancel != nullptr && options.cancel->load()) {
+      return absl::CancelledError("stopped before the monitor answered");
+    }
     if (clock->Now() >= give_up) {
       return absl::DeadlineExceededError("could not register with monitor " + options.monitor +
                                          ": " + std::string(last.message()));

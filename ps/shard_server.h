@@ -43,6 +43,9 @@ struct ShardServerOptions {
   // comes first, and once more when the shard stops.
   Duration checkpoint_interval = std::chrono::seconds(10);
   uint64_t checkpoint_updates = 0;
+  // When set and true, Start stops trying to register and returns
+  // Cancelled (SIGTERM before the monitor answered).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class ShardServer {

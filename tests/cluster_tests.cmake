@@ -24,3 +24,9 @@ pacer_test(pacerctl_cluster_test cluster pacer_test_util pacer_ps nlohmann_json:
 add_dependencies(pacerctl_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)
 pacer_test(shard_move_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
 add_dependencies(shard_move_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)
+
+# Metrics, health, Prometheus (when installed) and SIGTERM on a live cluster.
+pacer_test(observability_cluster_test cluster pacer_test_util nlohmann_json::nlohmann_json)
+add_dependencies(observability_cluster_test pacer-server pacer-monitor pacer-worker)
+target_compile_definitions(observability_cluster_test PRIVATE
+  PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

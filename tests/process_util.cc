@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -101,29 +102,57 @@ TempDir::~TempDir() {
   if (std::getenv("PACER_KEEP_TEST_LOGS") == nullptr) std::filesystem::remove_all(path_, ec);
 }
 
-std::string FetchMetrics(const std::string& address) {
+HttpResponse HttpGet(const std::string& address, const std::string& path,
+                     const std::vector<std::string>& headers) {
+  HttpResponse r;
   auto colon = address.rfind(':');
-  if (colon == std::string::npos) return "";
+  if (colon == std::string::npos) return r;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval tv{2, 0};
+  if (fd < 0) return r;
+  timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-  std::string body;
+  std::string raw;
   if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    std::string req = "GET /metrics HTTP/1.0\r\nHost: " + address + "\r\n\r\n";
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + address + "\r\n";
+    for (const auto& h : headers) req += h + "\r\n";
+    req += "\r\n";
     if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[65536];
       ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, static_cast<size_t>(n));
+      while ((n = read(fd, buf, sizeof(buf))) > 0) raw.append(buf, static_cast<size_t>(n));
     }
   }
   close(fd);
-  auto sep = body.find("\r\n\r\n");
-  return sep == std::string::npos ? "" : body.substr(sep + 4);
+  auto sep = raw.find("\r\n\r\n");
+  if (sep == std::string::npos || raw.rfind("HTTP/", 0) != 0) return r;
+  auto space = raw.find(' ');
+  r.status = std::atoi(raw.c_str() + space + 1);
+  r.body = raw.substr(sep + 4);
+  return r;
+}
+
+std::string FetchMetrics(const std::string& address) {
+  HttpResponse r = HttpGet(address, "/metrics");
+  return r.status == 200 ? r.body : "";
+}
+
+std::string UrlEncode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
 }
 
 std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
