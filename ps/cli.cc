@@ -2,8 +2,10 @@
 
 #include <malloc.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -12,8 +14,78 @@
 
 namespace pacer {
 
+namespace {
+
+std::string Trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  const auto e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Applies a --config file: each NAME = VALUE line sets PACER_<NAME> unless
+// the environment already has it, so that CLI11 then reads flag, else
+// environment, else file. Returns an error message, or "".
+std::string ApplyConfigFile(CLI::App& app, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "--config " + path + ": cannot read the file";
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    line = Trim(line.substr(0, line.find('#')));
+    if (line.empty() || line[0] == '[') continue;
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) {
+      return "--config " + path + ":" + std::to_string(line_no) + ": expected NAME = VALUE";
+    }
+    const std::string name = Trim(line.substr(0, eq));
+    std::string value = Trim(line.substr(eq + 1));
+    if (value.size() >= 2 && (value[0] == '"' || value[0] == '\'') && value.back() == value[0]) {
+      value = value.substr(1, value.size() - 2);
+    }
+    const CLI::Option* opt = nullptr;
+    for (const CLI::Option* o : app.get_options()) {
+      for (const auto& l : o->get_lnames()) {
+        if (l == name) opt = o;
+      }
+    }
+    if (opt == nullptr || opt->get_envname().empty() || name == "config") {
+      return "--config " + path + ":" + std::to_string(line_no) + ": no setting '" + name + "'";
+    }
+    setenv(opt->get_envname().c_str(), value.c_str(), /*overwrite=*/0);
+  }
+  return "";
+}
+
+}  // namespace
+
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv) {
-  app.footer(kExitCodesHelp);
+  app.footer(std::string(kExitCodesHelp) + "\n" + kPrecedenceHelp);
+  std::string config;
+  app.add_option("--config", config,
+                 "Read settings from this file: NAME = VALUE lines (TOML), NAME a long flag "
+                 "without its dashes");
+  // Every long flag also reads PACER_<NAME> (--metrics-addr: PACER_METRICS_ADDR).
+  for (CLI::Option* opt : app.get_options()) {
+    const auto& names = opt->get_lnames();
+    if (names.empty() || !opt->get_envname().empty() || names[0] == "help" ||
+        names[0] == "config") {
+      continue;
+    }
+    std::string env = "PACER_";
+    for (char c : names[0]) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    opt->envname(env);
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--config" && i + 1 < argc) config = argv[i + 1];
+    if (arg.rfind("--config=", 0) == 0) config = arg.substr(9);
+  }
+  if (!config.empty()) {
+    if (std::string err = ApplyConfigFile(app, config); !err.empty()) {
+      std::cerr << app.get_name() << ": " << err << "\nRun with --help for usage.\n";
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

@@ -20,7 +20,12 @@ inline constexpr int kExitUsage = 2;
 inline constexpr char kExitCodesHelp[] =
     "Exit codes: 0 success, 1 failure, 2 usage error (bad flag or value).";
 
-// Parses flags. Returns an exit code when main() should return now (after
+// Also appended: where settings come from.
+inline constexpr char kPrecedenceHelp[] =
+    "Settings: a flag, else its PACER_<NAME> environment variable (--data-dir: PACER_DATA_DIR), "
+    "else the --config file, else the default.";
+
+// Parses flags (adding --config FILE and a PACER_<NAME> variable per flag). Returns an exit code when main() should return now (after
 // --help: 0; after a bad flag, with the error printed to stderr: 2), or
 // nullopt to carry on.
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv);

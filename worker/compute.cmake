@@ -10,7 +10,8 @@ add_library(pacer_worker_compute STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc
 )
 # Headers are included as "worker/mnist.h", "worker/cpu_backend.h".
-target_include_directories(pacer_worker_compute PUBLIC ${PACER_COMPUTE_REPO_ROOT})
+target_include_directories(pacer_worker_compute PUBLIC
+  $<BUILD_INTERFACE:${PACER_COMPUTE_REPO_ROOT}> $<INSTALL_INTERFACE:include/pacer>)
 target_include_directories(pacer_worker_compute SYSTEM PRIVATE ${OpenBLAS_INCLUDE_DIRS})
 # Only cpu_backend.cc uses Eigen and no public header exposes it, so the BLAS
 # switch can stay private without two definitions of Eigen's templates meeting.

@@ -1,0 +1,78 @@
+# Installation and the Debian package (cpack -G DEB), included from the top
+# CMakeLists.txt. The package installs:
+#   /usr/bin                    pacer-server, pacer-monitor, pacer-worker, pacerctl
+#   /lib/systemd/system         the units of deploy/systemd
+#   /etc/pacer                  default settings (deploy/config; conffiles)
+#   /usr/include/pacer          the client and worker libraries' headers
+#   /usr/lib/<arch>             their static libraries, and
+#   /usr/lib/<arch>/cmake/Pacer a CMake package config: find_package(Pacer)
+#   /usr/share/pacer            the Grafana dashboard, Prometheus rules and configs
+#   /usr/share/doc/pacer        README, runbooks, and an example program
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+install(TARGETS pacer_ps pacer_worker pacer_worker_compute EXPORT PacerTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer)
+set_target_properties(pacer_ps PROPERTIES EXPORT_NAME ps)
+set_target_properties(pacer_worker PROPERTIES EXPORT_NAME worker)
+set_target_properties(pacer_worker_compute PROPERTIES EXPORT_NAME worker_compute)
+install(EXPORT PacerTargets NAMESPACE Pacer::
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Pacer)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/PacerConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/PacerConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Pacer)
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/PacerConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/PacerConfig.cmake ${CMAKE_BINARY_DIR}/PacerConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Pacer)
+
+# Headers, as the sources include them: "ps/client.h", "worker/worker.h".
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/ps/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer/ps
+  FILES_MATCHING PATTERN "*.h" PATTERN "schema" EXCLUDE)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/worker/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer/worker
+  FILES_MATCHING PATTERN "*.h")
+install(FILES ${CMAKE_BINARY_DIR}/ps/gen/ps/pacer_generated.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer/ps)
+
+set(PACER_DEPLOY ${PROJECT_SOURCE_DIR}/deploy)
+install(FILES ${PACER_DEPLOY}/systemd/pacer-monitor.service
+  ${PACER_DEPLOY}/systemd/pacer-server@.service ${PACER_DEPLOY}/systemd/pacer-worker@.service
+  DESTINATION lib/systemd/system)
+install(FILES ${PACER_DEPLOY}/config/monitor.toml ${PACER_DEPLOY}/config/server.toml
+  ${PACER_DEPLOY}/config/worker.toml DESTINATION /etc/pacer)
+install(FILES ${PACER_DEPLOY}/grafana/pacer-dashboard.json ${PACER_DEPLOY}/grafana/README.md
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/grafana)
+install(DIRECTORY ${PACER_DEPLOY}/grafana/provisioning
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/grafana)
+install(FILES ${PACER_DEPLOY}/prometheus/pacer.rules.yml ${PACER_DEPLOY}/prometheus/prometheus.yml
+  ${PACER_DEPLOY}/prometheus/prometheus-kubernetes.yml
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/prometheus)
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PACER_DEPLOY}/prometheus/RUNBOOKS.md
+  DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt
+  ${CMAKE_CURRENT_LIST_DIR}/example/train_worker.cc
+  DESTINATION ${CMAKE_INSTALL_DOCDIR}/example)
+
+set(CPACK_PACKAGE_NAME pacer)
+set(CPACK_PACKAGE_VENDOR "Pacer")
+set(CPACK_PACKAGE_CONTACT "Pacer developers <pacer@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+  "Elastic, straggler-tolerant parameter server (shards, monitor, workers, pacerctl)")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+# Run-time libraries from dpkg-shlibdeps; building against the headers needs
+# the -dev packages, recommended.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS
+  "libzmq3-dev, cppzmq-dev, libflatbuffers-dev, librocksdb-dev, prometheus-cpp-dev, libabsl-dev, libspdlog-dev, libcli11-dev, libeigen3-dev, libopenblas-dev, zlib1g-dev, libisal-dev, dataset-fashion-mnist")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "prometheus, grafana")
+# /etc/pacer's settings are conffiles: an upgrade keeps local edits.
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/conffiles)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+include(CPack)

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The Debian package: builds it with CPack from the build directory ($1),
+# checks its contents and conffiles with dpkg-deb, builds and runs the
+# example program against the unpacked package (find_package(Pacer)), and
+# runs `systemd-analyze verify` on its units where that command exists.
+set -euo pipefail
+build=$(cd "${1:?usage: package_test.sh BUILD_DIR}" && pwd)
+for tool in cpack dpkg-deb; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "SKIP: $tool not found"
+    exit 77
+  fi
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+(cd "$build" && cpack -G DEB -B "$tmp/out" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; fail "cpack"; }
+deb=$(ls "$tmp"/out/pacer_*.deb)
+echo "built $(basename "$deb")"
+
+dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' > "$tmp/contents"
+for path in /usr/bin/pacer-server /usr/bin/pacer-monitor /usr/bin/pacer-worker /usr/bin/pacerctl \
+    /usr/lib/systemd/system/pacer-monitor.service /usr/lib/systemd/system/pacer-server@.service \
+    /usr/lib/systemd/system/pacer-worker@.service \
+    /etc/pacer/monitor.toml /etc/pacer/server.toml /etc/pacer/worker.toml \
+    /usr/include/pacer/ps/client.h /usr/include/pacer/ps/pacer_generated.h \
+    /usr/include/pacer/worker/worker.h \
+    /usr/lib/libpacer_ps.a /usr/lib/libpacer_worker.a \
+    /usr/lib/cmake/Pacer/PacerConfig.cmake /usr/lib/cmake/Pacer/PacerConfigVersion.cmake \
+    /usr/lib/cmake/Pacer/PacerTargets.cmake \
+    /usr/share/pacer/grafana/pacer-dashboard.json /usr/share/pacer/prometheus/pacer.rules.yml \
+    /usr/share/doc/pacer/RUNBOOKS.md /usr/share/doc/pacer/example/train_worker.cc; do
+  grep -qx "$path" "$tmp/contents" || fail "the package lacks $path"
+done
+# Nothing outside the FHS places above (no build paths, no /usr/local).
+if grep -vE '^/(etc/pacer|usr/(bin|include/pacer|lib|share))(/|$)|^/(etc|usr|usr/include)/$' "$tmp/contents"; then
+  fail "unexpected paths in the package (above)"
+fi
+dpkg-deb -I "$deb" conffiles > "$tmp/conffiles" || fail "no conffiles in the package"
+for c in monitor server worker; do
+  grep -qx "/etc/pacer/$c.toml" "$tmp/conffiles" || fail "/etc/pacer/$c.toml is not a conffile"
+done
+dpkg-deb -f "$deb" Depends | grep -q librocksdb || fail "Depends lacks the run-time libraries"
+echo "contents: ok"
+
+# The example program, against the unpacked package only.
+dpkg-deb -x "$deb" "$tmp/root"
+cmake -S "$tmp/root/usr/share/doc/pacer/example" -B "$tmp/example" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$tmp/root/usr" -DCMAKE_BUILD_TYPE=Release >"$tmp/example.log" 2>&1 ||
+  { cat "$tmp/example.log"; fail "configuring the example"; }
+cmake --build "$tmp/example" -j 2 >>"$tmp/example.log" 2>&1 ||
+  { cat "$tmp/example.log"; fail "building the example"; }
+grep -q "$tmp/root/usr/include/pacer" "$tmp/example/build.ninja" ||
+  fail "the example did not use the package's headers"
+set +e
+"$tmp/example/train_worker" > "$tmp/run.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "usage:" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example does not run"; }
+echo "example: builds against the package and runs"
+
+if command -v systemd-analyze >/dev/null 2>&1; then
+  units=("$tmp"/root/usr/lib/systemd/system/*.service)
+  # The targets the units order against come from the host's systemd.
+  for t in /lib/systemd/system/*.target; do
+    [ -e "$tmp/root/usr/lib/systemd/system/$(basename "$t")" ] ||
+      cp "$t" "$tmp/root/usr/lib/systemd/system/"
+  done
+  # Template units are verified through an instance.
+  cp "$tmp/root/usr/lib/systemd/system/pacer-server@.service" "$tmp/root/usr/lib/systemd/system/pacer-server@0.service"
+  cp "$tmp/root/usr/lib/systemd/system/pacer-worker@.service" "$tmp/root/usr/lib/systemd/system/pacer-worker@0.service"
+  systemd-analyze verify --root="$tmp/root" "$tmp/root/usr/lib/systemd/system/pacer-monitor.service" \
+    "$tmp/root/usr/lib/systemd/system/pacer-server@0.service" \
+    "$tmp/root/usr/lib/systemd/system/pacer-worker@0.service" > "$tmp/verify.log" 2>&1 ||
+    { cat "$tmp/verify.log"; fail "systemd-analyze verify"; }
+  if grep -v "^$" "$tmp/verify.log"; then fail "systemd-analyze verify warned (above)"; fi
+  echo "systemd units: verified (${#units[@]} unit files)"
+else
+  echo "systemd-analyze not found: units not verified"
+fi
+echo "package: ok"
