@@ -48,6 +48,10 @@ packages=(
   dataset-fashion-mnist gnuplot-nox prometheus
 )
 
+# Node.js runs the offline Kubernetes manifest checks (tests/deploy/k8s_test.sh);
+# Debian's nodejs + npm only where no node is installed already.
+command -v node >/dev/null 2>&1 || packages+=(nodejs npm)
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -73,6 +77,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present" >&2
+fi
+
+# The manifest validator, pinned in tests/k8s/package-lock.json.
+if command -v npm >/dev/null 2>&1 &&
+   { [ ! -d "$root/tests/k8s/node_modules" ] ||
+     [ "$root/tests/k8s/package-lock.json" -nt "$root/tests/k8s/node_modules" ]; }; then
+  echo "setup: installing the pinned manifest validator (npm ci in tests/k8s)" >&2
+  (cd "$root/tests/k8s" && npm ci --no-audit --no-fund >&2 && touch node_modules)
 fi
 
 [ "$deps_only" -eq 1 ] && exit 0
