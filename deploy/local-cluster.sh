@@ -63,6 +63,8 @@ pids=()
 
 cleanup() {
   trap - EXIT INT TERM
+  # Prometheus must not go on scraping ports nobody serves any more.
+  [ -z "$targets_file" ] || rm -f "$targets_file"
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   sleep 0.5
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done

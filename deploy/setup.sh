@@ -45,8 +45,11 @@ packages=(
   librocksdb-dev prometheus-cpp-dev zlib1g-dev libisal-dev
   libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  dataset-fashion-mnist gnuplot-nox prometheus
+  dataset-fashion-mnist gnuplot-nox
 )
+# Wanted, not required: where it cannot be installed, the tests that need
+# it skip with a message.
+optional_packages=(prometheus)
 
 # Node.js runs the offline Kubernetes manifest checks (tests/deploy/k8s_test.sh);
 # Debian's nodejs + npm only where no node is installed already.
@@ -78,6 +81,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup: all Debian packages present" >&2
 fi
+for p in "${optional_packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    echo "setup: installing optional package $p" >&2
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      SUDO=(sudo -n)
+    fi
+    if ! DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "$p" >&2; then
+      echo "setup: could not install $p; the tests that need it will skip" >&2
+    fi
+  fi
+done
 
 # The manifest validator, pinned in tests/k8s/package-lock.json.
 if command -v npm >/dev/null 2>&1 &&

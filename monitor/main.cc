@@ -192,6 +192,8 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   (*server)->Wait();
+  // The check must not outlive the server it reads (destroyed first below).
+  if (metrics) metrics->SetReadiness([] { return std::string("stopped"); });
   auto acc = (*server)->last_accuracy();
   auto ttt = (*server)->time_to_target();
   std::printf("stop reason: %s\n", (*server)->stop_reason().c_str());

@@ -70,7 +70,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
                        .Add({});
   m_accuracy_ = &prometheus::BuildGauge()
                      .Name("pacer_training_test_accuracy_ratio")
-                     .Help("Last test accuracy reported by rank 0")
+                     .Help("Last test accuracy reported by the evaluating worker")
                      .Register(*registry_)
                      .Add({});
   auto& changes = prometheus::BuildCounter()
@@ -932,6 +932,7 @@ bool MonitorCore::ApplyAssignments() {
     w.staleness = a.staleness;
     w.staleness_range = a.staleness_range;
     m_batch_->Add({{"worker_rank", std::to_string(w.rank)}}).Set(a.batch);
+    gauged_ranks_.insert(w.rank);  // so that its series goes when it does
   }
   return bounds;
 }

@@ -31,8 +31,18 @@ std::string ApplyConfigFile(CLI::App& app, const std::string& path) {
   int line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
-    line = Trim(line.substr(0, line.find('#')));
-    if (line.empty() || line[0] == '[') continue;
+    // A comment starts at a '#' outside quotes.
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '"') quoted = !quoted;
+      if (line[i] == '#' && !quoted) {
+        line.resize(i);
+        break;
+      }
+    }
+    line = Trim(line);
+    if (line.empty()) continue;
+    if (line[0] == '[') return "--config " + path + ":" + std::to_string(line_no) + ": no sections";
     const auto eq = line.find('=');
     if (eq == std::string::npos) {
       return "--config " + path + ":" + std::to_string(line_no) + ": expected NAME = VALUE";

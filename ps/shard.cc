@@ -1045,6 +1045,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
 }
 
 void ShardCore::Tick(std::vector<Outgoing>* out) {
+  handle_start_ = clock_->Now();  // for pulls answered from here
   const TimePoint now = clock_->Now();
   // Stall report: which live workers the oldest open clock waits for.
   if (!open_.empty()) {

@@ -100,6 +100,8 @@ class ShardCore {
   // Worker pushes folded into the parameters (each (worker, clock) once).
   uint64_t updates_applied() const { return updates_applied_; }
   bool initialized() const { return initialized_; }
+  // Whether this shard holds a key range (values or not).
+  bool has_keys() const { return !slots_.empty(); }
   bool stop_requested() const { return stop_requested_; }
   uint64_t membership_version() const { return membership_version_; }
   size_t parked_pulls() const { return parked_.size(); }

@@ -304,7 +304,7 @@ void ShardServer::HeartbeatLoop() {
 
 std::string ShardServer::NotReadyReason() const {
   if (shutdown_ || serving_ended_ || job_stopped_) return "leaving";
-  if (!holds_values_) return "no key range with values yet (waiting for the shard map)";
+  if (holds_keys_ && !holds_values_) return "its key range has no values yet (waiting for Init)";
   return "";
 }
 
@@ -336,6 +336,7 @@ void ShardServer::Run() {
     out.clear();
     applied_clock_ = core_->applied_clock();
     holds_values_ = core_->initialized();
+    holds_keys_ = core_->has_keys();
     MaybeCheckpoint(false);
     if (core_->stop_requested()) {
       spdlog::info("shard {}: stop received", id_);

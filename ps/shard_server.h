@@ -68,9 +68,10 @@ class ShardServer {
   void Wait();
   // True once the serving thread has ended.
   bool done() const { return done_; }
-  // For /readyz: "" while this shard serves its key range (restored from
-  // its checkpoint or given its initial values, and not leaving), else why
-  // not. Thread-safe.
+  // For /readyz: "" while this shard can serve: it holds no key range yet
+  // (before the shard map, or idle), or holds its range's values (restored
+  // from its checkpoint or initialised); else why not (its keys are
+  // declared but their values not yet sent, or it is leaving). Thread-safe.
   std::string NotReadyReason() const;
   // The metrics registry (thread-safe to read).
   prometheus::Registry& registry() { return *registry_; }
@@ -104,6 +105,7 @@ class ShardServer {
   std::atomic<int64_t> applied_clock_{-1};  // mirrors core_, for heartbeats
   std::atomic<bool> serving_ended_{false};
   std::atomic<bool> holds_values_{false};  // mirrors core_->initialized()
+  std::atomic<bool> holds_keys_{false};    // mirrors core_->has_keys()
   bool restored_ = false;
   std::thread thread_;
   std::thread heartbeat_thread_;

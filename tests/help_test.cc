@@ -2,6 +2,9 @@
 // usage error (exit code 2).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+
 #include "tests/process_util.h"
 
 namespace pacer::test {
@@ -21,17 +24,18 @@ const Binary kBinaries[] = {
      {"--listen", "--monitor", "--metrics-addr", "--log-level", "--max-message-bytes",
       "--pull-timeout", "--register-timeout", "--heartbeat-ms", "--no-apply", "--no-crc",
       "--request-timeout", "--stall-report", "--data-dir", "--checkpoint-interval",
-      "--checkpoint-updates"}},
+      "--checkpoint-updates", "--advertise", "--metrics-auth-file", "--config"}},
     {PACER_MONITOR_BIN,
      {"--listen", "--metrics-addr", "--log-level", "--job-id", "--mode", "--lr", "--momentum",
       "--global-batch", "--epochs", "--time-cap", "--target-accuracy", "--report-accuracy",
       "--seed", "--min-shards", "--min-workers", "--lease", "--heartbeat-ms", "--eval-interval",
       "--max-message-bytes", "--shard-resend-ms", "--stop-grace", "--data-dir",
-      "--data-partitions"}},
+      "--data-partitions", "--metrics-auth-file", "--config"}},
     {PACER_WORKER_BIN,
      {"--monitor", "--log-level", "--dataset", "--train-limit", "--test-limit", "--layers",
       "--block-floats", "--request-timeout", "--start-timeout", "--progress-interval",
-      "--progress", "--max-message-bytes", "--sample-log", "--evaluate-model"}},
+      "--progress", "--max-message-bytes", "--sample-log", "--evaluate-model", "--metrics-addr",
+      "--metrics-auth-file", "--config"}},
     {PACERCTL_BIN, {"--monitor", "--timeout", "--log-level", "status", "remove-worker",
                     "export-model", "add-shard", "drain-shard", "pause", "resume"}},
 };
@@ -66,6 +70,40 @@ TEST(HelpTest, BadFlagIsUsageErrorWithExitCodeTwo) {
   EXPECT_EQ(p->Wait(seconds(10)), 2);
   auto q = Process::Start({PACER_SERVER_BIN}, dir.path(), "missing");  // --monitor is required
   EXPECT_EQ(q->Wait(seconds(10)), 2);
+}
+
+// Settings: a flag wins over its PACER_<NAME> variable, which wins over the
+// --config file, which wins over the default. Seen through the monitor
+// address a shard fails to register with (nothing listens on port 1..3).
+TEST(ConfigTest, FlagBeatsEnvironmentBeatsConfigFile) {
+  TempDir dir;
+  const std::string config = dir.path() + "/server.toml";
+  std::ofstream(config) << "# a comment\n"
+                        << "monitor = \"tcp://127.0.0.1:1\"  # trailing comment\n"
+                        << "register-timeout = 0.5\n"
+                        << "metrics-addr = \"off\"\n";
+  auto monitor_tried = [&](const std::vector<std::string>& extra, const char* env) {
+    if (env != nullptr) setenv("PACER_MONITOR", env, 1);
+    std::vector<std::string> argv = {PACER_SERVER_BIN, "--config", config};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Process::Start(argv, dir.path(), "server");
+    unsetenv("PACER_MONITOR");
+    EXPECT_EQ(p->Wait(seconds(20)), std::optional<int>(1)) << p->Stderr();
+    const std::string err = p->Stderr();
+    const auto at = err.find("could not register with monitor ");
+    return at == std::string::npos ? err : err.substr(at + 32, 18);
+  };
+  EXPECT_EQ(monitor_tried({}, nullptr), "tcp://127.0.0.1:1:");                      // the file
+  EXPECT_EQ(monitor_tried({}, "tcp://127.0.0.1:2"), "tcp://127.0.0.1:2:");          // env > file
+  EXPECT_EQ(monitor_tried({"--monitor", "tcp://127.0.0.1:3"}, "tcp://127.0.0.1:2"),
+            "tcp://127.0.0.1:3:");                                                  // flag > env
+
+  // An unknown setting is a usage error naming it.
+  std::ofstream(dir.path() + "/bad.toml") << "monitr = \"tcp://127.0.0.1:1\"\n";
+  auto bad = Process::Start({PACER_SERVER_BIN, "--config", dir.path() + "/bad.toml"}, dir.path(),
+                            "bad");
+  EXPECT_EQ(bad->Wait(seconds(10)), std::optional<int>(2));
+  EXPECT_NE(bad->Stderr().find("no setting 'monitr'"), std::string::npos) << bad->Stderr();
 }
 
 }  // namespace

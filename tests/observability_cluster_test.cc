@@ -21,6 +21,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/cluster_harness.h"
+#include "tests/pacerctl_util.h"
 
 namespace pacer::test {
 namespace {
@@ -533,6 +534,44 @@ TEST(MetricsEndpointTest, BadAuthFileAndBusyPortAreClearErrors) {
   EXPECT_NE(second->Stderr().find("cannot serve metrics"), std::string::npos) << second->Stderr();
   first->Signal(SIGTERM);
   EXPECT_EQ(first->Wait(seconds(10)), std::optional<int>(0)) << first->Stderr();
+}
+
+// --advertise: the monitor hands workers the advertised address, not the
+// bound one, and workers train through it. The shard binds 127.0.0.1:P and
+// advertises localhost:P (the same socket under another name).
+TEST(AdvertiseTest, WorkersReachTheShardAtItsAdvertisedAddress) {
+  // The monitor waits for 1 shard and 1 worker, started here by hand.
+  ClusterSpec spec;
+  spec.shards = 1;
+  spec.workers = 1;
+  spec.monitor_flags = {"--target-accuracy", "0.7", "--time-cap", "60", "--eval-interval", "0.5"};
+  Cluster monitor_only(spec);
+  ASSERT_TRUE(monitor_only.StartMonitor("tcp://127.0.0.1:0"));
+  const int port = FreePort();
+  const std::string advertised = "tcp://localhost:" + std::to_string(port);
+  auto shard = Process::Start({PACER_SERVER_BIN, "--monitor", monitor_only.monitor_address,
+                               "--listen", "tcp://127.0.0.1:" + std::to_string(port),
+                               "--advertise", advertised},
+                              monitor_only.dir.path(), "shard");
+  auto listening = shard->WaitForLine("listening ", seconds(10));
+  ASSERT_TRUE(listening) << shard->Stderr();
+  EXPECT_EQ(*listening, "tcp://127.0.0.1:" + std::to_string(port)) << "--listen is what it binds";
+  auto worker = Process::Start({PACER_WORKER_BIN, "--monitor", monitor_only.monitor_address,
+                                "--train-limit", "6000", "--test-limit", "1000"},
+                               monitor_only.dir.path(), "worker");
+  Json status;
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (std::chrono::steady_clock::now() < until) {
+    status = Status(monitor_only);
+    if (status.is_object() && !status["shards"].empty()) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  ASSERT_TRUE(status.is_object() && !status["shards"].empty()) << status.dump();
+  EXPECT_EQ(status["shards"][0]["address"], advertised) << status.dump(1);
+  // Training runs through it to the target.
+  EXPECT_EQ(monitor_only.monitor->Wait(seconds(60)), std::optional<int>(0));
+  EXPECT_NE(monitor_only.monitor->Stdout().find("stop reason: target accuracy"), std::string::npos)
+      << monitor_only.monitor->Stdout() << worker->Stderr() << shard->Stderr();
 }
 
 }  // namespace

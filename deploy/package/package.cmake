@@ -1,11 +1,11 @@
 # Installation and the Debian package (cpack -G DEB), included from the top
 # CMakeLists.txt. The package installs:
 #   /usr/bin                    pacer-server, pacer-monitor, pacer-worker, pacerctl
-#   /lib/systemd/system         the units of deploy/systemd
+#   /usr/lib/systemd/system     the units of deploy/systemd
 #   /etc/pacer                  default settings (deploy/config; conffiles)
 #   /usr/include/pacer          the client and worker libraries' headers
-#   /usr/lib/<arch>             their static libraries, and
-#   /usr/lib/<arch>/cmake/Pacer a CMake package config: find_package(Pacer)
+#   /usr/lib                    their static libraries, and
+#   /usr/lib/cmake/Pacer        a CMake package config: find_package(Pacer)
 #   /usr/share/pacer            the Grafana dashboard, Prometheus rules and configs
 #   /usr/share/doc/pacer        README, runbooks, and an example program
 include(GNUInstallDirs)
