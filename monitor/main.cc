@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
   pacer::AddMetricsFlags(app, &metrics_flags);
+  pacer::FaultFlags fault_flags;
+  pacer::AddFaultFlags(app, &fault_flags);
   app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
   app.add_option("--policy", policy_name,
                  "Straggler policy: fixed (even batches), adaptive-batch (batch sizes follow "
@@ -167,7 +169,9 @@ int main(int argc, char** argv) {
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
-  auto transport = pacer::MakeZmqTransport(topts);
+  std::shared_ptr<pacer::FaultInjector> faults;
+  auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
+  if (transport == nullptr) return pacer::kExitUsage;
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   auto server = pacer::MonitorServer::Start(transport.get(), opts);
   if (!server.ok()) {

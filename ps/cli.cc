@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <random>
 
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -169,6 +170,43 @@ bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
   *server = std::move(*m);
   PrintAddress("metrics", (*server)->address());
   return true;
+}
+
+void AddFaultFlags(CLI::App& app, FaultFlags* flags) {
+  app.add_option("--faults", flags->faults,
+                 "Inject faults into what this process receives: KIND[:KEY=VALUE,...] joined by "
+                 "';', KIND drop|delay|duplicate|reorder|corrupt|partition, KEY p (probability), "
+                 "type (message types, '|'), peers (sender ids, '|'), ms and jitter (delay). "
+                 "E.g. 'drop:p=0.1;delay:ms=200,jitter=50'. Also settable at run time: pacerctl "
+                 "fault")
+      ->check([](const std::string& spec) {
+        auto rules = ParseFaults(spec);
+        return rules.ok() ? std::string() : std::string(rules.status().message());
+      });
+  app.add_option("--fault-seed", flags->seed,
+                 "Seed of the fault decisions (0: random); logged at start, so a run replays");
+}
+
+std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
+                                                const FaultFlags& flags,
+                                                prometheus::Registry* registry,
+                                                std::shared_ptr<FaultInjector>* injector) {
+  auto rules = ParseFaults(flags.faults);
+  if (!rules.ok()) {
+    spdlog::error("--faults: {}", std::string(rules.status().message()));
+    return nullptr;
+  }
+  uint64_t seed = flags.seed;
+  while (seed == 0) seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  auto faults = std::make_shared<FaultInjector>(seed, registry);
+  faults->SetRules(std::move(*rules));
+  if (!flags.faults.empty()) {
+    spdlog::warn("injecting faults: {} (fault seed {})", FaultsToString(faults->rules()), seed);
+  } else {
+    spdlog::info("fault seed {}", seed);
+  }
+  if (injector != nullptr) *injector = faults;
+  return MakeFaultyTransport(MakeZmqTransport(options), std::move(faults));
 }
 
 namespace {

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "ps/fault.h"
 #include "ps/metrics.h"
+#include "ps/transport.h"
 
 namespace pacer {
 
@@ -58,6 +60,22 @@ void AddMetricsFlags(CLI::App& app, MetricsFlags* flags);
 bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
                   std::shared_ptr<prometheus::Registry> registry,
                   std::unique_ptr<MetricsServer>* server);
+
+// Fault injection flags (--faults, --fault-seed), see ps/fault.h.
+struct FaultFlags {
+  std::string faults;  // rules, as ParseFaults reads them
+  uint64_t seed = 0;   // 0: random (logged)
+};
+void AddFaultFlags(CLI::App& app, FaultFlags* flags);
+
+// The process's ZeroMQ transport inside the fault layer (always, so that
+// the monitor can set faults at run time), with --faults applied and the
+// seed logged ("fault seed N"). Returns null, after logging why, when the
+// rules do not parse. `injector` receives the layer's controls.
+std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
+                                                const FaultFlags& flags,
+                                                prometheus::Registry* registry,
+                                                std::shared_ptr<FaultInjector>* injector);
 
 // Makes SIGINT and SIGTERM set the returned flag instead of killing the
 // process, so main() can shut down in order.

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
                  "Address the monitor hands to workers for this shard, tcp://HOST:PORT, when it "
                  "differs from --listen (NAT, a Kubernetes Service); default: the bound address");
   pacer::AddMetricsFlags(app, &metrics_flags);
+  pacer::FaultFlags fault_flags;
+  pacer::AddFaultFlags(app, &fault_flags);
   app.add_option("--data-dir", opts.data_dir,
                  "Directory for this shard's checkpoints (RocksDB, in DIR/checkpoint; created if "
                  "missing). A shard restarted with the same directory reloads its latest snapshot "
@@ -82,7 +84,9 @@ int main(int argc, char** argv) {
 
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.shard.max_message_bytes * 2;
-  auto transport = pacer::MakeZmqTransport(topts);
+  std::shared_ptr<pacer::FaultInjector> faults;
+  auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.shard.registry.get(), &faults);
+  if (transport == nullptr) return pacer::kExitUsage;
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   opts.cancel = &stop_signal;
   auto server = pacer::ShardServer::Start(transport.get(), opts);

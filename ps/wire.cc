@@ -84,6 +84,20 @@ std::optional<uint64_t> PayloadBytesFor(const flatbuffers::Vector<const wire::Ke
   return total;
 }
 
+bool PeekEnvelope(const Frame& frame, Envelope* env) {
+  if (frame.size() != kEnvelopeBytes) return false;
+  const uint8_t* p = frame.data();
+  if (Get<uint32_t>(p) != kMagic) return false;
+  env->version = Get<uint16_t>(p);
+  env->type = static_cast<wire::Body>(Get<uint16_t>(p));
+  env->job_id = Get<uint64_t>(p);
+  env->sender = Get<uint32_t>(p);
+  env->crc = Get<uint32_t>(p);
+  env->request_id = Get<uint64_t>(p);
+  env->payload_bytes = Get<uint64_t>(p);
+  return true;
+}
+
 bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err) {
   if (frames.size() < 2 || frames.size() > 3) {
     return Fail(err, wire::ErrorCode::BadEnvelope,

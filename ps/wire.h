@@ -87,6 +87,10 @@ struct DecodeError {
 // messages that carry values, that the key lengths add up to the payload.
 // Returns true and fills `out`, or false and fills `err`. Never throws.
 bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err);
+// Reads an envelope (frame 0 of a message as Encode makes it) checking only
+// its size and magic: for looking at a message's type and sender without
+// decoding it (fault injection).
+bool PeekEnvelope(const Frame& frame, Envelope* env);
 
 // Bytes of payload that `keys` describe; nullopt on overflow.
 std::optional<uint64_t> PayloadBytesFor(const flatbuffers::Vector<const wire::KeyLen*>* keys);

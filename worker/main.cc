@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pacer::MetricsFlags metrics_flags;
   pacer::AddMetricsFlags(app, &metrics_flags);
+  pacer::FaultFlags fault_flags;
+  pacer::AddFaultFlags(app, &fault_flags);
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   if (opts.monitor.empty() && evaluate_model.empty()) {
@@ -152,7 +154,9 @@ int main(int argc, char** argv) {
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
-  auto transport = pacer::MakeZmqTransport(topts);
+  std::shared_ptr<pacer::FaultInjector> faults;
+  auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
+  if (transport == nullptr) return pacer::kExitUsage;
   pacer::worker::Worker worker(transport.get(), opts);
   if (metrics) metrics->SetReadiness([&worker] { return worker.NotReadyReason(); });
   g_worker = &worker;
