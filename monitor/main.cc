@@ -172,6 +172,8 @@ int main(int argc, char** argv) {
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;
+  opts.faults = faults;
+  opts.base_faults = faults->rules();
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   auto server = pacer::MonitorServer::Start(transport.get(), opts);
   if (!server.ok()) {

@@ -216,6 +216,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::StatusRequest: return OnStatus(peer, d, out);
     case wire::Body::RemoveWorker: return OnRemoveWorker(peer, d, out);
     case wire::Body::ShardControl: return OnShardControl(peer, d, out);
+    case wire::Body::FaultControl: return OnFaultControl(peer, d, out);
     default:
       return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
                         std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
@@ -516,8 +517,10 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
         UpdateShardGauges();
       }
     }
+    const std::string faults = FaultsFor("server", d.env.sender);
     auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
-                                                 stop_reason_.c_str());
+                                                 stop_reason_.c_str(), false, nullptr, 0,
+                                                 faults.c_str(), faults_version_);
     out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
     return;
   }
@@ -608,10 +611,11 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   auto owned = fbb.CreateVectorOfStructs(mine);
   uint32_t partition = mine.empty() ? 0 : mine[0].index();
+  auto faults = fbb.CreateString(FaultsFor("worker", w.id));
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
                                          partition_count_, assignment, reason,
                                          state == wire::JobState::Running && Evaluator() == w.id,
-                                         owned, pause_at_);
+                                         owned, pause_at_, faults, faults_version_);
   out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -675,6 +679,75 @@ uint64_t MonitorCore::PauseClock() const {
   uint64_t c = 0;
   for (uint32_t id : LiveWorkers()) c = std::max(c, workers_.at(id).clock);
   return c + 2;  // past every worker, heartbeats being a little behind
+}
+
+std::string MonitorCore::FaultsFor(const std::string& role, uint32_t id) const {
+  std::string spec;
+  for (const std::string& target : {std::string("all"), role, role + ":" + std::to_string(id)}) {
+    auto it = faults_.find(target);
+    if (it == faults_.end() || it->second.empty()) continue;
+    spec += (spec.empty() ? "" : ";") + it->second;
+  }
+  return spec;
+}
+
+void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const auto* c = d.As<wire::FaultControl>();
+  const std::string target = c->target() ? c->target()->str() : "";
+  const std::string spec = c->spec() ? c->spec()->str() : "";
+  auto refuse = [&](const std::string& why) {
+    ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  };
+  auto valid_target = [](const std::string& t) {
+    if (t == "all" || t == "monitor" || t == "server" || t == "worker") return true;
+    for (const char* role : {"server:", "worker:"}) {
+      const std::string r = role;
+      if (t.rfind(r, 0) == 0 && t.size() > r.size() &&
+          t.find_first_not_of("0123456789", r.size()) == std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  switch (c->op()) {
+    case wire::FaultOp::List: break;
+    case wire::FaultOp::Set: {
+      if (!valid_target(target)) {
+        return refuse("fault target '" + target +
+                      "' is not all, monitor, server, worker, server:ID or worker:ID");
+      }
+      auto rules = ParseFaults(spec);
+      if (!rules.ok()) return refuse(std::string(rules.status().message()));
+      faults_[target] = FaultsToString(*rules);
+      ++faults_version_;
+      spdlog::warn("faults for {}: {} (version {})", target, faults_[target], faults_version_);
+      break;
+    }
+    case wire::FaultOp::Clear:
+      if (target.empty()) {
+        faults_.clear();
+      } else if (faults_.erase(target) == 0) {
+        return refuse("no faults are set for '" + target + "'");
+      }
+      ++faults_version_;
+      spdlog::warn("faults cleared for {} (version {})", target.empty() ? "every target" : target,
+                   faults_version_);
+      break;
+  }
+  if (c->op() != wire::FaultOp::List && options_.faults) {
+    // The monitor's own share, applied at once.
+    auto own = ParseFaults(FaultsFor("monitor", 0));
+    std::vector<FaultRule> rules = options_.base_faults;
+    if (own.ok()) rules.insert(rules.end(), own->begin(), own->end());
+    options_.faults->SetRules(std::move(rules));
+  }
+  flatbuffers::FlatBufferBuilder fbb(256);
+  std::vector<flatbuffers::Offset<wire::FaultEntry>> entries;
+  for (const auto& [t, sp] : faults_) {
+    entries.push_back(wire::CreateFaultEntryDirect(fbb, t.c_str(), sp.c_str()));
+  }
+  auto body = wire::CreateFaultControlReplyDirect(fbb, faults_version_, &entries);
+  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
 }
 
 void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {

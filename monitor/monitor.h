@@ -21,6 +21,7 @@
 #include "prometheus/registry.h"
 #include "ps/checkpoint.h"
 #include "ps/clock.h"
+#include "ps/fault.h"
 #include "ps/metrics.h"
 #include "ps/rpc.h"
 #include "ps/transport.h"
@@ -87,6 +88,10 @@ struct MonitorOptions {
   // How often the state is written while the job runs (also at once after
   // a registration, a membership change or a stop).
   Duration save_interval = std::chrono::milliseconds(500);
+  // The monitor's own fault layer (ps/fault.h; null: none), and the rules
+  // its --faults set, kept under the run-time ones.
+  std::shared_ptr<FaultInjector> faults;
+  std::vector<FaultRule> base_faults;
 };
 
 // What the monitor knows of one worker.
@@ -234,6 +239,11 @@ class MonitorCore {
   void OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // pacerctl fault: sets, clears or lists the run-time fault table.
+  void OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // The run-time fault spec for process ROLE:ID: the specs of "all", ROLE
+  // and ROLE:ID joined.
+  std::string FaultsFor(const std::string& role, uint32_t id) const;
   // Elastic shards: advances the move in progress.
   void StepMove(std::vector<Outgoing>* out);
   void OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out);
@@ -293,6 +303,11 @@ class MonitorCore {
   bool map_built_ = false;
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard
+
+  // Run-time faults (pacerctl fault): target -> spec, and its version
+  // (sent with every heartbeat reply; not kept across a monitor restart).
+  std::map<std::string, std::string> faults_;
+  uint64_t faults_version_ = 0;
 
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
@@ -359,6 +374,11 @@ class MonitorServer {
   std::string address_;
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> done_{false};
+  // Run-time faults (pacerctl fault): target -> spec, and its version
+  // (sent with every heartbeat reply; not kept across a monitor restart).
+  std::map<std::string, std::string> faults_;
+  uint64_t faults_version_ = 0;
+
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
   std::string stop_reason_;

@@ -232,6 +232,40 @@ int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
   return pacer::kExitOk;
 }
 
+// pacerctl fault set|clear|list: the monitor's run-time fault table.
+int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
+                 const std::string& spec) {
+  pacer::Decoded d;
+  if (auto st = ctl.Status(&d); !st.ok()) {  // learns the job id
+    std::fprintf(stderr, "pacerctl: %s\n", st.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto reply = ctl.monitor->Call(
+      fbb, pacer::wire::CreateFaultControlDirect(fbb, op, target.c_str(), spec.c_str()),
+      ctl.Deadline());
+  if (!reply.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    return pacer::kExitFailure;
+  }
+  if (reply->type() != pacer::wire::Body::FaultControlReply) {
+    std::fprintf(stderr, "pacerctl: unexpected answer %s\n", pacer::wire::EnumNameBody(reply->type()));
+    return pacer::kExitFailure;
+  }
+  const auto* r = reply->As<pacer::wire::FaultControlReply>();
+  std::printf("fault table version %llu\n", static_cast<unsigned long long>(r->version()));
+  if (r->entries() == nullptr || r->entries()->size() == 0) {
+    std::printf("no faults set\n");
+    return pacer::kExitOk;
+  }
+  std::printf("%-12s %s\n", "TARGET", "FAULTS");
+  for (const auto* e : *r->entries()) {
+    std::printf("%-12s %s\n", e->target() ? e->target()->c_str() : "",
+                e->spec() ? e->spec()->c_str() : "");
+  }
+  return pacer::kExitOk;
+}
+
 int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
   pacer::Decoded d;
   auto r = ctl.Status(&d);
@@ -355,6 +389,22 @@ int main(int argc, char** argv) {
                                             "applied until resume)");
   auto* resume = app.add_subcommand("resume", "Let the workers go on after pause");
 
+  std::string fault_target, fault_spec;
+  auto* fault = app.add_subcommand(
+      "fault", "Inject faults at run time: the monitor hands them to the processes with their "
+               "next heartbeat reply (see pacer-server --help, --faults, for the rules)");
+  fault->require_subcommand(1);
+  auto* fault_set = fault->add_subcommand("set", "Set TARGET's faults (replacing what it had)");
+  fault_set->add_option("TARGET", fault_target,
+                        "all, monitor, server, worker, server:ID or worker:ID")->required();
+  fault_set->add_option("SPEC", fault_spec,
+                        "Rules, e.g. 'drop:p=0.1;delay:ms=200,jitter=50' or "
+                        "'partition:peers=3,for=10'")->required();
+  auto* fault_clear = fault->add_subcommand("clear", "Clear TARGET's faults (every target's "
+                                                     "when none is given)");
+  fault_clear->add_option("TARGET", fault_target, "A target as for set");
+  auto* fault_list = fault->add_subcommand("list", "The fault table");
+
   std::string path;
   auto* exportm = app.add_subcommand(
       "export-model", "Read the current parameters from the shards and write them to FILE "
@@ -363,9 +413,9 @@ int main(int argc, char** argv) {
 
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("pacerctl", log_level);
-  if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume) {
+  if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume && !*fault) {
     std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker, export-model, "
-                         "add-shard, drain-shard, pause or resume (see --help)\n");
+                         "add-shard, drain-shard, pause, resume or fault (see --help)\n");
     return pacer::kExitUsage;
   }
   if (monitor.empty()) {
@@ -382,5 +432,8 @@ int main(int argc, char** argv) {
   if (*drain) return ShardControlCommand(ctl, pacer::wire::ShardOp::Drain, shard_id);
   if (*pause) return ShardControlCommand(ctl, pacer::wire::ShardOp::Pause, 0);
   if (*resume) return ShardControlCommand(ctl, pacer::wire::ShardOp::Resume, 0);
+  if (*fault_set) return FaultCommand(ctl, pacer::wire::FaultOp::Set, fault_target, fault_spec);
+  if (*fault_clear) return FaultCommand(ctl, pacer::wire::FaultOp::Clear, fault_target, "");
+  if (*fault_list) return FaultCommand(ctl, pacer::wire::FaultOp::List, "", "");
   return ExportModelCommand(ctl, path);
 }

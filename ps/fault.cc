@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
 
 namespace pacer {
 
@@ -81,6 +82,11 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec) {
                                               " must be 0..600000 milliseconds");
           }
           (key == "ms" ? r.delay : r.jitter) = FromSeconds(v / 1000.0);
+        } else if (key == "for") {
+          if (!ParseNumber(value, &v) || v <= 0 || v > 86400) {
+            return absl::InvalidArgumentError("fault '" + text + "': for must be 0..86400 seconds");
+          }
+          r.lasts = FromSeconds(v);
         } else if (key == "type") {
           const std::vector<std::string> names = absl::StrSplit(value, '|', absl::SkipEmpty());
           for (const std::string& t : names) {
@@ -107,7 +113,7 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec) {
           }
         } else {
           return absl::InvalidArgumentError("fault '" + text + "': unknown key '" + key +
-                                            "' (p, type, peers, ms, jitter)");
+                                            "' (p, type, peers, ms, jitter, for)");
         }
       }
     }
@@ -133,6 +139,7 @@ std::string FaultsToString(const std::vector<FaultRule>& rules) {
         first = false;
       }
     }
+    if (r.lasts > Duration::zero()) out << ",for=" << ToSeconds(r.lasts);
     if (!r.peers.empty()) {
       out << ",peers=";
       bool first = true;
@@ -160,6 +167,7 @@ FaultInjector::FaultInjector(uint64_t seed, prometheus::Registry* registry)
 void FaultInjector::SetRules(std::vector<FaultRule> rules) {
   std::lock_guard<std::mutex> lock(mu_);
   rules_ = std::move(rules);
+  set_at_ = std::chrono::steady_clock::now();
   any_ = !rules_.empty();
 }
 
@@ -177,7 +185,9 @@ double FaultInjector::injected(FaultKind kind) const {
 FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
   Decision d;
   std::lock_guard<std::mutex> lock(mu_);
+  const auto age = std::chrono::steady_clock::now() - set_at_;
   for (const FaultRule& r : rules_) {
+    if (r.lasts > Duration::zero() && age >= r.lasts) continue;  // over
     if (env == nullptr) {
       // Only a partition from everyone covers a message we cannot read.
       if (r.kind != FaultKind::kPartition || !r.peers.empty() || !r.types.empty()) continue;
@@ -230,6 +240,22 @@ void FaultInjector::Corrupt(Frames& frames, size_t first) {
     }
     at -= frames[i].size();
   }
+}
+
+void RuntimeFaults::Apply(uint64_t version, const std::string& spec) {
+  if (faults_ == nullptr || version == version_) return;
+  version_ = version;
+  auto extra = ParseFaults(spec);
+  if (!extra.ok()) {
+    spdlog::error("run-time faults from the monitor do not parse: {}",
+                  std::string(extra.status().message()));
+    return;
+  }
+  std::vector<FaultRule> rules = base_;
+  rules.insert(rules.end(), extra->begin(), extra->end());
+  spdlog::warn("run-time faults (version {}): {}", version,
+               extra->empty() ? std::string("none") : FaultsToString(*extra));
+  faults_->SetRules(std::move(rules));
 }
 
 namespace {

@@ -42,6 +42,9 @@ struct FaultRule {
   std::set<uint32_t> peers;
   Duration delay{};   // kDelay: fixed part
   Duration jitter{};  // kDelay: plus uniform [0, jitter)
+  // The rule ends by itself this long after it was set (0: when cleared).
+  // A partitioned process cannot hear that its partition was lifted.
+  Duration lasts{};
 };
 
 // Parses rules: "KIND[:KEY=VALUE,...]" joined by ';', e.g.
@@ -49,7 +52,8 @@ struct FaultRule {
 //   "corrupt:p=0.05,type=Push"  "partition:peers=3|4"
 // KIND: drop, delay, duplicate, reorder, corrupt, partition. Keys: p (0..1,
 // default 1), type (message types joined by '|', e.g. Push|Pull), peers
-// (sender ids joined by '|'), ms and jitter (milliseconds, delay only).
+// (sender ids joined by '|'), ms and jitter (milliseconds, delay only),
+// for (seconds until the rule ends by itself).
 // An empty string is no rules. InvalidArgument names what is wrong.
 absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec);
 // The spec of `rules`, in the form ParseFaults reads.
@@ -86,9 +90,25 @@ class FaultInjector {
   std::atomic<bool> any_{false};
   mutable std::mutex mu_;
   std::vector<FaultRule> rules_;  // guarded by mu_
+  std::chrono::steady_clock::time_point set_at_{};  // guarded by mu_
   std::mt19937_64 rng_;           // guarded by mu_
   std::map<FaultKind, prometheus::Counter*> counters_;
   std::map<FaultKind, double> counts_;  // guarded by mu_ (without a registry too)
+};
+
+// A process's run-time faults from the monitor's heartbeat replies: applies
+// `spec` on top of the rules the process started with when `version`
+// differs from the last one applied. Logs what changed. Not thread-safe.
+class RuntimeFaults {
+ public:
+  explicit RuntimeFaults(std::shared_ptr<FaultInjector> faults)
+      : faults_(std::move(faults)), base_(faults_ ? faults_->rules() : std::vector<FaultRule>{}) {}
+  void Apply(uint64_t version, const std::string& spec);
+
+ private:
+  std::shared_ptr<FaultInjector> faults_;
+  std::vector<FaultRule> base_;
+  uint64_t version_ = 0;
 };
 
 // Wraps `inner`: every socket it makes applies `faults` to what it receives.

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.shard.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;
+  opts.faults = faults;
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   opts.cancel = &stop_signal;
   auto server = pacer::ShardServer::Start(transport.get(), opts);

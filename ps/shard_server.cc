@@ -264,6 +264,7 @@ void ShardServer::MaybeCheckpoint(bool final) {
 
 void ShardServer::HeartbeatLoop() {
   const Clock* clock = transport_->clock();
+  RuntimeFaults runtime_faults(options_.faults);
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     flatbuffers::FlatBufferBuilder fbb(64);
@@ -280,6 +281,10 @@ void ShardServer::HeartbeatLoop() {
       spdlog::info("shard {}: job stopped", id_);
       job_stopped_ = true;
       return;
+    }
+    if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
+      const auto* r = reply->As<wire::HeartbeatReply>();
+      runtime_faults.Apply(r->faults_version(), r->faults() ? r->faults()->str() : "");
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, reply.status().ToString());
     // Sleep in short steps so that shutdown is prompt.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "ps/fault.h"
 #include "ps/shard.h"
 #include "ps/transport.h"
 
@@ -46,6 +47,9 @@ struct ShardServerOptions {
   // When set and true, Start stops trying to register and returns
   // Cancelled (SIGTERM before the monitor answered).
   const std::atomic<bool>* cancel = nullptr;
+  // This process's fault layer (ps/fault.h), for the run-time faults the
+  // monitor sends with its heartbeat replies; null: none.
+  std::shared_ptr<FaultInjector> faults;
 };
 
 class ShardServer {

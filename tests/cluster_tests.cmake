@@ -39,3 +39,7 @@ add_test(NAME observability_prometheus_test COMMAND observability_cluster_test
   "--gtest_filter=*Prometheus*:*Promtool*")
 set_tests_properties(observability_prometheus_test PROPERTIES LABELS cluster TIMEOUT 600
   SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+
+# Fault injection: --faults at start and pacerctl fault at run time.
+pacer_test(fault_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
+add_dependencies(fault_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "ps/wire.h"
 
 namespace pacer {
@@ -213,6 +215,15 @@ TEST_F(FaultTest, PartitionBlocksOnlyTheNamedPeers) {
   faults_->SetRules({});
   Send(5, 7, 7);
   EXPECT_EQ(Received(), (std::vector<uint64_t>{7}));
+}
+
+TEST_F(FaultTest, ARuleWithForEndsByItself) {
+  Rules("partition:for=0.2");
+  Send(7, 1, 1);
+  EXPECT_TRUE(Received().empty());
+  std::this_thread::sleep_for(milliseconds(250));
+  Send(7, 2, 2);
+  EXPECT_EQ(Received(), (std::vector<uint64_t>{2}));
 }
 
 TEST_F(FaultTest, CountersStartAtZeroForEveryKind) {

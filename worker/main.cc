@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;
+  opts.faults = faults;
   pacer::worker::Worker worker(transport.get(), opts);
   if (metrics) metrics->SetReadiness([&worker] { return worker.NotReadyReason(); });
   g_worker = &worker;

@@ -283,6 +283,7 @@ absl::Status Worker::Impl::Register(RpcChannel& monitor) {
 }
 
 void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
+  RuntimeFaults runtime_faults(options.faults);
   while (!heartbeat_exit) {
     const TimePoint next = clock->Now() + heartbeat_interval;
     const bool finishing = done.load();
@@ -322,6 +323,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
       if (reply.ok()) reported = std::max(reported, sending);
       if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
         const auto* r = reply->As<wire::HeartbeatReply>();
+        runtime_faults.Apply(r->faults_version(), r->faults() ? r->faults()->str() : "");
         view.state = r->state();
         view.partitions.clear();
         if (r->partitions() != nullptr) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
 #include "ps/client.h"
+#include "ps/fault.h"
 #include "ps/transport.h"
 #include "worker/backend.h"
 #include "worker/mnist.h"
@@ -50,6 +51,10 @@ struct WorkerOptions {
   // The largest batch this worker can hold, reported to the policy as its
   // memory limit (--max-batch); 0: no limit.
   uint32_t max_batch = 0;
+
+  // This process's fault layer (ps/fault.h), for the run-time faults the
+  // monitor sends with its heartbeat replies; null: none.
+  std::shared_ptr<FaultInjector> faults;
 
   // Where this worker's metrics go (pacer_worker_*, pacer_training_loss,
   // each labelled worker_rank once registered); null: none kept.
