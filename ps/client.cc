@@ -114,6 +114,13 @@ absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
         e.ForEachPayload([&](absl::string_view url, const absl::Cord& p) { aborted.SetPayload(url, p); });
         return aborted;
       }
+      if (code == wire::ErrorCode::BadCrc || code == wire::ErrorCode::BadHeader ||
+          code == wire::ErrorCode::BadLength) {
+        // Our message arrived damaged (the shard verified it and applied
+        // nothing): send the same bytes again now.
+        resend_at[i] = clock->Now();
+        return false;
+      }
       if (code == wire::ErrorCode::NotReady || code == wire::ErrorCode::NotMember) {
         // Restarting, or not told of us yet: ask again shortly.
         resend_at[i] = clock->Now() + backoff[i];

@@ -1,7 +1,7 @@
 # Tests that run real processes on 127.0.0.1, and the in-process cluster.
 add_library(pacer_test_util STATIC process_util.cc)
 target_include_directories(pacer_test_util PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(pacer_test_util PUBLIC GTest::gtest)
+target_link_libraries(pacer_test_util PUBLIC GTest::gtest pacer_ps)
 target_compile_definitions(pacer_test_util PUBLIC
   PACER_SERVER_BIN="$<TARGET_FILE:pacer-server>"
   PACER_MONITOR_BIN="$<TARGET_FILE:pacer-monitor>"

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ps/scrape.h"
+
 namespace pacer::test {
 
 class Process {
@@ -52,21 +54,12 @@ class TempDir {
   std::string path_;
 };
 
-// An HTTP/1.0 GET of http://ADDRESS/PATH (ADDRESS is an IPv4 HOST:PORT).
-struct HttpResponse {
-  int status = 0;  // 0: no answer
-  std::string body;
-};
-HttpResponse HttpGet(const std::string& address, const std::string& path,
-                     const std::vector<std::string>& headers = {});
-// GET http://ADDRESS/metrics; empty on failure.
-std::string FetchMetrics(const std::string& address);
-// Percent-encodes a query-string value.
-std::string UrlEncode(const std::string& s);
-// The value of the first sample named `name` whose label set contains every
-// `k="v"` in `labels` (e.g. {"reason=\"bad_crc\""}), or nullopt.
-std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
-                                  const std::vector<std::string>& labels = {});
+// HTTP and /metrics helpers live in ps/scrape.h (the chaos runner uses them).
+using pacer::FetchMetrics;
+using pacer::HttpGet;
+using pacer::HttpResponse;
+using pacer::MetricValue;
+using pacer::UrlEncode;
 
 // Full text of a file.
 std::string ReadFile(const std::string& path);

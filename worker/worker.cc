@@ -462,6 +462,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   if (!monitor.ok()) return monitor.status();
   if (absl::Status s = w.Register(**monitor); !s.ok()) return s;
   spdlog::info("worker {}: registered as rank {} (job {})", w.id, w.rank, w.job_id);
+  if (o.on_registered) o.on_registered(w.id, w.rank);
   (*monitor)->options() = w.Rpc();
   {
     flatbuffers::FlatBufferBuilder fbb(256);

@@ -65,7 +65,9 @@ struct WorkerOptions {
   std::string sample_log;
 
   // Hooks for programs that embed a worker (tests keep their own record of
-  // the run through them). Both run on the training thread.
+  // the run through them). They run on the training thread.
+  // Once registered: the id and rank the monitor gave.
+  std::function<void(uint32_t id, uint32_t rank)> on_registered;
   // Before each iteration, with the clock it is about to run; it may block
   // (a paused worker keeps heartbeating).
   std::function<void(uint64_t clock)> before_iteration;

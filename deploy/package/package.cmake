@@ -11,7 +11,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl
+install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 install(TARGETS pacer_ps pacer_worker pacer_worker_compute EXPORT PacerTargets

@@ -1,0 +1,751 @@
+// pacer-chaos: runs a chaos scenario (monitor/chaos_scenario.h) against a
+// local cluster on 127.0.0.1 and reports pass or fail for each invariant.
+//
+//   pacer-chaos SCENARIO.yaml [--out DIR] [--seed N] [--bin-dir DIR]
+//
+// The workers it starts are this same binary in --worker-shim mode: a
+// Pacer worker (pacer::worker::Worker) whose acknowledged pushes the shim
+// appends to a journal (wall time, push seq, clock, samples), so the record
+// of what the cluster acknowledged is the runner's, kept at the client
+// boundary, not the system's own reports. Metrics are scraped only to see
+// what the system did (lost updates, applied pushes, faults counted), and
+// compared against that record.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "monitor/chaos_scenario.h"
+#include "nlohmann/json.hpp"
+#include "ps/cli.h"
+#include "ps/scrape.h"
+#include "spdlog/spdlog.h"
+#include "worker/worker.h"
+
+namespace pacer::chaos {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+double NowUnix() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A child process with stdout and stderr in files.
+class Proc {
+ public:
+  static std::unique_ptr<Proc> Start(const std::vector<std::string>& argv, const std::string& dir,
+                                     const std::string& name) {
+    auto p = std::unique_ptr<Proc>(new Proc());
+    p->name_ = name;
+    p->out_ = dir + "/" + name + ".out";
+    p->err_ = dir + "/" + name + ".log";
+    p->started_ = NowUnix();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      int out = open(p->out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = open(p->err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(out, 1);
+      dup2(err, 2);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    p->pid_ = pid;
+    return p;
+  }
+  ~Proc() {
+    if (Running()) {
+      kill(pid_, SIGKILL);
+      Wait(Millis(2000));
+    }
+  }
+  std::optional<std::string> WaitLine(const std::string& prefix, Millis timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    do {
+      std::ifstream in(out_);
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+      }
+      if (!Running()) break;
+      std::this_thread::sleep_for(Millis(50));
+    } while (std::chrono::steady_clock::now() < until);
+    return std::nullopt;
+  }
+  bool Running() {
+    if (exit_code_) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      ended_ = NowUnix();
+      return false;
+    }
+    return true;
+  }
+  std::optional<int> Wait(Millis timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (Running() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(Millis(20));
+    return exit_code_;
+  }
+  void Signal(int sig) {
+    if (Running()) kill(pid_, sig);
+  }
+  const std::string& name() const { return name_; }
+  std::optional<int> exit_code() const { return exit_code_; }
+  double started() const { return started_; }
+  double ended() const { return ended_; }
+  bool killed_on_purpose = false;  // the timeline killed or terminated it
+  std::string metrics;             // its /metrics address
+  // Largest value seen of each scraped series key (metric + labels).
+  std::map<std::string, double> seen;
+
+ private:
+  Proc() = default;
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+  std::string name_, out_, err_;
+  double started_ = 0, ended_ = 0;
+};
+
+struct Ack {
+  double at;       // unix seconds, when the hook saw it
+  uint64_t seq;
+  uint64_t clock;
+};
+
+struct Verdict {
+  std::string name;
+  bool pass = true;
+  std::string detail;
+};
+
+class Runner {
+ public:
+  Runner(Scenario s, std::string dir, std::string bin_dir, std::string self, uint64_t seed)
+      : s_(std::move(s)), dir_(std::move(dir)), bin_(std::move(bin_dir)), self_(std::move(self)),
+        seed_(seed) {}
+
+  int Run();
+
+ private:
+  std::string Bin(const std::string& name) const;
+  bool StartMonitor(const std::string& listen);
+  bool StartShard(size_t i);
+  bool StartWorker();
+  std::vector<Proc*> All();
+  Proc* Target(const std::string& target);
+  void Scrape();
+  int Ctl(const std::vector<std::string>& args, std::string* out = nullptr);
+  std::string FaultTarget(const std::string& t);
+  bool Do(const Action& a);
+  std::vector<Ack> Acks(size_t worker) const;
+  void Check();
+
+  Scenario s_;
+  std::string dir_, bin_, self_;
+  uint64_t seed_;
+  std::string monitor_address_;
+  std::vector<std::unique_ptr<Proc>> procs_;  // every process ever started
+  Proc* monitor_ = nullptr;
+  std::vector<Proc*> shards_, workers_;        // current incarnations, by index
+  std::vector<uint32_t> shard_ids_, worker_ids_;
+  std::vector<std::string> journals_;          // by worker index
+  double t0_ = 0;                              // training started (unix s)
+  std::vector<double> heals_;                  // unix s
+  struct Kill {
+    size_t shard;
+    double at;
+    double checkpoint_at;  // its last successful checkpoint before (unix s; 0: none)
+  };
+  std::vector<Kill> shard_kills_;
+  struct Injected {
+    std::vector<Proc*> procs;
+    std::set<std::string> kinds;
+    std::string what;
+  };
+  std::vector<Injected> injected_;
+  std::vector<std::pair<std::string, std::string>> expect_monitor_;  // (metric, why) to rise
+  std::vector<Verdict> verdicts_;
+  std::optional<double> accuracy_;
+};
+
+std::string Runner::Bin(const std::string& name) const {
+  for (const std::string& d : {bin_, bin_ + "/../ps", bin_ + "/../monitor", bin_ + "/../worker"}) {
+    const std::string p = d + "/" + name;
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return bin_ + "/" + name;
+}
+
+bool Runner::StartMonitor(const std::string& listen) {
+  std::vector<std::string> a = {Bin("pacer-monitor"), "--listen", listen, "--metrics-addr",
+                                "127.0.0.1:0", "--data-dir", dir_ + "/monitor", "--min-shards",
+                                std::to_string(s_.shards), "--min-workers",
+                                std::to_string(s_.workers), "--time-cap",
+                                std::to_string(s_.seconds), "--target-accuracy", "0",
+                                "--eval-interval", "1", "--fault-seed", std::to_string(seed_)};
+  if (!s_.mode.empty()) a.insert(a.end(), {"--mode", s_.mode});
+  a.insert(a.end(), s_.monitor_args.begin(), s_.monitor_args.end());
+  procs_.push_back(Proc::Start(a, dir_, monitor_ ? "monitor-restarted" : "monitor"));
+  monitor_ = procs_.back().get();
+  auto addr = monitor_->WaitLine("listening ", Millis(10000));
+  auto m = monitor_->WaitLine("metrics ", Millis(10000));
+  if (!addr || !m) return false;
+  monitor_address_ = *addr;
+  monitor_->metrics = *m;
+  return true;
+}
+
+bool Runner::StartShard(size_t i) {
+  std::vector<std::string> a = {Bin("pacer-server"), "--listen", "tcp://127.0.0.1:0", "--monitor",
+                                monitor_address_, "--metrics-addr", "127.0.0.1:0", "--data-dir",
+                                dir_ + "/shard" + std::to_string(i), "--checkpoint-interval",
+                                std::to_string(s_.checkpoint_interval), "--fault-seed",
+                                std::to_string(seed_ + 1 + i), "--register-timeout", "60"};
+  a.insert(a.end(), s_.shard_args.begin(), s_.shard_args.end());
+  const bool again = i < shards_.size() && shards_[i] != nullptr;
+  procs_.push_back(Proc::Start(a, dir_, "shard" + std::to_string(i) + (again ? "-restarted" : "")));
+  if (i >= shards_.size()) shards_.resize(i + 1, nullptr);
+  shards_[i] = procs_.back().get();
+  auto m = shards_[i]->WaitLine("metrics ", Millis(10000));
+  if (!m) return false;
+  shards_[i]->metrics = *m;
+  // Registered (and restored, after a restart) once it prints its address.
+  return shards_[i]->WaitLine("listening ", Millis(60000)).has_value();
+}
+
+bool Runner::StartWorker() {
+  const size_t i = workers_.size();
+  journals_.push_back(dir_ + "/worker" + std::to_string(i) + ".acks");
+  std::vector<std::string> a = {self_, "--worker-shim", "--monitor", monitor_address_,
+                                "--journal", journals_.back(), "--metrics-addr", "127.0.0.1:0",
+                                "--fault-seed", std::to_string(seed_ + 100 + i)};
+  a.insert(a.end(), s_.worker_args.begin(), s_.worker_args.end());
+  procs_.push_back(Proc::Start(a, dir_, "worker" + std::to_string(i)));
+  workers_.push_back(procs_.back().get());
+  auto m = workers_.back()->WaitLine("metrics ", Millis(10000));
+  if (!m) return false;
+  workers_.back()->metrics = *m;
+  return true;
+}
+
+std::vector<Proc*> Runner::All() {
+  std::vector<Proc*> all;
+  for (auto& p : procs_) all.push_back(p.get());
+  return all;
+}
+
+Proc* Runner::Target(const std::string& t) {
+  if (t == "monitor") return monitor_;
+  const auto colon = t.find(':');
+  const size_t i = std::stoul(t.substr(colon + 1));
+  if (t.rfind("shard:", 0) == 0) return i < shards_.size() ? shards_[i] : nullptr;
+  return i < workers_.size() ? workers_[i] : nullptr;
+}
+
+void Runner::Scrape() {
+  for (Proc* p : All()) {
+    if (p->metrics.empty() || !p->Running()) continue;
+    const std::string text = FetchMetrics(p->metrics);
+    if (text.empty()) continue;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      const auto sp = line.rfind(' ');
+      try {
+        const double v = std::stod(line.substr(sp + 1));
+        const std::string key = line.substr(0, sp);
+        auto it = p->seen.find(key);
+        if (it == p->seen.end() || v > it->second) p->seen[key] = v;
+      } catch (const std::exception&) {
+      }
+    }
+  }
+}
+
+// The largest value seen of `name` (summed over series whose key contains
+// every label) in `p`.
+double Seen(const Proc* p, const std::string& name, const std::vector<std::string>& labels = {}) {
+  double sum = 0;
+  for (const auto& [key, v] : p->seen) {
+    if (key.rfind(name, 0) != 0) continue;
+    const char next = key.size() > name.size() ? key[name.size()] : '\0';
+    if (next != '{' && next != '\0') continue;
+    bool all = true;
+    for (const auto& l : labels) all &= key.find(l) != std::string::npos;
+    if (all) sum += v;
+  }
+  return sum;
+}
+
+int Runner::Ctl(const std::vector<std::string>& args, std::string* out) {
+  std::vector<std::string> a = {Bin("pacerctl"), "--monitor", monitor_address_};
+  a.insert(a.end(), args.begin(), args.end());
+  static int n = 0;
+  auto p = Proc::Start(a, dir_, "pacerctl-" + std::to_string(n++));
+  auto rc = p->Wait(Millis(30000));
+  if (out != nullptr) {
+    std::ifstream in(dir_ + "/" + p->name() + ".out");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+  }
+  return rc.value_or(-1);
+}
+
+std::string Runner::FaultTarget(const std::string& t) {
+  if (t.rfind("shard:", 0) == 0) return "server:" + std::to_string(shard_ids_.at(std::stoul(t.substr(6))));
+  if (t.rfind("worker:", 0) == 0) return "worker:" + std::to_string(worker_ids_.at(std::stoul(t.substr(7))));
+  return t;
+}
+
+bool Runner::Do(const Action& a) {
+  const double now = NowUnix();
+  spdlog::info("t+{:.1f}s: {} {} {}", now - t0_, a.what, a.target, a.spec);
+  if (a.what == "kill" || a.what == "terminate") {
+    Proc* p = Target(a.target);
+    if (p == nullptr) return false;
+    if (a.target.rfind("shard:", 0) == 0 && a.what == "kill") {
+      Scrape();
+      const double ckpt = Seen(p, "pacer_shard_checkpoint_last_success_timestamp_seconds");
+      shard_kills_.push_back({std::stoul(a.target.substr(6)), now, ckpt});
+      expect_monitor_.push_back({"pacer_monitor_shard_restarts_total", "shard killed"});
+    }
+    if (a.target.rfind("worker:", 0) == 0 && a.what == "kill") {
+      expect_monitor_.push_back({"pacer_monitor_workers_lost_total", "worker killed"});
+    }
+    p->killed_on_purpose = true;
+    p->Signal(a.what == "kill" ? SIGKILL : SIGTERM);
+    p->Wait(Millis(10000));
+    return true;
+  }
+  if (a.what == "restart") {
+    heals_.push_back(now);
+    if (a.target == "monitor") {
+      if (monitor_->Running()) return false;
+      expect_monitor_.push_back({"pacer_monitor_membership_changes_total{reason=\"restarted\"}",
+                                 "monitor restarted"});
+      return StartMonitor(monitor_address_);
+    }
+    if (a.target.rfind("shard:", 0) == 0) return StartShard(std::stoul(a.target.substr(6)));
+    return false;  // a worker comes back as add-worker
+  }
+  if (a.what == "stop" || a.what == "cont") {
+    Proc* p = Target(a.target);
+    if (p == nullptr) return false;
+    p->Signal(a.what == "stop" ? SIGSTOP : SIGCONT);
+    if (a.what == "cont") heals_.push_back(now);
+    if (a.what == "stop" && a.target.rfind("worker:", 0) == 0) {
+      expect_monitor_.push_back({"pacer_monitor_worker_clock_lag", "worker stopped"});
+    }
+    return true;
+  }
+  if (a.what == "add-worker") {
+    heals_.push_back(now);
+    return StartWorker();
+  }
+  if (a.what == "faults" || a.what == "partition") {
+    Injected inj;
+    inj.what = a.what + " " + a.target;
+    std::string target = a.target, spec = a.spec;
+    if (a.what == "partition") {
+      spec = "partition:for=" + std::to_string(a.seconds);
+      inj.kinds = {"partition"};
+      heals_.push_back(now + a.seconds);
+    } else {
+      auto rules = ParseFaults(spec);
+      for (const auto& r : *rules) {
+        inj.kinds.insert(FaultKindName(r.kind));
+        if (r.lasts > Duration::zero()) heals_.push_back(now + ToSeconds(r.lasts));
+      }
+    }
+    if (target == "all") {
+      inj.procs = All();
+    } else if (target == "server" || target == "worker" || target == "monitor") {
+      for (Proc* p : target == "server" ? shards_ : target == "worker" ? workers_
+                                                                       : std::vector<Proc*>{monitor_}) {
+        inj.procs.push_back(p);
+      }
+    } else {
+      inj.procs.push_back(Target(target));
+    }
+    injected_.push_back(inj);
+    std::string out;
+    const int rc = Ctl({"fault", "set", FaultTarget(target), spec}, &out);
+    if (rc != 0) return false;
+    if (a.what == "partition") {
+      // The others drop what the partitioned process sends them.
+      const std::string id = FaultTarget(target).substr(FaultTarget(target).find(':') + 1);
+      const std::string peers = "partition:peers=" + id + ",for=" + std::to_string(a.seconds);
+      if (Ctl({"fault", "set", "monitor", peers}) != 0) return false;
+      if (Ctl({"fault", "set", target.rfind("shard:", 0) == 0 ? "worker" : "server", peers}) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (a.what == "clear-faults") {
+    heals_.push_back(now);
+    return Ctl({"fault", "clear"}) == 0;
+  }
+  return false;
+}
+
+std::vector<Ack> Runner::Acks(size_t worker) const {
+  std::vector<Ack> acks;
+  std::ifstream in(journals_[worker]);
+  for (std::string line; std::getline(in, line);) {
+    Ack a{};
+    std::istringstream ls(line);
+    if (ls >> a.at >> a.seq >> a.clock) acks.push_back(a);
+  }
+  return acks;
+}
+
+int Runner::Run() {
+  // A directory of an earlier run (it has the marker) is emptied; any other
+  // non-empty one is refused (the monitor would resume a stranger's state).
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir_) && !fs::is_empty(dir_)) {
+    if (!fs::exists(dir_ + "/.pacer-chaos")) {
+      std::fprintf(stderr, "pacer-chaos: --out %s is not empty and not an earlier run's\n",
+                   dir_.c_str());
+      return kExitUsage;
+    }
+    fs::remove_all(dir_, ec);
+  }
+  fs::create_directories(dir_);
+  std::ofstream(dir_ + "/.pacer-chaos") << s_.name << "\n";
+  spdlog::info("scenario {}: {} (seed {}; logs in {})", s_.name, s_.description, seed_, dir_);
+  if (!StartMonitor("tcp://127.0.0.1:0")) {
+    std::fprintf(stderr, "pacer-chaos: the monitor did not start (see %s)\n", dir_.c_str());
+    return kExitFailure;
+  }
+  for (int i = 0; i < s_.shards; ++i) {
+    if (!StartShard(static_cast<size_t>(i))) {
+      std::fprintf(stderr, "pacer-chaos: shard %d did not start (see %s)\n", i, dir_.c_str());
+      return kExitFailure;
+    }
+  }
+  for (int i = 0; i < s_.workers; ++i) {
+    if (!StartWorker()) {
+      std::fprintf(stderr, "pacer-chaos: worker %d did not start (see %s)\n", i, dir_.c_str());
+      return kExitFailure;
+    }
+  }
+  // Training starts: every worker has an acknowledged push.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < workers_.size(); ++i) all &= !Acks(i).empty();
+    if (all) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      std::fprintf(stderr, "pacer-chaos: training did not start in 60 s (see %s)\n", dir_.c_str());
+      return kExitFailure;
+    }
+    std::this_thread::sleep_for(Millis(100));
+  }
+  t0_ = NowUnix();
+  heals_.push_back(t0_);
+  // Ids, for fault targets: shards registered in order; workers print theirs.
+  std::string status;
+  for (Proc* w : workers_) worker_ids_.push_back(std::stoul(w->WaitLine("worker id ", Millis(1000)).value_or("0")));
+  Ctl({"status", "-o", "json"}, &status);
+  const auto j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) {
+    for (const auto& sh : j.value("shards", nlohmann::json::array())) {
+      shard_ids_.push_back(sh.value("id", 0u));
+    }
+  }
+  std::sort(shard_ids_.begin(), shard_ids_.end());  // registration order
+
+  bool actions_ok = true;
+  for (const Action& a : s_.timeline) {
+    while (NowUnix() < t0_ + a.at) {
+      Scrape();
+      std::this_thread::sleep_for(Millis(250));
+    }
+    if (!Do(a)) {
+      actions_ok = false;
+      verdicts_.push_back({"timeline", false, "could not " + a.what + " " + a.target});
+    }
+  }
+  // Until 4 s before the end: scrape; then take the model and let it stop.
+  while (NowUnix() < t0_ + s_.seconds - 4 && monitor_->Running()) {
+    Scrape();
+    std::this_thread::sleep_for(Millis(250));
+  }
+  Scrape();
+  if (s_.invariants.final_accuracy > 0) {
+    std::string out;
+    if (Ctl({"export-model", dir_ + "/final.model"}, &out) == 0) {
+      auto eval = Proc::Start({Bin("pacer-worker"), "--evaluate-model", dir_ + "/final.model"}, dir_,
+                              "evaluate");
+      eval->Wait(Millis(60000));
+      if (auto acc = eval->WaitLine("test accuracy: ", Millis(100))) accuracy_ = std::stod(*acc);
+    }
+  }
+  const double end_of_run = NowUnix();
+  // The job stops at its time cap: everyone must leave by themselves.
+  monitor_->Wait(Millis(static_cast<int64_t>((t0_ + s_.seconds + 30 - NowUnix()) * 1000)));
+  std::vector<std::string> hung;
+  for (Proc* p : All()) {
+    if (p->name().rfind("pacerctl", 0) == 0 || p->name() == "evaluate") continue;
+    if (!p->Wait(Millis(20000)) && !p->killed_on_purpose) hung.push_back(p->name());
+  }
+  for (Proc* p : All()) p->Signal(SIGKILL);
+  (void)end_of_run;
+
+  // --- invariants -------------------------------------------------------------
+  const Invariants& inv = s_.invariants;
+  std::vector<Ack> all_acks;
+  std::vector<std::vector<Ack>> acks;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    acks.push_back(Acks(i));
+    all_acks.insert(all_acks.end(), acks.back().begin(), acks.back().end());
+  }
+  if (inv.progress_within > 0) {
+    Verdict v{"progress after each fault heals", true, ""};
+    for (double h : heals_) {
+      if (h > t0_ + s_.seconds - 2) continue;  // no time left to show progress
+      const double until = std::min(h + inv.progress_within, t0_ + s_.seconds);
+      const bool moved = std::any_of(all_acks.begin(), all_acks.end(),
+                                     [&](const Ack& a) { return a.at > h && a.at <= until; });
+      if (!moved) {
+        v.pass = false;
+        v.detail += fmt::format("no acknowledged push in the {:.0f} s after t+{:.1f}s; ",
+                                until - h, h - t0_);
+      }
+    }
+    if (v.pass) v.detail = fmt::format("{} heal point(s), {} acknowledged pushes", heals_.size(),
+                                       all_acks.size());
+    verdicts_.push_back(v);
+  }
+  if (inv.no_crash) {
+    Verdict v{"no process crashes", true, ""};
+    for (Proc* p : All()) {
+      if (p->killed_on_purpose || p->name().rfind("pacerctl", 0) == 0 || p->name() == "evaluate") continue;
+      if (p->exit_code() && *p->exit_code() != 0 && p->ended() < end_of_run + 60) {
+        v.pass = false;
+        v.detail += fmt::format("{} exited with {}; ", p->name(), *p->exit_code());
+      }
+    }
+    if (v.pass) v.detail = "every process not killed on purpose exited 0";
+    verdicts_.push_back(v);
+  }
+  if (inv.no_hang) {
+    Verdict v{"no process hangs", true, ""};
+    for (const auto& h : hung) {
+      v.pass = false;
+      v.detail += h + " still running 20 s after the job stopped; ";
+    }
+    if (v.pass) v.detail = "every process left after the job stopped";
+    verdicts_.push_back(v);
+  }
+  if (inv.lost_bound) {
+    Verdict v{"lost updates within the bound", true, ""};
+    // Per shard process: what it reported lost, against what the runner saw
+    // acknowledged between that shard's last checkpoint and its kill.
+    for (Proc* p : All()) {
+      if (p->name().rfind("shard", 0) != 0) continue;
+      const double lost = Seen(p, "pacer_shard_lost_updates_total");
+      double bound = 0;
+      if (p->name().find("restarted") != std::string::npos) {
+        const size_t i = std::stoul(p->name().substr(5));
+        for (const Kill& k : shard_kills_) {
+          if (k.shard != i || k.at > p->started()) continue;
+          for (const Ack& a : all_acks) bound += (a.at >= k.checkpoint_at - 1 && a.at <= k.at + 1);
+        }
+      }
+      if (lost > bound) {
+        v.pass = false;
+        v.detail += fmt::format("{} lost {} acknowledged push(es), bound {}; ", p->name(), lost, bound);
+      } else if (lost > 0) {
+        v.detail += fmt::format("{} lost {} (bound {}); ", p->name(), lost, bound);
+      }
+    }
+    if (v.pass && v.detail.empty()) v.detail = "no shard lost an acknowledged push";
+    verdicts_.push_back(v);
+  }
+  if (inv.no_double_apply) {
+    Verdict v{"no push applied twice", true, ""};
+    // A shard folds each acknowledged push in once: what it applied is at
+    // most what was acknowledged while it ran, plus one push per worker in
+    // flight at the end.
+    for (Proc* p : All()) {
+      if (p->name().rfind("shard", 0) != 0) continue;
+      const double applied = Seen(p, "pacer_shard_updates_applied_total");
+      const double until = p->ended() > 0 ? p->ended() : NowUnix();
+      double acked = 0;
+      for (const Ack& a : all_acks) acked += (a.at >= p->started() && a.at <= until + 1);
+      const double slack = static_cast<double>(workers_.size());
+      if (applied > acked + slack) {
+        v.pass = false;
+        v.detail += fmt::format("{} applied {} pushes, {} were acknowledged while it ran; ",
+                                p->name(), applied, acked);
+      }
+    }
+    if (v.pass) v.detail = fmt::format("{} acknowledged pushes, none applied twice", all_acks.size());
+    verdicts_.push_back(v);
+  }
+  if (inv.final_accuracy > 0) {
+    Verdict v{"final test accuracy", true, ""};
+    v.pass = accuracy_ && *accuracy_ >= inv.final_accuracy;
+    v.detail = accuracy_ ? fmt::format("{:.4f} (threshold {})", *accuracy_, inv.final_accuracy)
+                         : "no model could be exported and evaluated";
+    verdicts_.push_back(v);
+  }
+  if (inv.faults_in_metrics) {
+    Verdict v{"every injected fault shows in the metrics", true, ""};
+    for (const Injected& inj : injected_) {
+      double count = 0;
+      for (Proc* p : inj.procs) {
+        for (const auto& k : inj.kinds) count += Seen(p, "pacer_faults_injected_total", {"kind=\"" + k + "\""});
+      }
+      if (count <= 0) {
+        v.pass = false;
+        v.detail += inj.what + ": no pacer_faults_injected_total; ";
+      }
+    }
+    for (const auto& [metric, why] : expect_monitor_) {
+      double count = 0;
+      const auto brace = metric.find('{');
+      const std::string name = metric.substr(0, brace);
+      std::vector<std::string> labels;
+      if (brace != std::string::npos) labels.push_back(metric.substr(brace + 1, metric.size() - brace - 2));
+      for (Proc* p : All()) {
+        if (p->name().rfind("monitor", 0) == 0) count += Seen(p, name, labels);
+      }
+      if (count <= 0) {
+        v.pass = false;
+        v.detail += why + ": " + metric + " never rose; ";
+      }
+    }
+    if (v.pass) v.detail = fmt::format("{} fault(s), {} process event(s) seen", injected_.size(),
+                                       expect_monitor_.size());
+    verdicts_.push_back(v);
+  }
+  (void)actions_ok;
+  Check();
+  return std::all_of(verdicts_.begin(), verdicts_.end(), [](const Verdict& v) { return v.pass; })
+             ? kExitOk
+             : kExitFailure;
+}
+
+void Runner::Check() {
+  std::printf("scenario %s\n", s_.name.c_str());
+  for (const Verdict& v : verdicts_) {
+    std::printf("%s  %s: %s\n", v.pass ? "PASS" : "FAIL", v.name.c_str(), v.detail.c_str());
+  }
+  const bool ok = std::all_of(verdicts_.begin(), verdicts_.end(), [](const Verdict& v) { return v.pass; });
+  std::printf("%s (logs in %s)\n", ok ? "scenario passed" : "scenario FAILED", dir_.c_str());
+  std::fflush(stdout);
+}
+
+// --worker-shim: one worker that journals what it sees acknowledged.
+int WorkerShim(int argc, char** argv) {
+  worker::WorkerOptions opts;
+  std::string journal;
+  MetricsFlags metrics_flags;
+  FaultFlags fault_flags;
+  CLI::App app{"pacer-chaos --worker-shim: internal", "pacer-chaos"};
+  app.add_flag("--worker-shim");
+  app.add_option("--monitor", opts.monitor)->required();
+  app.add_option("--journal", journal)->required();
+  app.add_option("--train-limit", opts.train_limit);
+  app.add_option("--test-limit", opts.test_limit);
+  app.add_option("--slowdown", opts.slowdown);
+  AddMetricsFlags(app, &metrics_flags);
+  AddFaultFlags(app, &fault_flags);
+  if (auto rc = ParseFlags(app, argc, argv)) return *rc;
+  SetupLogging("worker", "info");
+  FILE* j = std::fopen(journal.c_str(), "a");
+  if (j == nullptr) return kExitFailure;
+  opts.registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<MetricsServer> metrics;
+  if (!ServeMetrics(metrics_flags, "worker", opts.registry, &metrics)) return kExitFailure;
+  opts.on_registered = [](uint32_t id, uint32_t) { PrintAddress("worker id", std::to_string(id)); };
+  opts.on_push_acked = [j](uint64_t seq, uint64_t clock, std::span<const uint32_t> samples) {
+    std::fprintf(j, "%.3f %lu %lu %zu\n", NowUnix(), static_cast<unsigned long>(seq),
+                 static_cast<unsigned long>(clock), samples.size());
+    std::fflush(j);
+  };
+  std::shared_ptr<FaultInjector> faults;
+  auto transport = MakeProcessTransport(TransportOptions{}, fault_flags, opts.registry.get(), &faults);
+  if (transport == nullptr) return kExitUsage;
+  opts.faults = faults;
+  worker::Worker w(transport.get(), opts);
+  static worker::Worker* g = &w;
+  std::signal(SIGTERM, [](int) { g->Cancel(); });
+  auto r = w.Run();
+  std::fclose(j);
+  if (!r.ok()) {
+    spdlog::error("{}", r.status().ToString());
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace pacer::chaos
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--worker-shim") return pacer::chaos::WorkerShim(argc, argv);
+  }
+  std::string scenario_path, out, bin_dir;
+  uint64_t seed = 1;
+  CLI::App app{"pacer-chaos: runs a chaos scenario (YAML: the cluster, a timeline of faults, the "
+               "invariants) against a local cluster on 127.0.0.1 and reports PASS or FAIL for "
+               "each invariant. Scenarios ship in deploy/chaos/.",
+               "pacer-chaos"};
+  app.add_option("SCENARIO", scenario_path, "The scenario file (YAML)")->required();
+  app.add_option("--out", out, "Directory for every process's logs and the journals (default: "
+                               "a new one under /tmp)");
+  app.add_option("--seed", seed, "Seed of every process's fault decisions")->capture_default_str();
+  app.add_option("--bin-dir", bin_dir, "Where pacer-monitor, pacer-server, pacer-worker and "
+                                       "pacerctl are (default: next to pacer-chaos, or the build "
+                                       "tree's folders)");
+  if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
+  pacer::SetupLogging("chaos", "info");
+  std::ifstream in(scenario_path);
+  if (!in) {
+    std::fprintf(stderr, "pacer-chaos: cannot read %s\n", scenario_path.c_str());
+    return pacer::kExitUsage;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto s = pacer::chaos::ParseScenario(text.str());
+  if (!s.ok()) {
+    std::fprintf(stderr, "pacer-chaos: %s: %s\n", scenario_path.c_str(),
+                 std::string(s.status().message()).c_str());
+    return pacer::kExitUsage;
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return pacer::kExitFailure;
+  self[n] = '\0';
+  if (bin_dir.empty()) bin_dir = std::filesystem::path(self).parent_path().string();
+  if (out.empty()) {
+    char tmpl[] = "/tmp/pacer-chaos.XXXXXX";
+    out = mkdtemp(tmpl);
+  }
+  pacer::chaos::Runner runner(*s, out, bin_dir, self, seed);
+  return runner.Run();
+}

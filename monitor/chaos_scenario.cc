@@ -1,0 +1,209 @@
+#include "monitor/chaos_scenario.h"
+
+#include <algorithm>
+#include <set>
+
+#include "ps/fault.h"
+#include "yaml-cpp/yaml.h"
+
+namespace pacer::chaos {
+
+bool Action::Heals() const {
+  return what == "restart" || what == "cont" || what == "clear-faults" || what == "add-worker";
+}
+
+namespace {
+
+// Reads `node` as T; an error names `where`.
+template <class T>
+absl::Status Read(const YAML::Node& node, const std::string& where, T* out) {
+  try {
+    *out = node.as<T>();
+    return absl::OkStatus();
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(where + ": " + e.msg);
+  }
+}
+
+absl::Status CheckKeys(const YAML::Node& node, const std::string& where,
+                       const std::set<std::string>& allowed) {
+  if (!node.IsMap()) return absl::InvalidArgumentError(where + ": expected a mapping");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (!allowed.count(key)) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      return absl::InvalidArgumentError(where + ": unknown key '" + key + "' (" + list + ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "shard:I" / "worker:I" with I < count, or "monitor" when allowed.
+bool ValidProcess(const std::string& t, int shards, int workers, bool monitor_ok) {
+  if (t == "monitor") return monitor_ok;
+  for (const auto& [role, n] : {std::pair<std::string, int>{"shard:", shards}, {"worker:", workers}}) {
+    if (t.rfind(role, 0) == 0 && t.size() > role.size() &&
+        t.find_first_not_of("0123456789", role.size()) == std::string::npos) {
+      return std::stoi(t.substr(role.size())) < n;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError("not YAML: " + e.msg);
+  }
+  Scenario s;
+  if (auto st = CheckKeys(root, "scenario",
+                          {"name", "description", "seconds", "cluster", "timeline", "invariants"});
+      !st.ok()) {
+    return st;
+  }
+  if (!root["name"]) return absl::InvalidArgumentError("scenario: 'name' is required");
+  if (auto st = Read(root["name"], "name", &s.name); !st.ok()) return st;
+  if (root["description"]) {
+    if (auto st = Read(root["description"], "description", &s.description); !st.ok()) return st;
+  }
+  if (root["seconds"]) {
+    if (auto st = Read(root["seconds"], "seconds", &s.seconds); !st.ok()) return st;
+  }
+  if (s.seconds <= 0 || s.seconds > 600) {
+    return absl::InvalidArgumentError("seconds: must be in (0, 600]");
+  }
+  if (const YAML::Node c = root["cluster"]) {
+    if (auto st = CheckKeys(c, "cluster",
+                            {"shards", "workers", "mode", "checkpoint_interval", "monitor_args",
+                             "shard_args", "worker_args"});
+        !st.ok()) {
+      return st;
+    }
+    for (const auto& [key, out] : {std::pair<const char*, int*>{"shards", &s.shards},
+                                   {"workers", &s.workers}}) {
+      if (c[key]) {
+        if (auto st = Read(c[key], std::string("cluster.") + key, out); !st.ok()) return st;
+      }
+    }
+    if (c["mode"]) {
+      if (auto st = Read(c["mode"], "cluster.mode", &s.mode); !st.ok()) return st;
+    }
+    if (c["checkpoint_interval"]) {
+      if (auto st = Read(c["checkpoint_interval"], "cluster.checkpoint_interval",
+                         &s.checkpoint_interval);
+          !st.ok()) {
+        return st;
+      }
+    }
+    for (const auto& [key, out] :
+         {std::pair<const char*, std::vector<std::string>*>{"monitor_args", &s.monitor_args},
+          {"shard_args", &s.shard_args},
+          {"worker_args", &s.worker_args}}) {
+      if (c[key]) {
+        if (auto st = Read(c[key], std::string("cluster.") + key, out); !st.ok()) return st;
+      }
+    }
+  }
+  if (s.shards < 1 || s.shards > 8) return absl::InvalidArgumentError("cluster.shards: 1..8");
+  if (s.workers < 1 || s.workers > 8) return absl::InvalidArgumentError("cluster.workers: 1..8");
+
+  int workers_ever = s.workers;  // add-worker makes more
+  if (const YAML::Node t = root["timeline"]) {
+    if (!t.IsSequence()) return absl::InvalidArgumentError("timeline: expected a list");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string where = "timeline[" + std::to_string(i) + "]";
+      if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds"}); !st.ok()) {
+        return st;
+      }
+      Action a;
+      if (!t[i]["at"] || !t[i]["do"]) {
+        return absl::InvalidArgumentError(where + ": 'at' and 'do' are required");
+      }
+      if (auto st = Read(t[i]["at"], where + ".at", &a.at); !st.ok()) return st;
+      if (auto st = Read(t[i]["do"], where + ".do", &a.what); !st.ok()) return st;
+      if (t[i]["target"]) {
+        if (auto st = Read(t[i]["target"], where + ".target", &a.target); !st.ok()) return st;
+      }
+      if (t[i]["spec"]) {
+        if (auto st = Read(t[i]["spec"], where + ".spec", &a.spec); !st.ok()) return st;
+      }
+      if (t[i]["seconds"]) {
+        if (auto st = Read(t[i]["seconds"], where + ".seconds", &a.seconds); !st.ok()) return st;
+      }
+      if (a.at < 0 || a.at >= s.seconds) {
+        return absl::InvalidArgumentError(where + ".at: must be within the scenario's seconds");
+      }
+      const std::set<std::string> process_actions = {"kill", "restart", "stop", "cont", "terminate"};
+      if (process_actions.count(a.what)) {
+        if (!ValidProcess(a.target, s.shards, workers_ever, a.what != "terminate")) {
+          return absl::InvalidArgumentError(where + ".target: '" + a.target +
+                                            "' is not shard:I, worker:I or monitor of this cluster");
+        }
+      } else if (a.what == "add-worker") {
+        ++workers_ever;
+      } else if (a.what == "faults") {
+        if (a.target.empty() || a.spec.empty()) {
+          return absl::InvalidArgumentError(where + ": faults needs a target and a spec");
+        }
+        auto rules = ParseFaults(a.spec);
+        if (!rules.ok()) return absl::InvalidArgumentError(where + ".spec: " + std::string(rules.status().message()));
+        const bool role = a.target == "all" || a.target == "monitor" || a.target == "server" ||
+                          a.target == "worker";
+        if (!role && !ValidProcess(a.target, s.shards, workers_ever, false)) {
+          return absl::InvalidArgumentError(where + ".target: '" + a.target +
+                                            "' is not all, monitor, server, worker, shard:I or worker:I");
+        }
+      } else if (a.what == "clear-faults") {
+      } else if (a.what == "partition") {
+        if (!ValidProcess(a.target, s.shards, workers_ever, false) || a.seconds <= 0) {
+          return absl::InvalidArgumentError(where + ": partition needs a target shard:I or "
+                                                    "worker:I and seconds > 0");
+        }
+      } else {
+        return absl::InvalidArgumentError(where + ".do: unknown action '" + a.what +
+                                          "' (kill, restart, stop, cont, terminate, add-worker, "
+                                          "faults, clear-faults, partition)");
+      }
+      s.timeline.push_back(std::move(a));
+    }
+  }
+  std::stable_sort(s.timeline.begin(), s.timeline.end(),
+                   [](const Action& a, const Action& b) { return a.at < b.at; });
+
+  if (const YAML::Node inv = root["invariants"]) {
+    if (auto st = CheckKeys(inv, "invariants",
+                            {"progress_within", "final_accuracy", "no_crash", "no_hang",
+                             "lost_bound", "no_double_apply", "faults_in_metrics"});
+        !st.ok()) {
+      return st;
+    }
+    Invariants& v = s.invariants;
+    for (const auto& [key, out] : {std::pair<const char*, double*>{"progress_within", &v.progress_within},
+                                   {"final_accuracy", &v.final_accuracy}}) {
+      if (inv[key]) {
+        if (auto st = Read(inv[key], std::string("invariants.") + key, out); !st.ok()) return st;
+      }
+    }
+    for (const auto& [key, out] : {std::pair<const char*, bool*>{"no_crash", &v.no_crash},
+                                   {"no_hang", &v.no_hang},
+                                   {"lost_bound", &v.lost_bound},
+                                   {"no_double_apply", &v.no_double_apply},
+                                   {"faults_in_metrics", &v.faults_in_metrics}}) {
+      if (inv[key]) {
+        if (auto st = Read(inv[key], std::string("invariants.") + key, out); !st.ok()) return st;
+      }
+    }
+    if (v.progress_within <= 0) return absl::InvalidArgumentError("invariants.progress_within: > 0");
+    if (v.final_accuracy < 0 || v.final_accuracy > 1) {
+      return absl::InvalidArgumentError("invariants.final_accuracy: 0..1");
+    }
+  }
+  return s;
+}
+
+}  // namespace pacer::chaos
