@@ -39,6 +39,9 @@ struct WorkerMark {
 };
 
 struct ShardSnapshot {
+  // When the state was captured (Unix seconds; not stored): a checkpoint's
+  // age is that of the state it holds, not of its write.
+  double taken_unix = 0;
   uint64_t job_id = 0;
   uint32_t shard_id = 0;
   uint64_t map_version = 0;

@@ -17,6 +17,7 @@ const char* FaultKindName(FaultKind kind) {
     case FaultKind::kReorder: return "reorder";
     case FaultKind::kCorrupt: return "corrupt";
     case FaultKind::kPartition: return "partition";
+    case FaultKind::kSlowDisk: return "slow_disk";
   }
   return "?";
 }
@@ -24,7 +25,8 @@ const char* FaultKindName(FaultKind kind) {
 namespace {
 
 constexpr FaultKind kKinds[] = {FaultKind::kDrop,    FaultKind::kDelay,   FaultKind::kDuplicate,
-                                FaultKind::kReorder, FaultKind::kCorrupt, FaultKind::kPartition};
+                                FaultKind::kReorder, FaultKind::kCorrupt, FaultKind::kPartition,
+                                FaultKind::kSlowDisk};
 
 bool ParseNumber(const std::string& s, double* out) {
   try {
@@ -57,7 +59,7 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec) {
     }
     if (!known) {
       return absl::InvalidArgumentError("fault '" + text + "': unknown kind '" + kind +
-                                        "' (drop, delay, duplicate, reorder, corrupt, partition)");
+                                        "' (drop, delay, duplicate, reorder, corrupt, partition, slow_disk)");
     }
     if (colon != std::string::npos) {
       const std::vector<std::string> items = absl::StrSplit(text.substr(colon + 1), ',', absl::SkipEmpty());
@@ -74,8 +76,8 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec) {
           }
           r.probability = v;
         } else if (key == "ms" || key == "jitter") {
-          if (r.kind != FaultKind::kDelay) {
-            return absl::InvalidArgumentError("fault '" + text + "': " + key + " is for delay only");
+          if (r.kind != FaultKind::kDelay && r.kind != FaultKind::kSlowDisk) {
+            return absl::InvalidArgumentError("fault '" + text + "': " + key + " is for delay and slow_disk only");
           }
           if (!ParseNumber(value, &v) || v < 0 || v > 600000) {
             return absl::InvalidArgumentError("fault '" + text + "': " + key +
@@ -128,7 +130,7 @@ std::string FaultsToString(const std::vector<FaultRule>& rules) {
     const FaultRule& r = rules[i];
     if (i > 0) out << ';';
     out << FaultKindName(r.kind) << ":p=" << r.probability;
-    if (r.kind == FaultKind::kDelay) {
+    if (r.kind == FaultKind::kDelay || r.kind == FaultKind::kSlowDisk) {
       out << ",ms=" << ToSeconds(r.delay) * 1000 << ",jitter=" << ToSeconds(r.jitter) * 1000;
     }
     if (!r.types.empty()) {
@@ -188,6 +190,7 @@ FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
   const auto age = std::chrono::steady_clock::now() - set_at_;
   for (const FaultRule& r : rules_) {
     if (r.lasts > Duration::zero() && age >= r.lasts) continue;  // over
+    if (r.kind == FaultKind::kSlowDisk) continue;                 // not a message fault
     if (env == nullptr) {
       // Only a partition from everyone covers a message we cannot read.
       if (r.kind != FaultKind::kPartition || !r.peers.empty() || !r.types.empty()) continue;
@@ -212,12 +215,34 @@ FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
       case FaultKind::kDuplicate: d.duplicate = true; break;
       case FaultKind::kReorder: d.reorder = true; break;
       case FaultKind::kCorrupt: d.corrupt = true; break;
+      case FaultKind::kSlowDisk: break;
     }
     ++counts_[r.kind];
     if (auto it = counters_.find(r.kind); it != counters_.end()) it->second->Increment();
     if (d.drop) break;  // nothing else matters for a dropped message
   }
   return d;
+}
+
+Duration FaultInjector::DiskDelay() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto age = std::chrono::steady_clock::now() - set_at_;
+  Duration total{};
+  for (const FaultRule& r : rules_) {
+    if (r.kind != FaultKind::kSlowDisk) continue;
+    if (r.lasts > Duration::zero() && age >= r.lasts) continue;
+    if (r.probability < 1.0 && std::uniform_real_distribution<double>(0, 1)(rng_) >= r.probability) {
+      continue;
+    }
+    Duration extra{};
+    if (r.jitter > Duration::zero()) {
+      extra = Duration(std::uniform_int_distribution<int64_t>(0, r.jitter.count() - 1)(rng_));
+    }
+    total += r.delay + extra;
+    ++counts_[r.kind];
+    if (auto it = counters_.find(r.kind); it != counters_.end()) it->second->Increment();
+  }
+  return total;
 }
 
 void FaultInjector::Corrupt(Frames& frames, size_t first) {

@@ -29,7 +29,9 @@
 
 namespace pacer {
 
-enum class FaultKind { kDrop, kDelay, kDuplicate, kReorder, kCorrupt, kPartition };
+// kSlowDisk is not a message fault: a shard's checkpoint writes take `ms`
+// (plus jitter) longer (DiskDelay).
+enum class FaultKind { kDrop, kDelay, kDuplicate, kReorder, kCorrupt, kPartition, kSlowDisk };
 const char* FaultKindName(FaultKind kind);
 
 // One rule. A message matches when its type is in `types` (empty: any) and,
@@ -50,9 +52,10 @@ struct FaultRule {
 // Parses rules: "KIND[:KEY=VALUE,...]" joined by ';', e.g.
 //   "drop:p=0.1"  "delay:ms=200,jitter=50"  "duplicate:p=0.2;reorder:p=0.2"
 //   "corrupt:p=0.05,type=Push"  "partition:peers=3|4"
-// KIND: drop, delay, duplicate, reorder, corrupt, partition. Keys: p (0..1,
-// default 1), type (message types joined by '|', e.g. Push|Pull), peers
-// (sender ids joined by '|'), ms and jitter (milliseconds, delay only),
+// KIND: drop, delay, duplicate, reorder, corrupt, partition, slow_disk. Keys:
+// p (0..1, default 1), type (message types joined by '|', e.g. Push|Pull),
+// peers (sender ids joined by '|'), ms and jitter (milliseconds; delay and
+// slow_disk),
 // for (seconds until the rule ends by itself).
 // An empty string is no rules. InvalidArgument names what is wrong.
 absl::StatusOr<std::vector<FaultRule>> ParseFaults(const std::string& spec);
@@ -81,6 +84,9 @@ class FaultInjector {
   // `env` is the message's envelope, or null when it has none that parses
   // (such a message is only ever dropped by a partition without peers).
   Decision Decide(const Envelope* env);
+  // slow_disk: how much longer this checkpoint write must take (counted
+  // when not zero).
+  Duration DiskDelay();
   // Flips one byte, chosen by the RNG, in frames[first..] (copying it).
   void Corrupt(Frames& frames, size_t first);
   double injected(FaultKind kind) const;

@@ -132,12 +132,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                             .Add({});
     s->m_ckpt_age_ = &prometheus::BuildGauge()
                           .Name("pacer_shard_checkpoint_age_seconds")
-                          .Help("Seconds since the last successful checkpoint (since start when none)")
+                          .Help("Age of the state in the last successful checkpoint, in seconds "
+                                "(since start when none)")
                           .Register(r)
                           .Add({});
     s->m_ckpt_last_ = &prometheus::BuildGauge()
                            .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
-                           .Help("Unix time of the last successful checkpoint (0: none yet)")
+                           .Help("Unix time the state in the last successful checkpoint was "
+                                 "captured (0: none yet)")
                            .Register(r)
                            .Add({});
     prometheus::BuildGauge()
@@ -200,6 +202,11 @@ void ShardServer::WriterLoop() {
 
 void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (options_.faults) {
+    // Injected slow disk I/O (fault slow_disk): the write takes longer.
+    const Duration slow = options_.faults->DiskDelay();
+    if (slow > Duration::zero()) std::this_thread::sleep_for(slow);
+  }
   absl::StatusOr<uint64_t> bytes = store_->Save(snap);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!bytes.ok()) {
@@ -210,7 +217,7 @@ void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
   m_ckpt_ok_->Increment();
   m_ckpt_seconds_->Observe(seconds);
   m_ckpt_bytes_->Set(static_cast<double>(*bytes));
-  last_success_unix_ = UnixSeconds();
+  last_success_unix_ = snap.taken_unix > 0 ? snap.taken_unix : UnixSeconds();
   m_ckpt_last_->Set(last_success_unix_);
   SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", id_,
                snap.applied_clock, *bytes, seconds);
@@ -230,7 +237,9 @@ void ShardServer::MaybeCheckpoint(bool final) {
     writer_cv_.notify_all();
     if (writer_thread_.joinable()) writer_thread_.join();
     const auto t0 = std::chrono::steady_clock::now();
-    SaveSnapshot(core_->Snapshot());
+    ShardSnapshot snap = core_->Snapshot();
+    snap.taken_unix = UnixSeconds();
+    SaveSnapshot(snap);
     spdlog::info("shard {}: final checkpoint at applied clock {} in {:.3f} s", id_,
                  core_->applied_clock(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -254,6 +263,7 @@ void ShardServer::MaybeCheckpoint(bool final) {
     writer_busy_ = true;
     // Shares the buffers: the copy-free hand-over that keeps this cheap.
     to_write_ = core_->Snapshot();
+    to_write_->taken_unix = UnixSeconds();
   }
   writer_cv_.notify_all();
   last_checkpoint_ = now;

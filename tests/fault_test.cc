@@ -102,7 +102,7 @@ TEST(ParseFaultsTest, RejectsBadRulesWithTheReason) {
   for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
            {"explode", "unknown kind"},
            {"drop:p=2", "p must be"},
-           {"drop:ms=5", "delay only"},
+           {"drop:ms=5", "delay and slow_disk only"},
            {"drop:type=Nope", "unknown message type"},
            {"partition:peers=x", "not an id"},
            {"drop:colour=red", "unknown key"},
@@ -226,6 +226,16 @@ TEST_F(FaultTest, ARuleWithForEndsByItself) {
   EXPECT_EQ(Received(), (std::vector<uint64_t>{2}));
 }
 
+TEST_F(FaultTest, SlowDiskDelaysCheckpointsNotMessages) {
+  Rules("slow_disk:ms=300,jitter=10");
+  Send(7, 1, 2);
+  EXPECT_EQ(Received(), (std::vector<uint64_t>{1, 2}));
+  const Duration d = faults_->DiskDelay();
+  EXPECT_GE(d, milliseconds(300));
+  EXPECT_LT(d, milliseconds(310));
+  EXPECT_EQ(faults_->injected(FaultKind::kSlowDisk), 1);
+}
+
 TEST_F(FaultTest, CountersStartAtZeroForEveryKind) {
   int kinds = 0;
   for (const auto& family : registry_.Collect()) {
@@ -235,7 +245,7 @@ TEST_F(FaultTest, CountersStartAtZeroForEveryKind) {
       ++kinds;
     }
   }
-  EXPECT_EQ(kinds, 6);
+  EXPECT_EQ(kinds, 7);
 }
 
 }  // namespace
