@@ -47,7 +47,11 @@ struct Ctl {
   // The monitor's status reply (kept alive in `out`).
   absl::StatusOr<const pacer::wire::StatusReply*> Status(pacer::Decoded* out) {
     flatbuffers::FlatBufferBuilder fbb(64);
+    // A status request is safe to repeat: resend it if it goes missing.
+    const pacer::Duration before = monitor->options().resend_after;
+    monitor->options().resend_after = std::chrono::seconds(1);
     auto reply = monitor->Call(fbb, pacer::wire::CreateStatusRequest(fbb), Deadline());
+    monitor->options().resend_after = before;
     if (!reply.ok()) return reply.status();
     if (reply->type() != pacer::wire::Body::StatusReply) {
       return absl::InternalError(std::string("the monitor answered with ") +
@@ -235,6 +239,9 @@ int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
 // pacerctl fault set|clear|list: the monitor's run-time fault table.
 int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
                  const std::string& spec) {
+  // Setting the same table twice does no harm: resend lost requests (a
+  // fault table with message loss also drops pacerctl's own messages).
+  ctl.monitor->options().resend_after = std::chrono::seconds(1);
   pacer::Decoded d;
   if (auto st = ctl.Status(&d); !st.ok()) {  // learns the job id
     std::fprintf(stderr, "pacerctl: %s\n", st.status().ToString().c_str());

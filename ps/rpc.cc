@@ -67,10 +67,19 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::Match(const Frames& frames, u
 }
 
 absl::StatusOr<Decoded> RpcChannel::Wait(uint64_t request_id, TimePoint deadline) {
+  const Clock* clock = transport_->clock();
+  TimePoint resend = options_.resend_after > Duration::zero() ? clock->Now() + options_.resend_after
+                                                              : TimePoint::max();
   for (;;) {
     Frames frames;
-    absl::StatusOr<bool> got = transport_->Recv(socket_.get(), &frames, deadline);
+    absl::StatusOr<bool> got = transport_->Recv(socket_.get(), &frames, std::min(deadline, resend));
     if (!got.ok()) return got.status();
+    if (!*got && clock->Now() < deadline) {
+      // Lost on the way, there or back: the same request again.
+      if (absl::Status s = Resend(); !s.ok()) return s;
+      resend = clock->Now() + options_.resend_after;
+      continue;
+    }
     if (!*got) {
       return absl::DeadlineExceededError("no reply from " + address_ + " for request " +
                                          std::to_string(request_id));

@@ -27,6 +27,9 @@ struct RpcOptions {
   bool check_crc = true;
   // When false the job id of replies is not checked (before registration).
   bool check_job = true;
+  // Wait sends the request again (same id) after this long without a reply,
+  // until its deadline; zero: never. For idempotent requests only.
+  Duration resend_after{};
 };
 
 // Used by one thread at a time.
