@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "ps/rpc.h"
 #include "ps/transport.h"
 #include "ps/wire.h"
 
@@ -130,6 +131,8 @@ class FakeShard {
   std::function<void(const Request&)> on_request;
   // When set, every request is answered with this error instead.
   std::optional<wire::ErrorCode> fail_with;
+  // How many requests get fail_with (-1: all), the rest a normal answer.
+  int fail_times = -1;
   // When false, requests are read and recorded but never answered.
   bool reply = true;
 
@@ -202,7 +205,10 @@ class FakeShard {
     env.job_id = kJob;
     env.sender = 1;
     env.request_id = d.env.request_id;
-    if (fail_with) return EncodeError(d.env, 1, *fail_with, "fake shard refuses");
+    if (fail_with && fail_times != 0) {
+      if (fail_times > 0) --fail_times;
+      return EncodeError(d.env, 1, *fail_with, "fake shard refuses");
+    }
     flatbuffers::FlatBufferBuilder fbb;
     switch (r.type) {
       case wire::Body::Pull: {
@@ -347,6 +353,68 @@ TEST_F(PsClientTest, ShardErrorBecomesStatusWithWireCode) {
   EXPECT_NE(applied.status().message().find("mem://b"), std::string_view::npos) << applied.status();
   // NotOwner: keys moved; Aborted tells the caller to take the newer map.
   EXPECT_EQ(applied.status().code(), absl::StatusCode::kAborted) << applied.status();
+}
+
+// RpcOptions::resend_after: a request lost on the way is sent again (same
+// id) until answered; without it the caller waits out its deadline.
+TEST(RpcResendTest, ALostRequestIsSentAgainUntilAnswered) {
+  auto transport = MakeInProcTransport();
+  auto server = transport->Bind("mem://rpc");
+  ASSERT_TRUE(server.ok());
+  std::vector<uint64_t> ids;
+  std::thread peer([&] {
+    // Ignores the first copy (as if lost), answers the second.
+    for (int seen = 0; seen < 2;) {
+      Frames f;
+      auto got = transport->Recv(server->get(), &f, transport->clock()->Now() + seconds(3));
+      if (!got.ok() || !*got) return;
+      ++seen;
+      Frame who = f[0];
+      f.erase(f.begin());
+      Decoded d;
+      DecodeError err;
+      DecodeOptions dopts;
+      dopts.check_job = false;
+      ASSERT_TRUE(Decode(f, dopts, &d, &err)) << err.reason;
+      ids.push_back(d.env.request_id);
+      if (seen < 2) continue;
+      flatbuffers::FlatBufferBuilder fbb(64);
+      Frames answer = EncodeBody(d.env, fbb, wire::CreateAck(fbb));
+      answer.insert(answer.begin(), who);
+      ASSERT_TRUE((*server)->Send(std::move(answer)).ok());
+    }
+  });
+  RpcOptions o;
+  o.check_job = false;
+  o.resend_after = milliseconds(100);
+  auto channel = RpcChannel::Connect(transport.get(), "mem://rpc", o);
+  ASSERT_TRUE(channel.ok());
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto reply = (*channel)->Call(fbb, wire::CreateStatusRequest(fbb),
+                                transport->clock()->Now() + seconds(2));
+  peer.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[0], ids[1]) << "a resend is the same request";
+}
+
+// A shard that found our push damaged (bad CRC) applied nothing: the client
+// sends the same push again at once instead of failing.
+TEST_F(PsClientTest, DamagedPushIsSentAgainNotAnError) {
+  b_.fail_with = wire::ErrorCode::BadCrc;
+  b_.fail_times = 1;
+  a_.Start(1);
+  b_.Start(2);
+  auto client = MakeClient();
+  ASSERT_NE(client, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status pushed = client->Push(0, 8);
+  a_.Join();
+  b_.Join();
+  EXPECT_TRUE(pushed.ok()) << pushed;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(1)) << "waited for the resend timer";
+  ASSERT_EQ(b_.requests().size(), 2u);
+  EXPECT_EQ(b_.requests()[1].floats, b_.requests()[0].floats);
 }
 
 // The spec's concurrency requirement: "Shard A holds its reply until shard B
