@@ -475,14 +475,12 @@ int Runner::Run() {
   }
   std::sort(shard_ids_.begin(), shard_ids_.end());  // registration order
 
-  bool actions_ok = true;
   for (const Action& a : s_.timeline) {
     while (NowUnix() < t0_ + a.at) {
       Scrape();
       std::this_thread::sleep_for(Millis(250));
     }
     if (!Do(a)) {
-      actions_ok = false;
       verdicts_.push_back({"timeline", false, "could not " + a.what + " " + a.target});
     }
   }
@@ -510,7 +508,6 @@ int Runner::Run() {
     if (!p->Wait(Millis(20000)) && !p->killed_on_purpose) hung.push_back(p->name());
   }
   for (Proc* p : All()) p->Signal(SIGKILL);
-  (void)end_of_run;
 
   // --- invariants -------------------------------------------------------------
   const Invariants& inv = s_.invariants;
@@ -641,7 +638,6 @@ int Runner::Run() {
                                        expect_monitor_.size());
     verdicts_.push_back(v);
   }
-  (void)actions_ok;
   Check();
   return std::all_of(verdicts_.begin(), verdicts_.end(), [](const Verdict& v) { return v.pass; })
              ? kExitOk

@@ -184,6 +184,20 @@ double FaultInjector::injected(FaultKind kind) const {
   return it == counts_.end() ? 0 : it->second;
 }
 
+bool FaultInjector::Hit(const FaultRule& r) {
+  if (r.probability < 1.0 && std::uniform_real_distribution<double>(0, 1)(rng_) >= r.probability) {
+    return false;
+  }
+  ++counts_[r.kind];
+  if (auto it = counters_.find(r.kind); it != counters_.end()) it->second->Increment();
+  return true;
+}
+
+Duration FaultInjector::DelayOf(const FaultRule& r) {
+  if (r.jitter <= Duration::zero()) return r.delay;
+  return r.delay + Duration(std::uniform_int_distribution<int64_t>(0, r.jitter.count() - 1)(rng_));
+}
+
 FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
   Decision d;
   std::lock_guard<std::mutex> lock(mu_);
@@ -198,27 +212,16 @@ FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
       if (!r.types.empty() && !r.types.count(env->type)) continue;
       if (!r.peers.empty() && !r.peers.count(env->sender)) continue;
     }
-    if (r.probability < 1.0 && std::uniform_real_distribution<double>(0, 1)(rng_) >= r.probability) {
-      continue;
-    }
+    if (!Hit(r)) continue;
     switch (r.kind) {
       case FaultKind::kDrop:
       case FaultKind::kPartition: d.drop = true; break;
-      case FaultKind::kDelay: {
-        Duration extra{};
-        if (r.jitter > Duration::zero()) {
-          extra = Duration(std::uniform_int_distribution<int64_t>(0, r.jitter.count() - 1)(rng_));
-        }
-        d.delay += r.delay + extra;
-        break;
-      }
+      case FaultKind::kDelay: d.delay += DelayOf(r); break;
       case FaultKind::kDuplicate: d.duplicate = true; break;
       case FaultKind::kReorder: d.reorder = true; break;
       case FaultKind::kCorrupt: d.corrupt = true; break;
       case FaultKind::kSlowDisk: break;
     }
-    ++counts_[r.kind];
-    if (auto it = counters_.find(r.kind); it != counters_.end()) it->second->Increment();
     if (d.drop) break;  // nothing else matters for a dropped message
   }
   return d;
@@ -231,16 +234,7 @@ Duration FaultInjector::DiskDelay() {
   for (const FaultRule& r : rules_) {
     if (r.kind != FaultKind::kSlowDisk) continue;
     if (r.lasts > Duration::zero() && age >= r.lasts) continue;
-    if (r.probability < 1.0 && std::uniform_real_distribution<double>(0, 1)(rng_) >= r.probability) {
-      continue;
-    }
-    Duration extra{};
-    if (r.jitter > Duration::zero()) {
-      extra = Duration(std::uniform_int_distribution<int64_t>(0, r.jitter.count() - 1)(rng_));
-    }
-    total += r.delay + extra;
-    ++counts_[r.kind];
-    if (auto it = counters_.find(r.kind); it != counters_.end()) it->second->Increment();
+    if (Hit(r)) total += DelayOf(r);
   }
   return total;
 }

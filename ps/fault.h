@@ -92,6 +92,11 @@ class FaultInjector {
   double injected(FaultKind kind) const;
 
  private:
+  // With mu_ held: whether `r` strikes this time (counted when it does),
+  // and its delay, jitter drawn.
+  bool Hit(const FaultRule& r);
+  Duration DelayOf(const FaultRule& r);
+
   const uint64_t seed_;
   std::atomic<bool> any_{false};
   mutable std::mutex mu_;

@@ -81,21 +81,4 @@ std::optional<double> MetricValue(const std::string& exposition, const std::stri
   return std::nullopt;
 }
 
-double MetricSum(const std::string& exposition, const std::string& name,
-                 const std::vector<std::string>& labels) {
-  double sum = 0;
-  std::istringstream in(exposition);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#' || line.rfind(name, 0) != 0) continue;
-    char next = line.size() > name.size() ? line[name.size()] : '\0';
-    if (next != '{' && next != ' ') continue;
-    std::string label_part;
-    if (next == '{') label_part = line.substr(name.size(), line.find('}') - name.size() + 1);
-    bool all = true;
-    for (const auto& l : labels) all &= label_part.find(l) != std::string::npos;
-    if (all) sum += std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
-}
-
 }  // namespace pacer

@@ -25,9 +25,6 @@ std::string UrlEncode(const std::string& s);
 // `k="v"` in `labels` (e.g. {"reason=\"bad_crc\""}), or nullopt.
 std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
                                   const std::vector<std::string>& labels = {});
-// The sum of every sample named `name` matching `labels` (0 when none).
-double MetricSum(const std::string& exposition, const std::string& name,
-                 const std::vector<std::string>& labels = {});
 
 }  // namespace pacer
 
