@@ -833,7 +833,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     result.compute_seconds += compute_seconds;
     result.communication_seconds += communication;
     result.wait_seconds += waited;
-    result.last_batch = push_batch;
+    result.last_batch = static_cast<uint32_t>(batch);  // the assignment, not a short tail
     ++clock;
     ++result.clocks;
     result.samples += this_batch;

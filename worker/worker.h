@@ -83,7 +83,7 @@ struct WorkerResult {
   uint32_t rank = 0;
   uint64_t clocks = 0;        // iterations completed
   uint64_t samples = 0;       // training samples processed
-  uint32_t last_batch = 0;    // the batch size of the last iteration
+  uint32_t last_batch = 0;    // the batch size assigned at the last iteration (an epoch tail trains fewer)
   double compute_seconds = 0; // time computing (slowdown included)
   double wait_seconds = 0;    // time parked on the consistency rule
   double communication_seconds = 0;  // push + pull, less waiting
