@@ -26,7 +26,6 @@ absl::StatusOr<std::vector<Slice>> SplitByShard(std::span<const wire::KeyLen> ke
   std::vector<Slice> slices(map.shards.size());
   for (size_t s = 0; s < slices.size(); ++s) slices[s].shard = s;
   size_t offset = 0;
-  size_t last_shard = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     size_t s = 0;
     while (s < map.shards.size() && !map.shards[s].range.Contains(keys[i].key())) ++s;
@@ -34,10 +33,12 @@ absl::StatusOr<std::vector<Slice>> SplitByShard(std::span<const wire::KeyLen> ke
       return absl::FailedPreconditionError("key " + std::to_string(keys[i].key()) +
                                            " has no shard in map v" + std::to_string(map.version));
     }
-    if (s < last_shard || (slices[s].num_keys > 0 && slices[s].first_key + slices[s].num_keys != i)) {
-      return absl::InvalidArgumentError("shard ranges are not contiguous in key order");
+    // The map lists shards in any order (a shard added mid-run comes last
+    // whatever range it took); each one's keys must be one run.
+    if (slices[s].num_keys > 0 && slices[s].first_key + slices[s].num_keys != i) {
+      return absl::InvalidArgumentError("shard " + std::to_string(map.shards[s].id) +
+                                        "'s keys are not contiguous in key order");
     }
-    last_shard = s;
     if (slices[s].num_keys == 0) {
       slices[s].first_key = i;
       slices[s].offset = offset;

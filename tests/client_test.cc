@@ -69,6 +69,25 @@ TEST(SplitByShardTest, ContiguousSlicesWithOffsets) {
   EXPECT_EQ(c.length, 7u);
 }
 
+// After add-shard takes the upper half of the first range, the new shard
+// is listed last: slices follow the keys, whatever the shards' order.
+TEST(SplitByShardTest, ShardsListedOutOfKeyOrder) {
+  ShardMapInfo map = Map({{"a", {0, 5}}, {"c", {10, kMax}}, {"b", {5, 10}}});
+  std::vector<wire::KeyLen> keys = {{1, 2}, {6, 3}, {12, 4}};
+  auto slices = SplitByShard(keys, map);
+  ASSERT_TRUE(slices.ok()) << slices.status();
+  ASSERT_EQ(slices->size(), 3u);
+  EXPECT_EQ((*slices)[0].offset, 0u);
+  EXPECT_EQ((*slices)[0].length, 2u);
+  EXPECT_EQ((*slices)[2].shard, 2u);  // "b"
+  EXPECT_EQ((*slices)[2].first_key, 1u);
+  EXPECT_EQ((*slices)[2].offset, 2u);
+  EXPECT_EQ((*slices)[2].length, 3u);
+  EXPECT_EQ((*slices)[1].first_key, 2u);  // "c"
+  EXPECT_EQ((*slices)[1].offset, 5u);
+  EXPECT_EQ((*slices)[1].length, 4u);
+}
+
 TEST(SplitByShardTest, ShardOwningNoKeyGetsEmptySlice) {
   ShardMapInfo map = Map({{"a", {0, 10}}, {"b", {10, 20}}, {"c", {20, kMax}}});
   std::vector<wire::KeyLen> keys = {{1, 2}, {25, 3}};
