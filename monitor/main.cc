@@ -97,6 +97,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  pacer::UnsafeSwitches unsafe;
+  pacer::AddUnsafeDisableFlag(app, &unsafe,
+                              {{"lease-expiry", "a worker silent past its lease is never declared "
+                                                "dead, so the others wait for it forever"}});
   app.add_option("--heartbeat-ms", opts.heartbeat_interval_ms,
                  "Milliseconds between worker heartbeats (sent to workers)")
       ->capture_default_str()->check(CLI::PositiveNumber);
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
 
   pacer::SetupLogging("monitor", log_level);
+  pacer::WarnUnsafe(unsafe);
   if (app.count("--policy") == 0 && !mode.empty()) policy_name = "fixed";
   opts.policy.kind = *pacer::policy::ParseKind(policy_name);
   if (mode.empty()) mode = opts.policy.kind == pacer::policy::Kind::kPacer ? "dssp" : "bsp";
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
     return pacer::kExitUsage;
   }
   opts.lease = pacer::FromSeconds(lease_s);
+  opts.lease_expiry = !unsafe.Off("lease-expiry");
   opts.shard_resend = pacer::FromSeconds(shard_resend_ms / 1000.0);
   opts.stop_grace = pacer::FromSeconds(stop_grace_s);
   opts.registry = std::make_shared<prometheus::Registry>();

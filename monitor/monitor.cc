@@ -1210,6 +1210,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   }
   // Leases.
   for (auto& [id, w] : workers_) {
+    if (!options_.lease_expiry) break;
     if (w.alive && !w.done && now - w.last_seen > options_.lease) {
       w.alive = false;
       m_dead_->Increment();

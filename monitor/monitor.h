@@ -65,6 +65,10 @@ struct MonitorOptions {
   uint32_t min_workers = 1;
   // A worker silent for longer than this is declared dead (--lease).
   Duration lease = std::chrono::seconds(3);
+  // false only to show a chaos invariant failing (--unsafe-disable
+  // lease-expiry): a silent worker is never declared dead, so the others
+  // wait for it forever.
+  bool lease_expiry = true;
   // Data partitions (--data-partitions): the training set is cut into this
   // many, each read in its own shuffled order per epoch and owned by one
   // live worker at a time; 0: one per worker present at the start.

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cctype>
 #include <csignal>
 #include <cstdio>
@@ -185,6 +186,35 @@ void AddFaultFlags(CLI::App& app, FaultFlags* flags) {
       });
   app.add_option("--fault-seed", flags->seed,
                  "Seed of the fault decisions (0: random); logged at start, so a run replays");
+}
+
+bool UnsafeSwitches::Off(const std::string& name) const {
+  return std::find(off.begin(), off.end(), name) != off.end();
+}
+
+void AddUnsafeDisableFlag(CLI::App& app, UnsafeSwitches* switches,
+                          const std::vector<std::pair<std::string, std::string>>& allowed) {
+  std::string help =
+      "TESTING ONLY, never in a real run: switch off a fault handling so that a chaos scenario "
+      "can show the invariant it protects failing (comma-separated):";
+  std::vector<std::string> names;
+  for (const auto& [name, what] : allowed) {
+    help += " '" + name + "': " + what + ";";
+    names.push_back(name);
+  }
+  help.back() = '.';
+  app.add_option("--unsafe-disable", switches->off, help)
+      ->delimiter(',')
+      ->check(CLI::IsMember(names))
+      ->group("Testing");
+}
+
+void WarnUnsafe(const UnsafeSwitches& switches) {
+  for (const auto& name : switches.off) {
+    spdlog::warn("UNSAFE: fault handling '{}' is switched off (--unsafe-disable); this process "
+                 "is for demonstrating a failure, not for training",
+                 name);
+  }
 }
 
 std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,

@@ -6,6 +6,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "ps/fault.h"
@@ -67,6 +69,20 @@ struct FaultFlags {
   uint64_t seed = 0;   // 0: random (logged)
 };
 void AddFaultFlags(CLI::App& app, FaultFlags* flags);
+
+// --unsafe-disable NAME,...: switches off one of this role's fault
+// handlings, so that a chaos scenario can show that the invariant it
+// protects then fails (tests/chaos/). Never for real runs: each name
+// switched off is logged as a warning at start. `allowed` maps each name
+// this role accepts to what switching it off does (listed in --help).
+struct UnsafeSwitches {
+  std::vector<std::string> off;
+  bool Off(const std::string& name) const;
+};
+void AddUnsafeDisableFlag(CLI::App& app, UnsafeSwitches* switches,
+                          const std::vector<std::pair<std::string, std::string>>& allowed);
+// Logs a warning per switched-off handling (after SetupLogging).
+void WarnUnsafe(const UnsafeSwitches& switches);
 
 // The process's ZeroMQ transport inside the fault layer (always, so that
 // the monitor can set faults at run time), with --faults applied and the

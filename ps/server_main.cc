@@ -60,12 +60,23 @@ int main(int argc, char** argv) {
   app.add_option("--stall-report", stall_report_s,
                  "Seconds a clock may stay open before the shard logs which workers it waits for")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  pacer::UnsafeSwitches unsafe;
+  pacer::AddUnsafeDisableFlag(
+      app, &unsafe,
+      {{"dedup", "a duplicate or retried push is applied again"},
+       {"crc-check", "what arrives is not CRC-checked, so corrupted gradients are applied"},
+       {"checkpoints", "no checkpoint after the first on time or count, so a crash loses "
+                       "everything acknowledged since"}});
   std::string* lvl = &log_level;
   pacer::AddLogLevelFlag(app, lvl);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
 
   pacer::SetupLogging("server", log_level);
+  pacer::WarnUnsafe(unsafe);
   pacer::TuneAllocatorForLargeBuffers();
+  opts.shard.dedup = !unsafe.Off("dedup");
+  opts.shard.verify_crc = !unsafe.Off("crc-check");
+  opts.periodic_checkpoints = !unsafe.Off("checkpoints");
   opts.shard.apply_updates = !no_apply;
   opts.shard.check_crc = !no_crc;
   opts.shard.pull_timeout = pacer::FromSeconds(pull_timeout_s);

@@ -84,6 +84,14 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                     .Help("Worker pushes folded into the parameters")
                     .Register(*registry_)
                     .Add({});
+  m_model_updates_ = &prometheus::BuildGauge()
+                          .Name("pacer_shard_model_updates")
+                          .Help("Pushes applied to this shard's parameters (or to a clock "
+                                "still open), those restored from its checkpoint included; a "
+                                "restart starts from the checkpoint's count, without the pushes "
+                                "it lost")
+                          .Register(*registry_)
+                          .Add({});
   m_dropped_ = &prometheus::BuildCounter()
                     .Name("pacer_shard_dropped_pushes_total")
                     .Help("Backup mode: pushes that arrived after their clock closed, dropped")
@@ -188,7 +196,7 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   dopts.job_id = job_.job_id;
   dopts.check_job = configured_;
   dopts.max_message_bytes = options_.max_message_bytes;
-  dopts.check_crc = options_.check_crc;
+  dopts.check_crc = options_.check_crc && options_.verify_crc;
   Decoded d;
   DecodeError err;
   if (!Decode(frames, dopts, &d, &err)) return Reject(peer, err, out);
@@ -627,6 +635,7 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   applied_clock_ = s.applied_clock;
   steps_ = s.steps;
   updates_applied_ = s.updates_applied;
+  m_model_updates_->Set(static_cast<double>(updates_applied_));
   restored_marks_ = s.workers;
   map_version_ = s.map_version;
   restored_ = true;
@@ -707,7 +716,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
                      shard_id_, d.env.sender, lost, mem.seq + 1, seq - 1, lost_updates_);
       }
     }
-    if (seq <= mem.seq) {
+    if (seq <= mem.seq && options_.dedup) {
       // A retry of a push already handled (before a timeout, or before the
       // snapshot this shard restarted from): acknowledged, not applied.
       m_duplicates_->Increment();
@@ -751,7 +760,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
                             std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   const uint64_t clock = m->clock();
-  if (m->seq() == 0 && static_cast<int64_t>(clock) <= member.pushed) {
+  if (m->seq() == 0 && static_cast<int64_t>(clock) <= member.pushed && options_.dedup) {
     // A retry of a push already applied (no seq: clocks only move forward).
     m_duplicates_->Increment();
   } else {
@@ -782,8 +791,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
     }
     member.seq = std::max(member.seq, m->seq());
     RecordPush(member, clock);
-    m_updates_->Increment();
-    ++updates_applied_;
+    CountApplied();
     ++steps_;
     m_steps_->Increment();
     applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
@@ -835,7 +843,8 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
     it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, {}, 0, now, now}).first;
   }
   OpenClock& oc = it->second;
-  if (oc.pushed.insert(d.env.sender).second) {  // a retried push is applied once
+  // A retried push is applied once (unless dedup is switched off).
+  if (oc.pushed.insert(d.env.sender).second || !options_.dedup) {
     const float weight = StalenessWeight(m) * static_cast<float>(m->batch());
     if (options_.apply_updates && m->keys() != nullptr) {
       const float* src = values.data();
@@ -849,14 +858,19 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
     oc.seqs[d.env.sender] = m->seq();
     member.seq = std::max(member.seq, m->seq());
     RecordPush(member, clock);
-    m_updates_->Increment();
-    ++updates_applied_;
+    CountApplied();
   } else {
     m_duplicates_->Increment();
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
+}
+
+void ShardCore::CountApplied() {
+  m_updates_->Increment();
+  ++updates_applied_;
+  m_model_updates_->Set(static_cast<double>(updates_applied_));
 }
 
 int64_t ShardCore::slowest_pushed() const {

@@ -30,6 +30,14 @@ struct ShardOptions {
   // Compute and verify the envelope's CRC-32 (--no-crc turns it off, for
   // benchmarks; then every peer must turn it off too).
   bool check_crc = true;
+  // Verify the CRC-32 of what arrives (replies still carry one). false
+  // only to show a chaos invariant failing (--unsafe-disable crc-check):
+  // corrupted gradients are then applied.
+  bool verify_crc = true;
+  // Apply each (worker, push seq) at most once. false only to show a chaos
+  // invariant failing (--unsafe-disable dedup): a duplicate or retried push
+  // is applied again.
+  bool dedup = true;
   // Apply pushes to the parameters. false only for transport benchmarks:
   // pushes are accepted, verified and acknowledged, and nothing changes.
   bool apply_updates = true;
@@ -193,6 +201,8 @@ class ShardCore {
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
   void Advance(std::vector<Outgoing>* out);
+  // One push folded in: updates_applied_ and its two metrics.
+  void CountApplied();
   void RecordPush(Member& member, uint64_t clock);
   // tau of a push, and the weight the staleness-aware learning rate gives it.
   float StalenessWeight(const wire::Push* push);
@@ -291,6 +301,7 @@ class ShardCore {
   prometheus::Counter* m_steps_ = nullptr;
   prometheus::Counter* m_incomplete_ = nullptr;
   prometheus::Counter* m_updates_ = nullptr;
+  prometheus::Gauge* m_model_updates_ = nullptr;
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;

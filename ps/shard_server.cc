@@ -257,6 +257,8 @@ void ShardServer::MaybeCheckpoint(bool final) {
   const bool on_count = options_.checkpoint_updates > 0 &&
                         core_->updates_applied() - updates_at_checkpoint_ >= options_.checkpoint_updates;
   if (!on_time && !on_count) return;
+  if (!keys_moved && !options_.periodic_checkpoints && periodic_taken_ > 0) return;
+  if (!keys_moved) ++periodic_taken_;
   {
     std::lock_guard<std::mutex> lock(writer_mu_);
     if (writer_busy_) return;  // the previous one is still being written

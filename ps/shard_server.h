@@ -44,6 +44,11 @@ struct ShardServerOptions {
   // comes first, and once more when the shard stops.
   Duration checkpoint_interval = std::chrono::seconds(10);
   uint64_t checkpoint_updates = 0;
+  // false only to show a chaos invariant failing (--unsafe-disable
+  // checkpoints): after its first checkpoint on time or count the shard
+  // takes no more (but for key moves and at exit), so a crash loses
+  // everything acknowledged since.
+  bool periodic_checkpoints = true;
   // When set and true, Start stops trying to register and returns
   // Cancelled (SIGTERM before the monitor answered).
   const std::atomic<bool>* cancel = nullptr;
@@ -126,6 +131,7 @@ class ShardServer {
   uint64_t updates_at_checkpoint_ = 0;     // serving thread only
   int64_t clock_at_checkpoint_ = -2;       // serving thread only
   uint64_t keys_at_checkpoint_ = 0;        // serving thread only
+  uint64_t periodic_taken_ = 0;           // checkpoints on time or count (serving thread)
   std::atomic<double> last_success_unix_{0};
   double started_unix_ = 0;
   prometheus::Histogram* m_ckpt_seconds_ = nullptr;

@@ -84,6 +84,8 @@ int main(int argc, char** argv) {
   pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::FaultFlags fault_flags;
   pacer::AddFaultFlags(app, &fault_flags);
+  pacer::UnsafeSwitches unsafe;
+  pacer::AddUnsafeDisableFlag(app, &unsafe, pacer::worker::kUnsafeSwitches);
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   if (opts.monitor.empty() && evaluate_model.empty()) {
@@ -123,6 +125,9 @@ int main(int argc, char** argv) {
   opts.live_progress = progress == "live" || (progress == "auto" && isatty(STDERR_FILENO));
 
   pacer::SetupLogging("worker", log_level);
+  pacer::WarnUnsafe(unsafe);
+  opts.resend = !unsafe.Off("retry");
+  opts.interrupt_on_stop = !unsafe.Off("stop-interrupt");
   pacer::TuneAllocatorForLargeBuffers();
   std::unique_ptr<pacer::worker::CpuContention> contention_threads;
   if (contention > 0 || pin_cpu >= 0) {

@@ -351,7 +351,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         if (r->state() == wire::JobState::Stopped) {
           view.stop_reason = r->stop_reason() ? r->stop_reason()->str() : "";
           stop = true;
-          interrupt = true;
+          if (options.interrupt_on_stop) interrupt = true;
         }
       } else if (!reply.ok() && WireCode(reply.status()) == wire::ErrorCode::NotMember) {
         view.error = absl::FailedPreconditionError("the monitor no longer counts this worker: " +
@@ -511,6 +511,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   ClientOptions copts;
   copts.rpc = w.Rpc();
   copts.request_timeout = o.request_timeout;
+  if (!o.resend) copts.resend_after = std::chrono::hours(24 * 365);  // never
   copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
   copts.latest_map_version = &w.map_version;
   auto client_or = PsClient::Create(w.transport, copts, view.map, w.keys);

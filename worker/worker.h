@@ -10,6 +10,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
@@ -21,6 +23,13 @@
 #include "worker/straggler.h"
 
 namespace pacer::worker {
+
+// The worker's --unsafe-disable names (ps/cli.h), with what each does.
+inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = {
+    {"retry", "an unanswered push or pull is not sent again: the worker waits out "
+              "--request-timeout and fails"},
+    {"stop-interrupt", "requests in flight are not given up when the job stops, so a worker "
+                       "blocked on a dead shard stays until --request-timeout"}};
 
 struct WorkerOptions {
   // The monitor's address (--monitor). Required.
@@ -51,6 +60,13 @@ struct WorkerOptions {
   // The largest batch this worker can hold, reported to the policy as its
   // memory limit (--max-batch); 0: no limit.
   uint32_t max_batch = 0;
+  // Fault handling that --unsafe-disable switches off, only to show a chaos
+  // invariant failing: `resend` sends an unanswered push or pull again
+  // (off: it waits out request_timeout, then the worker fails);
+  // `interrupt_on_stop` gives up requests in flight when the job stops (off:
+  // a worker blocked on a dead shard stays until request_timeout).
+  bool resend = true;
+  bool interrupt_on_stop = true;
 
   // This process's fault layer (ps/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.
