@@ -1,6 +1,7 @@
 #include "monitor/chaos_scenario.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "ps/fault.h"
@@ -9,7 +10,8 @@
 namespace pacer::chaos {
 
 bool Action::Heals() const {
-  return what == "restart" || what == "cont" || what == "clear-faults" || what == "add-worker";
+  return what == "restart" || what == "cont" || what == "clear-faults" || what == "add-worker" ||
+         what == "add-shard" || what == "drain-shard";
 }
 
 namespace {
@@ -62,7 +64,8 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
   }
   Scenario s;
   if (auto st = CheckKeys(root, "scenario",
-                          {"name", "description", "seconds", "cluster", "timeline", "invariants"});
+                          {"name", "description", "seconds", "cluster", "timeline", "invariants",
+                           "expect_fail"});
       !st.ok()) {
     return st;
   }
@@ -113,11 +116,13 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
   if (s.workers < 1 || s.workers > 8) return absl::InvalidArgumentError("cluster.workers: 1..8");
 
   int workers_ever = s.workers;  // add-worker makes more
+  int shards_ever = s.shards;    // add-shard too
   if (const YAML::Node t = root["timeline"]) {
     if (!t.IsSequence()) return absl::InvalidArgumentError("timeline: expected a list");
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string where = "timeline[" + std::to_string(i) + "]";
-      if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds"}); !st.ok()) {
+      if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds", "factor"});
+          !st.ok()) {
         return st;
       }
       Action a;
@@ -135,17 +140,36 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
       if (t[i]["seconds"]) {
         if (auto st = Read(t[i]["seconds"], where + ".seconds", &a.seconds); !st.ok()) return st;
       }
+      if (t[i]["factor"]) {
+        if (auto st = Read(t[i]["factor"], where + ".factor", &a.factor); !st.ok()) return st;
+      }
       if (a.at < 0 || a.at >= s.seconds) {
         return absl::InvalidArgumentError(where + ".at: must be within the scenario's seconds");
       }
       const std::set<std::string> process_actions = {"kill", "restart", "stop", "cont", "terminate"};
       if (process_actions.count(a.what)) {
-        if (!ValidProcess(a.target, s.shards, workers_ever, a.what != "terminate")) {
+        if (!ValidProcess(a.target, shards_ever, workers_ever, a.what != "terminate")) {
           return absl::InvalidArgumentError(where + ".target: '" + a.target +
                                             "' is not shard:I, worker:I or monitor of this cluster");
         }
       } else if (a.what == "add-worker") {
         ++workers_ever;
+      } else if (a.what == "add-shard") {
+        ++shards_ever;
+      } else if (a.what == "drain-shard") {
+        if (a.target.rfind("shard:", 0) != 0 || !ValidProcess(a.target, shards_ever, 0, false)) {
+          return absl::InvalidArgumentError(where + ".target: '" + a.target +
+                                            "' is not shard:I of this cluster");
+        }
+      } else if (a.what == "slow") {
+        if (!ValidProcess(a.target, shards_ever, workers_ever, true) || a.factor <= 1 ||
+            a.factor > 100 || a.seconds <= 0) {
+          return absl::InvalidArgumentError(where + ": slow needs a target (shard:I, worker:I or "
+                                                    "monitor), factor in (1, 100] and seconds > 0");
+        }
+        if (a.at + a.seconds > s.seconds) {
+          return absl::InvalidArgumentError(where + ": slow must end within the scenario's seconds");
+        }
       } else if (a.what == "faults") {
         if (a.target.empty() || a.spec.empty()) {
           return absl::InvalidArgumentError(where + ": faults needs a target and a spec");
@@ -160,14 +184,15 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
         }
       } else if (a.what == "clear-faults") {
       } else if (a.what == "partition") {
-        if (!ValidProcess(a.target, s.shards, workers_ever, false) || a.seconds <= 0) {
+        if (!ValidProcess(a.target, shards_ever, workers_ever, false) || a.seconds <= 0) {
           return absl::InvalidArgumentError(where + ": partition needs a target shard:I or "
                                                     "worker:I and seconds > 0");
         }
       } else {
         return absl::InvalidArgumentError(where + ".do: unknown action '" + a.what +
-                                          "' (kill, restart, stop, cont, terminate, add-worker, "
-                                          "faults, clear-faults, partition)");
+                                          "' (kill, restart, stop, cont, terminate, slow, "
+                                          "add-worker, add-shard, drain-shard, faults, "
+                                          "clear-faults, partition)");
       }
       s.timeline.push_back(std::move(a));
     }
@@ -201,6 +226,27 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
     if (v.progress_within <= 0) return absl::InvalidArgumentError("invariants.progress_within: > 0");
     if (v.final_accuracy < 0 || v.final_accuracy > 1) {
       return absl::InvalidArgumentError("invariants.final_accuracy: 0..1");
+    }
+  }
+  if (root["expect_fail"]) {
+    if (auto st = Read(root["expect_fail"], "expect_fail", &s.expect_fail); !st.ok()) return st;
+    const Invariants& v = s.invariants;
+    const std::map<std::string, bool> checked = {
+        {"progress_within", true},          {"final_accuracy", v.final_accuracy > 0},
+        {"no_crash", v.no_crash},           {"no_hang", v.no_hang},
+        {"lost_bound", v.lost_bound},       {"no_double_apply", v.no_double_apply},
+        {"faults_in_metrics", v.faults_in_metrics}};
+    for (const auto& name : s.expect_fail) {
+      auto it = checked.find(name);
+      if (it == checked.end()) {
+        return absl::InvalidArgumentError("expect_fail: '" + name +
+                                          "' is not an invariant (progress_within, "
+                                          "final_accuracy, no_crash, no_hang, lost_bound, "
+                                          "no_double_apply, faults_in_metrics)");
+      }
+      if (!it->second) {
+        return absl::InvalidArgumentError("expect_fail: '" + name + "' is not checked");
+      }
     }
   }
   return s;

@@ -18,9 +18,13 @@
 //   invariants:
 //     progress_within: 20        # after each heal, acknowledged pushes resume within S s
 //     final_accuracy: 0.7        # of the exported model, on the test set
+//   expect_fail: [lost_bound]    # negative scenarios only: these must fail
 //
 // Actions: kill, restart (shard:I, worker:I, monitor), stop and cont
-// (SIGSTOP/SIGCONT), terminate (SIGTERM), add-worker, faults (target as for
+// (SIGSTOP/SIGCONT), terminate (SIGTERM), slow (factor, seconds: the
+// process gets SIGSTOP/SIGCONT in 100 ms cycles, running 1/factor of each),
+// add-worker, add-shard (a new shard process, then pacerctl add-shard),
+// drain-shard (shard:I; pacerctl drain-shard), faults (target as for
 // pacerctl fault, with shard:I/worker:I meaning the I-th started process,
 // and spec), clear-faults, partition (target worker:I or shard:I, seconds:
 // cut off from everyone for that long).
@@ -39,10 +43,11 @@ struct Action {
   std::string what;     // kill, restart, stop, cont, terminate, add-worker, faults, ...
   std::string target;   // shard:I, worker:I, monitor; for faults: a pacerctl fault target
   std::string spec;     // faults: the rules
-  double seconds = 0;   // partition: how long
+  double seconds = 0;   // partition, slow: how long
+  double factor = 0;    // slow: the process runs 1/factor of the time
   // Whether this action ends a fault (the cluster should make progress
   // again after it): restart, cont, clear-faults, and the end of a partition
-  // or of a rule with for=.
+  // or of a rule with for=, add-shard, drain-shard.
   bool Heals() const;
 };
 
@@ -72,6 +77,10 @@ struct Scenario {
   std::vector<std::string> monitor_args, shard_args, worker_args;
   std::vector<Action> timeline;  // sorted by `at`
   Invariants invariants;
+  // Invariants this scenario must see fail (by their key above): a negative
+  // scenario switches a fault handling off (--unsafe-disable) to show that
+  // the invariant catches it. The run passes when exactly these fail.
+  std::vector<std::string> expect_fail;
 };
 
 // Parses and checks a scenario; InvalidArgument says what and where.

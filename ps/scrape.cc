@@ -19,6 +19,7 @@ HttpResponse HttpGet(const std::string& address, const std::string& path,
   if (fd < 0) return r;
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() too
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));

@@ -4,28 +4,69 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace pacer::chaos {
 namespace {
 
-TEST(ChaosScenarioTest, EveryShippedScenarioParses) {
-  int n = 0;
-  for (const auto& f : std::filesystem::directory_iterator(PACER_SOURCE_DIR "/deploy/chaos")) {
+std::vector<Scenario> ReadAll(const std::string& dir) {
+  std::vector<Scenario> all;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
     if (f.path().extension() != ".yaml") continue;
     std::ifstream in(f.path());
     std::stringstream text;
     text << in.rdbuf();
     auto s = ParseScenario(text.str());
-    ASSERT_TRUE(s.ok()) << f.path() << ": " << s.status();
+    EXPECT_TRUE(s.ok()) << f.path() << ": " << s.status();
+    if (!s.ok()) continue;
     EXPECT_EQ(s->name, f.path().stem().string()) << "name and file name differ";
     EXPECT_LE(s->seconds, 60) << "scenarios are bounded to about a minute";
     EXPECT_FALSE(s->timeline.empty()) << f.path();
-    ++n;
+    all.push_back(*s);
   }
-  EXPECT_GE(n, 9);
+  return all;
+}
+
+TEST(ChaosScenarioTest, EveryShippedScenarioParses) {
+  const auto shipped = ReadAll(PACER_SOURCE_DIR "/deploy/chaos");
+  EXPECT_GE(shipped.size(), 11u);
+  for (const auto& s : shipped) EXPECT_TRUE(s.expect_fail.empty()) << s.name << " ships to pass";
+}
+
+// Each invariant has a negative scenario (tests/chaos) that switches a
+// handling off and expects that invariant to fail.
+TEST(ChaosScenarioTest, EveryInvariantHasANegativeScenario) {
+  std::set<std::string> shown;
+  for (const auto& s : ReadAll(PACER_SOURCE_DIR "/tests/chaos")) {
+    EXPECT_FALSE(s.expect_fail.empty()) << s.name;
+    bool unsafe = false;
+    for (const auto* args : {&s.monitor_args, &s.shard_args, &s.worker_args}) {
+      unsafe |= std::find(args->begin(), args->end(), "--unsafe-disable") != args->end();
+    }
+    EXPECT_TRUE(unsafe) << s.name << " switches no handling off";
+    shown.insert(s.expect_fail.begin(), s.expect_fail.end());
+  }
+  EXPECT_EQ(shown, (std::set<std::string>{"progress_within", "final_accuracy", "no_crash",
+                                          "no_hang", "lost_bound", "no_double_apply",
+                                          "faults_in_metrics"}));
+}
+
+TEST(ChaosScenarioTest, ExpectFailNamesCheckedInvariants) {
+  auto s = ParseScenario("name: x\ntimeline: [{at: 1, do: kill, target: \"shard:0\"}]\n"
+                         "expect_fail: [lost_bound, no_hang]");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->expect_fail, (std::vector<std::string>{"lost_bound", "no_hang"}));
+  s = ParseScenario("name: x\nexpect_fail: [fast]");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("'fast' is not an invariant"), std::string::npos);
+  // final_accuracy is only checked with a threshold.
+  s = ParseScenario("name: x\nexpect_fail: [final_accuracy]");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not checked"), std::string::npos);
 }
 
 TEST(ChaosScenarioTest, ReadsClusterTimelineAndInvariants) {
@@ -52,6 +93,23 @@ invariants: {progress_within: 10, final_accuracy: 0.5, no_crash: false}
   EXPECT_TRUE(s->invariants.no_hang);
 }
 
+TEST(ChaosScenarioTest, ElasticActions) {
+  auto s = ParseScenario(R"(
+name: t
+seconds: 30
+timeline:
+  - {at: 2, do: add-shard}
+  - {at: 3, do: drain-shard, target: "shard:2"}
+  - {at: 4, do: slow, target: "worker:1", factor: 4, seconds: 5}
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->timeline.size(), 3u);
+  EXPECT_TRUE(s->timeline[0].Heals());
+  EXPECT_TRUE(s->timeline[1].Heals());  // shard:2 exists once added
+  EXPECT_DOUBLE_EQ(s->timeline[2].factor, 4);
+  EXPECT_FALSE(s->timeline[2].Heals());  // it heals when its seconds end
+}
+
 TEST(ChaosScenarioTest, MistakesAreNamed) {
   for (const auto& [yaml, why] : std::vector<std::pair<std::string, std::string>>{
            {"seconds: 5", "'name' is required"},
@@ -63,6 +121,15 @@ TEST(ChaosScenarioTest, MistakesAreNamed) {
            {"name: x\ntimeline: [{at: 1, do: faults, target: all, spec: \"drop:p=7\"}]",
             "p must be"},
            {"name: x\ncluster: {shards: 0}", "cluster.shards"},
+           {"name: x\ntimeline: [{at: 1, do: slow, target: \"worker:0\", seconds: 3}]",
+            "factor in (1, 100]"},
+           {"name: x\nseconds: 10\ntimeline: [{at: 5, do: slow, target: monitor, factor: 2, "
+            "seconds: 6}]",
+            "must end within"},
+           {"name: x\ntimeline: [{at: 1, do: drain-shard, target: \"shard:2\"}]",
+            "timeline[0].target"},
+           {"name: x\ntimeline: [{at: 1, do: drain-shard, target: \"worker:0\"}]",
+            "not shard:I"},
            {"name: [unclosed", "not YAML"}}) {
     auto s = ParseScenario(yaml);
     ASSERT_FALSE(s.ok()) << yaml;
