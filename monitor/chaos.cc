@@ -42,6 +42,11 @@
 namespace pacer::chaos {
 namespace {
 
+// SIGINT/SIGTERM: the runner stops at its next wait (Interrupted, caught in
+// main), so that its processes and namespaces are cleaned up.
+std::atomic<bool> g_interrupted{false};
+struct Interrupted {};
+
 // Exit code of a run that could not happen here (--netns without root or
 // iptables): ctest's SKIP_RETURN_CODE.
 constexpr int kExitSkip = 77;
@@ -108,6 +113,7 @@ class Proc {
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       ended_ = NowUnix();
+      gone = true;
       return false;
     }
     return true;
@@ -126,17 +132,25 @@ class Proc {
   double started() const { return started_; }
   double ended() const { return ended_; }
   bool killed_on_purpose = false;  // the timeline killed or terminated it
-  bool stopped = false;            // SIGSTOPped by the timeline and not continued
+  // SIGSTOPped by the timeline and not continued (a slow action's cycler
+  // reads it, so as not to wake a process the timeline froze).
+  std::atomic<bool> stopped{false};
   bool hung = false;               // still running long after the job stopped
+  std::atomic<bool> gone{false};   // reaped: its pid is no longer its own
   bool cut_off = false;            // --netns: partitioned by iptables (not scraped)
   bool drained = false;            // drain-shard: its keys moved away and it left
   double counts_from = 0;          // a shard: acknowledged pushes reach it from then (unix s)
   std::string metrics;             // its /metrics address
   // Largest value seen of each scraped series key (metric + labels).
   std::map<std::string, double> seen;
-  // The values of its last scrape, and when that scrape was asked for.
-  std::map<std::string, double> last;
-  double last_scrape_at = 0, last_scrape_done = 0;
+  // Each series' value at the last scrape that had it, with when that
+  // scrape was asked for and when it was answered (a truncated answer
+  // lacks series; their older values stay).
+  struct Sample {
+    double value, at, done;
+  };
+  std::map<std::string, Sample> last;
+  double last_scrape_at = 0;
 
  private:
   Proc() = default;
@@ -287,14 +301,16 @@ void Runner::LiftPartitions(bool all) {
     if (auto st = lab_->Cut(it->second, false); !st.ok()) spdlog::error("--netns: {}", st.ToString());
     spdlog::info("t+{:.1f}s: --netns: {} let back", now - t0_, it->second);
     for (Proc* p : All()) {
-      if (p->name().rfind(it->second, 0) == 0) p->cut_off = false;
+      if (p->name() == it->second || p->name() == it->second + "-restarted") p->cut_off = false;
     }
+    heals_.push_back(now);  // when it really ended (a blocking action may delay it)
     it = lifts_.erase(it);
   }
 }
 
 void Runner::ScrapeUntil(double until) {
   while (NowUnix() < until) {
+    if (g_interrupted) throw Interrupted{};
     if (lab_ != nullptr) LiftPartitions();
     Scrape();
     std::this_thread::sleep_for(Millis(250));
@@ -376,9 +392,8 @@ void Runner::Scrape() {
     const double at = NowUnix();
     const std::string text = FetchMetrics(p->metrics);
     if (text.empty()) continue;
-    p->last.clear();
     p->last_scrape_at = at;
-    p->last_scrape_done = NowUnix();
+    const double done = NowUnix();
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
       if (line.empty() || line[0] == '#') continue;
@@ -386,7 +401,7 @@ void Runner::Scrape() {
       try {
         const double v = std::stod(line.substr(sp + 1));
         const std::string key = line.substr(0, sp);
-        p->last[key] = v;
+        p->last[key] = {v, at, done};
         auto it = p->seen.find(key);
         if (it == p->seen.end() || v > it->second) p->seen[key] = v;
       } catch (const std::exception&) {
@@ -409,6 +424,26 @@ double Sum(const std::map<std::string, double>& values, const std::string& name,
     if (all) sum += v;
   }
   return sum;
+}
+
+// Of `p`'s last scrapes, the sum of the series named `name` (as Sum does),
+// and the earliest ask and latest answer among those scrapes; nullopt when
+// no scrape had it.
+struct LastSum {
+  double value = 0, at = 0, done = 0;
+};
+std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last, const std::string& name) {
+  std::optional<LastSum> r;
+  for (const auto& [key, s] : last) {
+    if (key.rfind(name, 0) != 0) continue;
+    const char next = key.size() > name.size() ? key[name.size()] : '\0';
+    if (next != '{' && next != '\0') continue;
+    if (!r) r = LastSum{0, s.at, s.done};
+    r->value += s.value;
+    r->at = std::min(r->at, s.at);
+    r->done = std::max(r->done, s.done);
+  }
+  return r;
 }
 
 // The largest value seen of `name` (summed as Sum does) in `p`.
@@ -489,17 +524,19 @@ bool Runner::Do(const Action& a) {
       expect_monitor_.push_back({"pacer_monitor_worker_clock_lag", "worker slowed"});
     }
     // Runs 1/factor of every 100 ms: a process on a starved CPU.
-    slowers_.emplace_back([pid = p->pid(), factor = a.factor, seconds = a.seconds] {
+    // (The cycler signals this incarnation only: a restarted process is
+    // not slowed; one the timeline stops meanwhile stays stopped.)
+    slowers_.emplace_back([p, factor = a.factor, seconds = a.seconds] {
       const auto period = Millis(100);
       const auto run = std::chrono::duration_cast<Millis>(period / factor);
       const auto until = std::chrono::steady_clock::now() + FromSeconds(seconds);
-      while (std::chrono::steady_clock::now() < until) {
-        if (kill(pid, SIGSTOP) != 0) return;  // it is gone
+      while (std::chrono::steady_clock::now() < until && !p->gone) {
+        if (!p->stopped) kill(p->pid(), SIGSTOP);
         std::this_thread::sleep_for(period - run);
-        kill(pid, SIGCONT);
+        if (!p->stopped) kill(p->pid(), SIGCONT);
         std::this_thread::sleep_for(run);
       }
-      kill(pid, SIGCONT);
+      if (!p->stopped && !p->gone) kill(p->pid(), SIGCONT);
     });
     return true;
   }
@@ -514,7 +551,8 @@ bool Runner::Do(const Action& a) {
     uint32_t id = 0;
     if (j.is_object()) {
       for (const auto& sh : j.value("shards", nlohmann::json::array())) {
-        const uint32_t sid = sh.value("id", 0u);
+        if (!sh.is_object() || !sh.contains("id") || !sh["id"].is_number_unsigned()) continue;
+        const uint32_t sid = sh["id"].get<uint32_t>();
         if (std::find(shard_ids_.begin(), shard_ids_.end(), sid) == shard_ids_.end()) id = sid;
       }
     }
@@ -529,8 +567,9 @@ bool Runner::Do(const Action& a) {
     Proc* p = Target(a.target);
     if (p == nullptr) return false;
     const size_t i = std::stoul(a.target.substr(6));
+    if (i >= shard_ids_.size()) return false;  // an add-shard before it failed
     p->drained = true;
-    if (Ctl({"drain-shard", std::to_string(shard_ids_.at(i))}) != 0) return false;
+    if (Ctl({"drain-shard", std::to_string(shard_ids_[i])}) != 0) return false;
     heals_.push_back(NowUnix());
     return true;
   }
@@ -543,7 +582,6 @@ bool Runner::Do(const Action& a) {
     }
     if (Proc* p = Target(a.target)) p->cut_off = true;
     lifts_.push_back({now + a.seconds, node});
-    heals_.push_back(now + a.seconds);
     if (a.target.rfind("worker:", 0) == 0) {
       expect_monitor_.push_back({"pacer_monitor_workers_lost_total", "worker partitioned (iptables)"});
     }
@@ -631,25 +669,23 @@ int Runner::Run() {
     NetnsLab::DeleteStale();
     const bool partitions = std::any_of(s_.timeline.begin(), s_.timeline.end(),
                                         [](const Action& a) { return a.what == "partition"; });
-    absl::Status can = partitions ? NetnsLab::CheckIptables() : absl::OkStatus();
-    if (can.ok()) {
-      auto lab = NetnsLab::Create(dir_ + "/netns.log");
-      if (lab.ok()) {
-        lab_ = std::move(*lab);
-      } else {
-        can = lab.status();
+    absl::Status can;
+    auto lab = NetnsLab::Create(dir_ + "/netns.log");
+    if (lab.ok()) {
+      lab_ = std::move(*lab);
+      if (partitions) can = lab_->CheckIptables();
+      if (can.ok() && !MakeNodes()) {
+        can = absl::FailedPreconditionError("could not make the namespaces and their links; see " +
+                                            dir_ + "/netns.log");
       }
+    } else {
+      can = lab.status();
     }
     if (!can.ok()) {
       std::printf("pacer-chaos: --netns: skipped: %s\n", std::string(can.message()).c_str());
       std::fflush(stdout);
       return kExitSkip;
     }
-  }
-  if (lab_ != nullptr && !MakeNodes()) {
-    std::fprintf(stderr, "pacer-chaos: --netns: could not make the namespaces (see %s/netns.log)\n",
-                 dir_.c_str());
-    return kExitFailure;
   }
   if (!StartMonitor("tcp://" + Host("monitor") + ":0")) {
     std::fprintf(stderr, "pacer-chaos: the monitor did not start (see %s)\n", dir_.c_str());
@@ -673,6 +709,7 @@ int Runner::Run() {
     bool all = true;
     for (size_t i = 0; i < workers_.size(); ++i) all &= !Acks(i).empty();
     if (all) break;
+    if (g_interrupted) throw Interrupted{};
     if (std::chrono::steady_clock::now() > give_up) {
       std::fprintf(stderr, "pacer-chaos: training did not start in 60 s (see %s)\n", dir_.c_str());
       return kExitFailure;
@@ -795,14 +832,15 @@ int Runner::Run() {
     for (size_t i = 0; i < shards_.size(); ++i) {
       const Proc* p = shards_[i];
       if (p != nullptr && p->drained) continue;  // its keys and their history moved away
-      if (p == nullptr || p->last_scrape_at == 0) {
+      const auto model = p == nullptr ? std::nullopt : Last(p->last, "pacer_shard_model_updates");
+      if (!model) {
         v.pass = false;
         v.detail += fmt::format("shard{}: never scraped; ", i);
         continue;
       }
       double acked = 0;
-      for (const Ack& a : all_acks) acked += a.at >= p->counts_from && a.at < p->last_scrape_at;
-      const double held = Sum(p->last, "pacer_shard_model_updates");
+      for (const Ack& a : all_acks) acked += a.at >= p->counts_from && a.at < model->at;
+      const double held = model->value;
       const double lost = std::max(0.0, acked - held);
       double bound = 0;
       for (const Kill& k : shard_kills_) {
@@ -828,10 +866,12 @@ int Runner::Run() {
     // its last scrape is at most what was acknowledged from its start to the
     // end of that scrape, plus one push per worker in flight.
     for (Proc* p : All()) {
-      if (p->name().rfind("shard", 0) != 0 || p->last_scrape_at == 0) continue;
-      const double applied = Sum(p->last, "pacer_shard_updates_applied_total");
+      if (p->name().rfind("shard", 0) != 0) continue;
+      const auto counted = Last(p->last, "pacer_shard_updates_applied_total");
+      if (!counted) continue;  // never answered a scrape: nothing to compare
+      const double applied = counted->value;
       double acked = 0;
-      for (const Ack& a : all_acks) acked += (a.at >= p->started() && a.at <= p->last_scrape_done);
+      for (const Ack& a : all_acks) acked += (a.at >= p->started() && a.at <= counted->done);
       const double slack = static_cast<double>(workers_.size());
       if (applied > acked + slack) v.pass = false;
       v.detail += fmt::format("{} applied {}, {} acknowledged while it ran; ", p->name(), applied,
@@ -1009,6 +1049,16 @@ int main(int argc, char** argv) {
     char tmpl[] = "/tmp/pacer-chaos.XXXXXX";
     out = mkdtemp(tmpl);
   }
-  pacer::chaos::Runner runner(*s, out, bin_dir, self, seed, netns);
-  return runner.Run();
+  std::signal(SIGINT, [](int) { pacer::chaos::g_interrupted = true; });
+  std::signal(SIGTERM, [](int) { pacer::chaos::g_interrupted = true; });
+  try {
+    pacer::chaos::Runner runner(*s, out, bin_dir, self, seed, netns);
+    return runner.Run();  // its destructor kills what it started, then the namespaces go
+  } catch (const pacer::chaos::Interrupted&) {
+    std::fprintf(stderr, "pacer-chaos: interrupted; processes stopped (logs in %s)\n", out.c_str());
+    return pacer::kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pacer-chaos: %s; processes stopped (logs in %s)\n", e.what(), out.c_str());
+    return pacer::kExitFailure;
+  }
 }

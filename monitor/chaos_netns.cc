@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -86,6 +87,14 @@ void NetnsLab::DeleteStale() {
       continue;
     }
     if (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)) continue;  // its runner lives
+    // Its processes first (a runner killed with SIGKILL left them running).
+    if (FILE* pids = popen(("ip netns pids " + name).c_str(), "r")) {
+      long p = 0;
+      while (std::fscanf(pids, "%ld", &p) == 1) {
+        if (p > 1) kill(static_cast<pid_t>(p), SIGKILL);
+      }
+      pclose(pids);
+    }
     RunLogged({"ip", "netns", "del", name}, "/dev/null");
   }
 }
@@ -93,6 +102,12 @@ void NetnsLab::DeleteStale() {
 absl::Status NetnsLab::CheckIptables() {
   if (RunLogged({"iptables", "--version"}, "/dev/null") != 0) {
     return absl::FailedPreconditionError("iptables is not installed (Debian package iptables)");
+  }
+  // And it works inside a namespace (the nf_tables backend needs kernel
+  // support that a sandbox may lack).
+  if (Run({"ip", "netns", "exec", hub_, "iptables", "-w", "-S"}) != 0) {
+    return absl::FailedPreconditionError("iptables does not work inside a network namespace "
+                                         "here; see " + log_path_);
   }
   return absl::OkStatus();
 }

@@ -35,10 +35,11 @@ class NetnsLab {
   NetnsLab& operator=(const NetnsLab&) = delete;
 
   // Deletes namespaces left by earlier runs whose pacer-chaos is gone
-  // (killed before it could clean up).
+  // (killed before it could clean up), after killing what runs in them.
   static void DeleteStale();
-  // Whether iptables runs here (partitions need it); else why not.
-  static absl::Status CheckIptables();
+  // Whether iptables is installed and works inside a namespace here
+  // (partitions need it); else why not.
+  absl::Status CheckIptables();
 
   // Adds node `name` (e.g. "shard0"): its namespace, on the bridge with the
   // next address. Returns that address.

@@ -119,6 +119,7 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
   int shards_ever = s.shards;    // add-shard too
   if (const YAML::Node t = root["timeline"]) {
     if (!t.IsSequence()) return absl::InvalidArgumentError("timeline: expected a list");
+    std::vector<std::pair<std::string, Action>> read;  // (where in the file, action)
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string where = "timeline[" + std::to_string(i) + "]";
       if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds", "factor"});
@@ -146,6 +147,12 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
       if (a.at < 0 || a.at >= s.seconds) {
         return absl::InvalidArgumentError(where + ".at: must be within the scenario's seconds");
       }
+      read.push_back({where, std::move(a)});
+    }
+    // Checked in the order they will run (a target must exist by then).
+    std::stable_sort(read.begin(), read.end(),
+                     [](const auto& x, const auto& y) { return x.second.at < y.second.at; });
+    for (auto& [where, a] : read) {
       const std::set<std::string> process_actions = {"kill", "restart", "stop", "cont", "terminate"};
       if (process_actions.count(a.what)) {
         if (!ValidProcess(a.target, shards_ever, workers_ever, a.what != "terminate")) {

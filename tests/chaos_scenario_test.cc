@@ -108,6 +108,15 @@ timeline:
   EXPECT_TRUE(s->timeline[1].Heals());  // shard:2 exists once added
   EXPECT_DOUBLE_EQ(s->timeline[2].factor, 4);
   EXPECT_FALSE(s->timeline[2].Heals());  // it heals when its seconds end
+  // Checked in the order they run, not the file's: shard:2 exists by t=3.
+  s = ParseScenario(R"(
+name: t
+timeline:
+  - {at: 3, do: drain-shard, target: "shard:2"}
+  - {at: 2, do: add-shard}
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->timeline[0].what, "add-shard");
 }
 
 TEST(ChaosScenarioTest, MistakesAreNamed) {
