@@ -2,7 +2,7 @@
 # tests/CMakeLists.txt; needs GTest and the pacer_worker_compute target.
 # Both tests read Debian's fashion-mnist package (/usr/share/datasets/fashion-mnist).
 
-foreach(pacer_compute_test mnist_test cpu_backend_test)
+foreach(pacer_compute_test mnist_test cpu_backend_test cnn_backend_test)
   add_executable(${pacer_compute_test} ${CMAKE_CURRENT_LIST_DIR}/${pacer_compute_test}.cc)
   target_link_libraries(${pacer_compute_test} PRIVATE pacer_worker_compute GTest::gtest_main)
   add_test(NAME ${pacer_compute_test} COMMAND ${pacer_compute_test})

@@ -21,11 +21,57 @@ struct MlpSpec {
   std::vector<int> layers = {784, 256, 128, 10};
 };
 
+// A small CNN for Fashion-MNIST's 28x28 one-channel images:
+//   conv1: conv1 filters 5x5, padding 2 (28x28), ReLU, 2x2 max pool (14x14)
+//   conv2: conv2 filters 5x5 over conv1 channels, padding 2, ReLU, 2x2 max
+//          pool (7x7)
+//   fc:    conv2 * 7 * 7 inputs (flattened channel-major, as PyTorch's
+//          Flatten of NCHW) to `classes` logits; softmax cross-entropy.
+// Parameter layout: conv1.weight (conv1 x 1 x 5 x 5, PyTorch's OIHW),
+// conv1.bias, conv2.weight (conv2 x conv1 x 5 x 5), conv2.bias, fc.weight
+// (classes x conv2*49, row-major), fc.bias.
+struct CnnSpec {
+  int conv1 = 16;
+  int conv2 = 32;
+  int classes = 10;
+};
+inline constexpr int kCnnImageSide = 28;
+inline constexpr int kCnnKernel = 5;
+
+// Which model a worker trains.
+struct ModelSpec {
+  enum class Kind { kMlp, kCnn };
+  Kind kind = Kind::kMlp;
+  MlpSpec mlp;
+  CnnSpec cnn;
+  // "mlp" or "cnn".
+  std::string name() const { return kind == Kind::kCnn ? "cnn" : "mlp"; }
+  // Features per sample, and classes.
+  int inputs() const;
+  int classes() const;
+};
+
 // One named tensor of the flat parameter vector.
 struct TensorSpec {
-  std::string name;  // "fc1.weight", "fc1.bias", "fc2.weight", ...
+  std::string name;  // "fc1.weight", "fc1.bias", "conv1.weight", ...
   size_t size;       // Number of floats, e.g. 256 * 784 for fc1.weight.
+  // A weight's inputs per output (its init bound is sqrt(6 / fan_in)); 0
+  // for a bias (initialised to zero).
+  size_t fan_in = 0;
 };
+
+// The tensor table of `spec`, in flat-vector order; empty when the spec is
+// invalid (an MLP with fewer than two layers or a width <= 0; a CNN with a
+// count <= 0).
+std::vector<TensorSpec> ModelTensors(const ModelSpec& spec);
+
+// The initialisation every backend uses (so that they start from the same
+// bytes): element i of a weight tensor is u_i * sqrt(6 / fan_in), u_i in
+// [-1, 1) from the i-th output of splitmix64 seeded with `seed` (i: the
+// index in the whole flat vector; 24 random bits, exactly representable);
+// biases are zero. NaN everywhere when params.size() differs from the sum
+// of `tensors`' sizes.
+void InitTensors(const std::vector<TensorSpec>& tensors, uint64_t seed, std::span<float> params);
 
 // Result of ComputeBackend::Evaluate.
 struct EvalResult {

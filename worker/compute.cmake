@@ -8,6 +8,8 @@ get_filename_component(PACER_COMPUTE_REPO_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." AB
 add_library(pacer_worker_compute STATIC
   ${CMAKE_CURRENT_LIST_DIR}/mnist.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_cnn.cc
+  ${CMAKE_CURRENT_LIST_DIR}/model.cc
 )
 # Headers are included as "worker/mnist.h", "worker/cpu_backend.h".
 target_include_directories(pacer_worker_compute PUBLIC

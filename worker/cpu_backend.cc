@@ -33,31 +33,21 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Evaluate's chunk: bounds scratch to kEvalChunk x (sum of widths) floats.
 constexpr size_t kEvalChunk = 1000;
 
-// splitmix64's output function. Element i of the init stream is
-// Mix(seed + (i + 1) * golden), i.e. the i-th output of a splitmix64 generator
-// seeded with `seed`; being counter-based, another backend can compute any
-// element independently (e.g. one GPU thread each) and get the same bits.
-uint64_t Mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 class CpuBackend final : public ComputeBackend {
  public:
   explicit CpuBackend(std::vector<int> layers) : layers_(std::move(layers)) {
     // Process-wide: the worker gets its parallelism from many workers, and
     // OpenBLAS threads would fight them for cores.
     openblas_set_num_threads(1);
+    ModelSpec spec;
+    spec.mlp.layers = layers_;
+    tensors_ = ModelTensors(spec);
     size_t offset = 0;
     for (size_t k = 1; k < layers_.size(); ++k) {
       const size_t in = layers_[k - 1], out = layers_[k];
-      const std::string prefix = "fc" + std::to_string(k);
       w_offset_.push_back(offset);
-      tensors_.push_back({prefix + ".weight", out * in});
       offset += out * in;
       b_offset_.push_back(offset);
-      tensors_.push_back({prefix + ".bias", out});
       offset += out;
     }
     num_params_ = offset;
@@ -70,21 +60,7 @@ class CpuBackend final : public ComputeBackend {
   size_t num_params() const override { return num_params_; }
 
   void InitParams(uint64_t seed, std::span<float> params) const override {
-    if (params.size() != num_params_) {
-      std::fill(params.begin(), params.end(), kNaN);
-      return;
-    }
-    for (size_t k = 0; k < num_layers(); ++k) {
-      const size_t in = layers_[k], out = layers_[k + 1];
-      const double bound = std::sqrt(6.0 / static_cast<double>(in));
-      for (size_t i = w_offset_[k]; i < w_offset_[k] + out * in; ++i) {
-        // 24 random bits -> an exactly representable u in [-1, 1).
-        const uint64_t bits = Mix(seed + (i + 1) * 0x9e3779b97f4a7c15ULL) >> 40;
-        const double u = static_cast<double>(bits) * 0x1p-23 - 1.0;
-        params[i] = static_cast<float>(u * bound);
-      }
-      std::fill_n(params.begin() + b_offset_[k], out, 0.0f);
-    }
+    InitTensors(tensors_, seed, params);
   }
 
   float ComputeGradient(std::span<const float> params, const float* x,
@@ -231,6 +207,11 @@ std::unique_ptr<ComputeBackend> MakeCpuBackend(const MlpSpec& spec) {
     if (width <= 0) return nullptr;
   }
   return std::make_unique<CpuBackend>(spec.layers);
+}
+
+std::unique_ptr<ComputeBackend> MakeCpuBackend(const ModelSpec& spec) {
+  if (spec.kind == ModelSpec::Kind::kCnn) return MakeCpuCnnBackend(spec.cnn);
+  return MakeCpuBackend(spec.mlp);
 }
 
 }  // namespace pacer::worker

@@ -1,5 +1,5 @@
-// CPU implementation of ComputeBackend: an MLP on Eigen, with the matrix
-// products handed to OpenBLAS.
+// CPU implementations of ComputeBackend: the MLP and the CNN on Eigen, with
+// the matrix products handed to OpenBLAS.
 
 #ifndef PACER_WORKER_CPU_BACKEND_H_
 #define PACER_WORKER_CPU_BACKEND_H_
@@ -18,6 +18,14 @@ namespace pacer::worker {
 // workers, not within a GEMM. Calls from different threads on different
 // instances are safe.
 std::unique_ptr<ComputeBackend> MakeCpuBackend(const MlpSpec& spec);
+
+// The CNN of `spec` on the CPU (worker/cpu_cnn.cc): im2col plus OpenBLAS
+// GEMMs, a batch processed in chunks of 64 samples so that its scratch
+// stays under ~60 MB. nullptr when a count is <= 0.
+std::unique_ptr<ComputeBackend> MakeCpuCnnBackend(const CnnSpec& spec);
+
+// Either model.
+std::unique_ptr<ComputeBackend> MakeCpuBackend(const ModelSpec& spec);
 
 }  // namespace pacer::worker
 

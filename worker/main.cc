@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "ps/cli.h"
@@ -41,7 +42,14 @@ int main(int argc, char** argv) {
                  "Use only the first N training samples (0: all)")->capture_default_str();
   app.add_option("--test-limit", opts.test_limit,
                  "Rank 0 evaluates only the first N test samples (0: all)")->capture_default_str();
+  std::string model = "mlp", cnn_channels = "16,32";
+  app.add_option("--model", model, "The model: mlp (--layers) or cnn (conv-pool-conv-pool-fc, "
+                                   "--cnn-channels); every worker of a job must train the same")
+      ->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
   app.add_option("--layers", layers, "MLP layer widths, comma-separated; first 784, last 10")
+      ->capture_default_str();
+  app.add_option("--cnn-channels", cnn_channels,
+                 "CNN: filters of its two 5x5 convolutions, comma-separated")
       ->capture_default_str();
   app.add_option("--block-floats", opts.block_floats,
                  "Cut tensors into keys of at most this many floats")
@@ -93,23 +101,41 @@ int main(int argc, char** argv) {
     return pacer::kExitUsage;
   }
 
-  opts.model.layers.clear();
-  std::stringstream ss(layers);
-  for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      int v = std::stoi(item);
-      if (v <= 0) throw std::invalid_argument("non-positive");
-      opts.model.layers.push_back(v);
-    } catch (const std::exception&) {
-      std::fprintf(stderr, "pacer-worker: --layers: '%s' is not a positive integer\n", item.c_str());
-      return pacer::kExitUsage;
+  // Comma-separated positive integers, or nullopt after saying why.
+  auto widths = [](const std::string& flag, const std::string& text) -> std::optional<std::vector<int>> {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        size_t used = 0;
+        const int v = std::stoi(item, &used);
+        if (v <= 0 || used != item.size()) throw std::invalid_argument("not a positive integer");
+        out.push_back(v);
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "pacer-worker: %s: '%s' is not a positive integer\n", flag.c_str(),
+                     item.c_str());
+        return std::nullopt;
+      }
     }
-  }
-  if (opts.model.layers.size() < 2 || opts.model.layers.front() != 784 ||
-      opts.model.layers.back() != 10) {
+    return out;
+  };
+  auto mlp_layers = widths("--layers", layers);
+  if (!mlp_layers) return pacer::kExitUsage;
+  opts.model.mlp.layers = *mlp_layers;
+  if (opts.model.mlp.layers.size() < 2 || opts.model.mlp.layers.front() != 784 ||
+      opts.model.mlp.layers.back() != 10) {
     std::fprintf(stderr, "pacer-worker: --layers must start with 784 and end with 10\n");
     return pacer::kExitUsage;
   }
+  auto channels = widths("--cnn-channels", cnn_channels);
+  if (!channels) return pacer::kExitUsage;
+  if (channels->size() != 2) {
+    std::fprintf(stderr, "pacer-worker: --cnn-channels takes two counts, e.g. 16,32\n");
+    return pacer::kExitUsage;
+  }
+  opts.model.cnn.conv1 = (*channels)[0];
+  opts.model.cnn.conv2 = (*channels)[1];
+  if (model == "cnn") opts.model.kind = pacer::worker::ModelSpec::Kind::kCnn;
   if (!schedule.empty()) {
     auto steps = pacer::worker::ParseSlowdownSchedule(schedule);
     if (!steps.ok()) {

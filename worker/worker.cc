@@ -37,11 +37,12 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const Work
   auto model = ReadModelFile(path);
   if (!model.ok()) return model.status();
   auto backend = MakeCpuBackend(options.model);
-  if (backend == nullptr) return absl::InvalidArgumentError("invalid model layer widths");
+  if (backend == nullptr) return absl::InvalidArgumentError("invalid model shape");
   if (model->values.size() != backend->num_params()) {
     return absl::FailedPreconditionError(
-        path + " holds " + std::to_string(model->values.size()) + " parameters; the model of " +
-        "--layers has " + std::to_string(backend->num_params()));
+        path + " holds " + std::to_string(model->values.size()) + " parameters; the " +
+        options.model.name() + " of --model/--layers/--cnn-channels has " +
+        std::to_string(backend->num_params()));
   }
   auto test = LoadFashionMnist(options.dataset_dir, /*train=*/false);
   if (!test.ok()) return test.status();

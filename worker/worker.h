@@ -41,7 +41,7 @@ struct WorkerOptions {
   // Evaluate on only the first N test samples (--test-limit); 0: all 10k.
   size_t test_limit = 0;
   // The model: layer widths (--layers).
-  MlpSpec model;
+  ModelSpec model;  // --model, --layers, --cnn-channels
   // Tensors are cut into blocks of at most this many floats, one key each,
   // so that range partitioning can balance shards (--block-floats).
   size_t block_floats = 32768;
