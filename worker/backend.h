@@ -141,6 +141,12 @@ class ComputeBackend {
   // samples 0.
   virtual EvalResult Evaluate(std::span<const float> params, const float* x,
                               const uint8_t* y, size_t n) = 0;
+
+  // The largest batch this backend's memory holds in one pass (a GPU's free
+  // memory over the model's per-sample footprint), which the worker reports
+  // to the policy as b_max; 0: no such limit (the CPU backends, which work
+  // in fixed chunks).
+  virtual uint32_t max_batch() const { return 0; }
 };
 
 }  // namespace pacer::worker

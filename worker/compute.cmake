@@ -24,3 +24,28 @@ target_link_libraries(pacer_worker_compute
   # libblas.so alternative, which may be Debian's slow reference BLAS.
   PRIVATE ZLIB::ZLIB Eigen3::Eigen ${OpenBLAS_LIBRARIES}
 )
+
+# The CUDA backend (worker/cuda_backend.h) is a library of its own,
+# pacer_cuda: compiled where nvcc is (the top level's PACER_HAVE_CUDA),
+# else its no-device stand-in. pacer_cuda_none is the stand-in always; a
+# program picks one. Both hold --device and the batch-limit model
+# (device.cc), which call the one they come with.
+#
+# pacer-worker links pacer_cuda_none for now: with cuBLAS loaded into the
+# process, civetweb's server (the /metrics endpoint) fails to start ("Cannot
+# create threads: error 25"); until that is understood, the GPU path is
+# exercised by cuda_backend_test and pacer-compute-bench only.
+add_library(pacer_cuda_none STATIC ${CMAKE_CURRENT_LIST_DIR}/cuda_none.cc
+  ${CMAKE_CURRENT_LIST_DIR}/device.cc)
+target_link_libraries(pacer_cuda_none PUBLIC pacer_worker_compute)
+if(PACER_HAVE_CUDA)
+  add_library(pacer_cuda STATIC ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
+    ${CMAKE_CURRENT_LIST_DIR}/device.cc)
+  target_include_directories(pacer_cuda PRIVATE ${PACER_COMPUTE_REPO_ROOT})
+  # The runtime statically (a bare GPU machine has no CUDA libraries);
+  # cuBLAS has no static library here, so libcublas.so.13 and
+  # libcublasLt.so.13 travel with the binaries to such a machine.
+  target_link_libraries(pacer_cuda PUBLIC pacer_worker_compute PRIVATE CUDA::cudart_static CUDA::cublas)
+else()
+  add_library(pacer_cuda ALIAS pacer_cuda_none)
+endif()

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "The model: mlp (--layers) or cnn (conv-pool-conv-pool-fc, "
                                    "--cnn-channels); every worker of a job must train the same")
       ->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
+  app.add_option("--device", opts.device,
+                 "Where to compute: cpu, cuda, cuda:N, or auto (cuda:0 where a GPU exists, else "
+                 "cpu). A CUDA device that cannot be used is an error, never a CPU fallback")
+      ->capture_default_str();
   app.add_option("--layers", layers, "MLP layer widths, comma-separated; first 784, last 10")
       ->capture_default_str();
   app.add_option("--cnn-channels", cnn_channels,

@@ -21,6 +21,7 @@
 #include "ps/rpc.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu_backend.h"
+#include "worker/cuda_backend.h"
 
 namespace pacer::worker {
 
@@ -36,8 +37,9 @@ std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats) {
 absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options) {
   auto model = ReadModelFile(path);
   if (!model.ok()) return model.status();
-  auto backend = MakeCpuBackend(options.model);
-  if (backend == nullptr) return absl::InvalidArgumentError("invalid model shape");
+  std::string why;
+  auto backend = MakeBackend(options.model, options.device, &why);
+  if (backend == nullptr) return absl::InvalidArgumentError(why);
   if (model->values.size() != backend->num_params()) {
     return absl::FailedPreconditionError(
         path + " holds " + std::to_string(model->values.size()) + " parameters; the " +
@@ -418,8 +420,12 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
       test = std::move(*loaded);
       n = test->size();
       if (options.test_limit > 0) n = std::min(n, options.test_limit);
-      eval_backend = MakeCpuBackend(options.model);
-      if (eval_backend == nullptr) return;
+      std::string why;
+      eval_backend = MakeBackend(options.model, options.device, &why);
+      if (eval_backend == nullptr) {
+        spdlog::error("worker {}: no backend to evaluate on: {}", id, why);
+        return;
+      }
       spdlog::info("worker {}: evaluating the test set for the monitor", id);
     }
     if (absl::Status s = RefreshMap(**client); !s.ok()) {
@@ -451,8 +457,13 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     w.train.labels.resize(o.train_limit);
     w.train.images.resize(o.train_limit * w.train.features());
   }
-  w.backend = MakeCpuBackend(o.model);
-  if (w.backend == nullptr) return absl::InvalidArgumentError("invalid model layer widths");
+  std::string why;
+  w.backend = MakeBackend(o.model, o.device, &why);
+  if (w.backend == nullptr) return absl::InvalidArgumentError(why);
+  if (w.options.max_batch == 0) w.options.max_batch = w.backend->max_batch();  // before heartbeats
+  spdlog::info("worker: {} on {} ({} parameters; batch limit {})", o.model.name(),
+               w.backend->name(), w.backend->num_params(),
+               o.max_batch > 0 ? std::to_string(o.max_batch) : std::string("none"));
   w.keys = BlockKeys(w.backend->num_params(), o.block_floats);
 
   w.phase = 1;

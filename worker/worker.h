@@ -42,6 +42,9 @@ struct WorkerOptions {
   size_t test_limit = 0;
   // The model: layer widths (--layers).
   ModelSpec model;  // --model, --layers, --cnn-channels
+  // Where it computes (--device): cpu, cuda, cuda:N, or auto (cuda:0 where
+  // a GPU exists). A CUDA device that cannot be used is an error.
+  std::string device = "auto";
   // Tensors are cut into blocks of at most this many floats, one key each,
   // so that range partitioning can balance shards (--block-floats).
   size_t block_floats = 32768;
@@ -58,7 +61,8 @@ struct WorkerOptions {
   double slowdown = 1.0;
   std::vector<SlowdownStep> slowdown_schedule;
   // The largest batch this worker can hold, reported to the policy as its
-  // memory limit (--max-batch); 0: no limit.
+  // memory limit (--max-batch); 0: the backend's own (a GPU's memory), or
+  // none.
   uint32_t max_batch = 0;
   // Fault handling that --unsafe-disable switches off, only to show a chaos
   // invariant failing: `resend` sends an unanswered push or pull again

@@ -1,0 +1,28 @@
+// The CUDA entry points of worker/cuda_backend.h for a program without the
+// CUDA backend (a build without nvcc or with -DPACER_ENABLE_CUDA=OFF, and
+// for now pacer-worker: see worker/compute.cmake): there is no device, and
+// each call says so.
+#include "worker/cuda_backend.h"
+
+namespace pacer::worker {
+
+namespace {
+constexpr const char* kWhy = "this program has no CUDA backend (a build without nvcc or "
+                             "with -DPACER_ENABLE_CUDA=OFF; pacer-worker does not link it yet)";
+}  // namespace
+
+bool CudaBuilt() { return false; }
+
+std::vector<CudaDevice> CudaDevices(std::string* why) {
+  if (why != nullptr) *why = kWhy;
+  return {};
+}
+
+std::unique_ptr<ComputeBackend> MakeCudaBackend(const ModelSpec&, int, std::string* why) {
+  if (why != nullptr) *why = kWhy;
+  return nullptr;
+}
+
+uint64_t CudaKernelsRun() { return 0; }
+
+}  // namespace pacer::worker
