@@ -188,52 +188,44 @@ __global__ void Flatten(float* hwc, int n, int p, int ch, float* chw, int back) 
   }
 }
 
-// Device memory that frees itself.
-template <class T>
-struct DeviceBuffer {
+// Device (or, Pinned, page-locked host) memory that frees itself.
+template <class T, bool Pinned = false>
+struct Buffer {
   T* p = nullptr;
   size_t n = 0;
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), n(o.n) {
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : p(o.p), n(o.n) {
     o.p = nullptr;
     o.n = 0;
   }
-  ~DeviceBuffer() { cudaFree(p); }
-  bool Grow(size_t want) {
-    if (want <= n) return true;
-    cudaFree(p);
+  ~Buffer() { Free(); }
+  void Free() {
+    if (Pinned) {
+      cudaFreeHost(p);
+    } else {
+      cudaFree(p);
+    }
     p = nullptr;
     n = 0;
-    if (cudaMalloc(&p, want * sizeof(T)) != cudaSuccess) return false;
+  }
+  bool Grow(size_t want) {
+    if (want <= n) return true;
+    Free();
+    void* raw = nullptr;
+    const cudaError_t err =
+        Pinned ? cudaMallocHost(&raw, want * sizeof(T)) : cudaMalloc(&raw, want * sizeof(T));
+    if (err != cudaSuccess) return false;
+    p = static_cast<T*>(raw);
     n = want;
     return true;
   }
 };
-
 template <class T>
-struct PinnedBuffer {
-  T* p = nullptr;
-  size_t n = 0;
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p(o.p), n(o.n) {
-    o.p = nullptr;
-    o.n = 0;
-  }
-  ~PinnedBuffer() { cudaFreeHost(p); }
-  bool Grow(size_t want) {
-    if (want <= n) return true;
-    cudaFreeHost(p);
-    p = nullptr;
-    n = 0;
-    if (cudaMallocHost(&p, want * sizeof(T)) != cudaSuccess) return false;
-    n = want;
-    return true;
-  }
-};
+using DeviceBuffer = Buffer<T>;
+template <class T>
+using PinnedBuffer = Buffer<T, true>;
 
 class CudaBackend final : public ComputeBackend {
  public:
