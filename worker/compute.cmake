@@ -31,10 +31,9 @@ target_link_libraries(pacer_worker_compute
 # program picks one. Both hold --device and the batch-limit model
 # (device.cc), which call the one they come with.
 #
-# pacer-worker links pacer_cuda_none for now: with cuBLAS loaded into the
-# process, civetweb's server (the /metrics endpoint) fails to start ("Cannot
-# create threads: error 25"); until that is understood, the GPU path is
-# exercised by cuda_backend_test and pacer-compute-bench only.
+# pacer-worker links pacer_cuda_dl, which loads the backend from the module
+# libpacer_cuda.so (pacer_cuda_module) with dlopen when first asked for:
+# cuBLAS linked at start broke civetweb's threads (worker/cuda_dl.cc).
 add_library(pacer_cuda_none STATIC ${CMAKE_CURRENT_LIST_DIR}/cuda_none.cc
   ${CMAKE_CURRENT_LIST_DIR}/device.cc)
 target_link_libraries(pacer_cuda_none PUBLIC pacer_worker_compute)
@@ -46,6 +45,19 @@ if(PACER_HAVE_CUDA)
   # cuBLAS has no static library here, so libcublas.so.13 and
   # libcublasLt.so.13 travel with the binaries to such a machine.
   target_link_libraries(pacer_cuda PUBLIC pacer_worker_compute PRIVATE CUDA::cudart_static CUDA::cublas)
+  # The same backend as a module for dlopen: libpacer_cuda.so beside the
+  # worker's binary folder (build/worker/), with its own copy of model.cc.
+  add_library(pacer_cuda_module MODULE ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
+    ${CMAKE_CURRENT_LIST_DIR}/model.cc)
+  set_target_properties(pacer_cuda_module PROPERTIES OUTPUT_NAME pacer_cuda)
+  target_include_directories(pacer_cuda_module PRIVATE ${PACER_COMPUTE_REPO_ROOT})
+  target_link_libraries(pacer_cuda_module PRIVATE CUDA::cudart_static CUDA::cublas)
 else()
   add_library(pacer_cuda ALIAS pacer_cuda_none)
+endif()
+add_library(pacer_cuda_dl STATIC ${CMAKE_CURRENT_LIST_DIR}/cuda_dl.cc
+  ${CMAKE_CURRENT_LIST_DIR}/device.cc)
+target_link_libraries(pacer_cuda_dl PUBLIC pacer_worker_compute PRIVATE ${CMAKE_DL_LIBS})
+if(PACER_HAVE_CUDA)
+  add_dependencies(pacer_cuda_dl pacer_cuda_module)
 endif()

@@ -550,8 +550,13 @@ std::unique_ptr<ComputeBackend> MakeCudaBackend(const ModelSpec& spec, int devic
     return nullptr;
   }
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
-    if (why != nullptr) *why = "no CUDA device " + std::to_string(device);
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || device < 0 || device >= count) {
+    if (why != nullptr) {
+      *why = "no CUDA device " + std::to_string(device) +
+             (err != cudaSuccess ? std::string(": ") + cudaGetErrorString(err)
+                                 : " (" + std::to_string(count) + " here)");
+    }
     return nullptr;
   }
   auto backend = std::make_unique<CudaBackend>(spec, device);
@@ -566,3 +571,11 @@ uint64_t CudaKernelsRun() {
 }
 
 }  // namespace pacer::worker
+
+// For dlopen (worker/cuda_dl.cc): the entry points above in one table.
+extern "C" __attribute__((visibility("default"))) const pacer::worker::CudaApi* PacerCudaApi() {
+  static const pacer::worker::CudaApi api = {
+      &pacer::worker::CudaBuilt, &pacer::worker::CudaDevices, &pacer::worker::MakeCudaBackend,
+      &pacer::worker::CudaKernelsRun};
+  return &api;
+}

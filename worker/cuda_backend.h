@@ -54,6 +54,17 @@ size_t CudaBytesPerSample(const ModelSpec& spec);
 // copies) of `spec`.
 size_t CudaBytesPerModel(const ModelSpec& spec);
 
+// The CUDA entry points as one table: what libpacer_cuda.so (the backend
+// built as a module) hands out through its C function PacerCudaApi, for a
+// program that loads it with dlopen (worker/cuda_dl.cc) instead of linking
+// cuBLAS at start.
+struct CudaApi {
+  bool (*built)();
+  std::vector<CudaDevice> (*devices)(std::string* why);
+  std::unique_ptr<ComputeBackend> (*make)(const ModelSpec& spec, int device, std::string* why);
+  uint64_t (*kernels_run)();
+};
+
 // The backend named by --device: "cpu", "cuda" or "cuda:N", or "auto"
 // (cuda:0 where a GPU exists, else cpu). nullptr with `why` for a bad name
 // or a CUDA device that cannot be used (never a silent CPU fallback).

@@ -1,14 +1,13 @@
 // The CUDA entry points of worker/cuda_backend.h for a program without the
-// CUDA backend (a build without nvcc or with -DPACER_ENABLE_CUDA=OFF, and
-// for now pacer-worker: see worker/compute.cmake): there is no device, and
-// each call says so.
+// CUDA backend (a build without nvcc or with -DPACER_ENABLE_CUDA=OFF):
+// there is no device, and each call says so.
 #include "worker/cuda_backend.h"
 
 namespace pacer::worker {
 
 namespace {
 constexpr const char* kWhy = "this program has no CUDA backend (a build without nvcc or "
-                             "with -DPACER_ENABLE_CUDA=OFF; pacer-worker does not link it yet)";
+                             "with -DPACER_ENABLE_CUDA=OFF)";
 }  // namespace
 
 bool CudaBuilt() { return false; }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "worker/backend.h"
+#include "worker/cuda_backend.h"
 
 namespace pacer::worker {
 namespace {
@@ -88,6 +89,37 @@ void InitTensors(const std::vector<TensorSpec>& tensors, uint64_t seed, std::spa
       params[i] = static_cast<float>(u * bound);
     }
   }
+}
+
+// The device-memory model behind a GPU worker's batch limit
+// (worker/cuda_backend.h); here so that the CUDA module has it too.
+size_t CudaBytesPerSample(const ModelSpec& spec) {
+  size_t floats = static_cast<size_t>(spec.inputs()) + 2 * static_cast<size_t>(spec.classes());
+  if (spec.kind == ModelSpec::Kind::kCnn) {
+    const size_t c1 = static_cast<size_t>(spec.cnn.conv1), c2 = static_cast<size_t>(spec.cnn.conv2);
+    const size_t p1 = kCnnImageSide * kCnnImageSide, p2 = p1 / 4, p3 = p2 / 4;
+    const size_t k2 = kCnnKernel * kCnnKernel;
+    floats += p1 * k2 + p1 * c1            // conv1 columns, output
+              + 4 * p2 * c1                // pooled, its gradient, argmax, (ints: 4 bytes)
+              + p2 * c1 * k2 + p2 * c2     // conv2 columns, output
+              + 4 * p3 * c2 + 2 * p3 * c2  // pooled, gradient, argmax; flat and its gradient
+              + p1;                        // the ones vector of the bias sums
+  } else {
+    const auto& l = spec.mlp.layers;
+    size_t widest = 0;
+    for (size_t k = 1; k < l.size(); ++k) {
+      floats += static_cast<size_t>(l[k]);
+      widest = std::max(widest, static_cast<size_t>(l[k]));
+    }
+    floats += std::max(widest, static_cast<size_t>(spec.inputs())) + 1;  // delta, ones
+  }
+  return floats * sizeof(float) + sizeof(double) + 1;  // + the per-row loss and label
+}
+
+size_t CudaBytesPerModel(const ModelSpec& spec) {
+  size_t params = 0;
+  for (const TensorSpec& t : ModelTensors(spec)) params += t.size;
+  return 2 * params * sizeof(float);  // parameters and the packed gradient
 }
 
 }  // namespace pacer::worker

@@ -14,13 +14,13 @@ include(CMakePackageConfigHelpers)
 install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-install(TARGETS pacer_ps pacer_worker pacer_worker_compute pacer_cuda_none EXPORT PacerTargets
+install(TARGETS pacer_ps pacer_worker pacer_worker_compute pacer_cuda_dl EXPORT PacerTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer)
 set_target_properties(pacer_ps PROPERTIES EXPORT_NAME ps)
 set_target_properties(pacer_worker PROPERTIES EXPORT_NAME worker)
 set_target_properties(pacer_worker_compute PROPERTIES EXPORT_NAME worker_compute)
-set_target_properties(pacer_cuda_none PROPERTIES EXPORT_NAME cuda_none)
+set_target_properties(pacer_cuda_dl PROPERTIES EXPORT_NAME cuda_dl)
 install(EXPORT PacerTargets NAMESPACE Pacer::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Pacer)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/PacerConfig.cmake.in
