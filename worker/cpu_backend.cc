@@ -4,6 +4,7 @@
 // definition of them.
 
 #include "worker/cpu_backend.h"
+#include "worker/cpu_loss.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -78,20 +79,8 @@ class CpuBackend final : public ComputeBackend {
 
     // Softmax cross-entropy, turning the logits in place into
     // dLoss/dLogits = (softmax - onehot) / batch.
-    const Eigen::Index classes = layers_.back();
-    MatMap logits(acts_[num_l - 1].data(), rows, classes);
-    const float inv_batch = 1.0f / static_cast<float>(batch);
-    double loss = 0;
-    for (Eigen::Index r = 0; r < rows; ++r) {
-      auto row = logits.row(r);
-      const float m = row.maxCoeff();
-      const float shifted_target = row(y[r]) - m;
-      row.array() = (row.array() - m).exp();
-      const float sum = row.sum();
-      loss += std::log(static_cast<double>(sum)) - shifted_target;
-      row *= inv_batch / sum;
-      row(y[r]) -= inv_batch;
-    }
+    const double loss = cpu::SoftmaxXentBackward(acts_[num_l - 1].data(), rows, layers_.back(), y,
+                                                 1.0f / static_cast<float>(batch));
 
     // Walk back through the layers. acts_[k] holds dLoss/dZ of layer k once
     // we get to it (the ReLU mask is applied in place), so no extra buffer per
@@ -130,15 +119,7 @@ class CpuBackend final : public ComputeBackend {
       const auto rows =
           static_cast<Eigen::Index>(std::min(kEvalChunk, n - start));
       Forward(params, x + start * in, rows);
-      ConstMatMap logits(acts_.back().data(), rows, classes);
-      for (Eigen::Index r = 0; r < rows; ++r) {
-        Eigen::Index argmax = 0;
-        const float m = logits.row(r).maxCoeff(&argmax);
-        const uint8_t label = y[start + static_cast<size_t>(r)];
-        const double sum = (logits.row(r).array() - m).exp().sum();
-        loss += std::log(sum) - (logits(r, label) - m);
-        correct += argmax == label ? 1 : 0;
-      }
+      cpu::ScoreLogits(acts_.back().data(), rows, classes, y + start, &loss, &correct);
     }
     const auto total = static_cast<double>(n);
     return {static_cast<double>(correct) / total, loss / total, n};

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "worker/cpu_backend.h"
+#include "worker/cpu_loss.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -164,18 +165,7 @@ class CpuCnnBackend final : public ComputeBackend {
       const float* xs = x + static_cast<size_t>(start) * kSide * kSide;
       Forward(params, xs, n);
       // dLoss/dLogits = (softmax - onehot) / batch, in place.
-      MatMap logits(logits_.data(), n, classes_);
-      for (int r = 0; r < n; ++r) {
-        auto row = logits.row(r);
-        const uint8_t label = y[start + r];
-        const float m = row.maxCoeff();
-        const float shifted_target = row(label) - m;
-        row.array() = (row.array() - m).exp();
-        const float sum = row.sum();
-        loss += std::log(static_cast<double>(sum)) - shifted_target;
-        row *= inv_batch / sum;
-        row(label) -= inv_batch;
-      }
+      loss += cpu::SoftmaxXentBackward(logits_.data(), n, classes_, y + start, inv_batch);
       Backward(params, n, grad);
     }
     return static_cast<float>(loss / static_cast<double>(batch));
@@ -193,15 +183,7 @@ class CpuCnnBackend final : public ComputeBackend {
     for (size_t start = 0; start < n; start += kChunk) {
       const int rows = static_cast<int>(std::min<size_t>(kChunk, n - start));
       Forward(params, x + start * kSide * kSide, rows);
-      ConstMatMap logits(logits_.data(), rows, classes_);
-      for (int r = 0; r < rows; ++r) {
-        Eigen::Index argmax = 0;
-        const float m = logits.row(r).maxCoeff(&argmax);
-        const uint8_t label = y[start + static_cast<size_t>(r)];
-        const double sum = (logits.row(r).array() - m).exp().sum();
-        loss += std::log(sum) - (logits(r, label) - m);
-        correct += argmax == label ? 1 : 0;
-      }
+      cpu::ScoreLogits(logits_.data(), rows, classes_, y + start, &loss, &correct);
     }
     const auto total = static_cast<double>(n);
     return {static_cast<double>(correct) / total, loss / total, n};
