@@ -13,6 +13,8 @@ namespace {
 // Clocks a push may run ahead of the last applied one (BSP needs 1; a read
 // at most kMaxStalenessBound past it, and its push, one more).
 constexpr int64_t kMaxOpenClocks = kMaxStalenessBound + 1;
+// Most parts one push may come in (one per layer or so).
+constexpr uint32_t kMaxPushParts = 256;
 // Push times kept per worker for DSSP's extrapolation.
 constexpr size_t kPushTimes = 8;
 
@@ -100,6 +102,12 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
   m_duplicates_ = &prometheus::BuildCounter()
                        .Name("pacer_shard_duplicate_pushes_total")
                        .Help("Pushes received again (retries), acknowledged and not applied")
+                       .Register(*registry_)
+                       .Add({});
+  m_push_parts_ = &prometheus::BuildCounter()
+                       .Name("pacer_shard_push_parts_total")
+                       .Help("Messages that carried one part of a push sent in parts (layer-wise "
+                             "push); a push in one message is not counted")
                        .Register(*registry_)
                        .Add({});
   m_lost_ = &prometheus::BuildCounter()
@@ -484,6 +492,7 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
     spare_velocity_.reset();
     spare_acc_.clear();
     ++key_version_;
+    for (auto& [id, member] : live_) member.staged.reset();  // may name keys gone
     m_keys_->Set(static_cast<double>(slots_.size()));
     // Parked pulls that name a key gone from here: the reader must ask the new owner.
     for (auto it = parked_.begin(); it != parked_.end();) {
@@ -556,6 +565,7 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
   }
   slots_ = std::move(slots);
   ++key_version_;
+  for (auto& [id, member] : live_) member.staged.reset();
   params_ = std::move(next_params);
   velocity_ = std::move(next_velocity);
   spare_params_.reset();
@@ -726,24 +736,105 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       return;
     }
   }
-  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d, mem, out);
-  return OnSyncPush(peer, d, mem, out);
+  if (m->parts() != 1 || m->part() != 0) return OnPushPart(peer, d, mem, out);
+  std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
+  PushArgs push;
+  push.clock = m->clock();
+  push.batch = m->batch();
+  push.seq = m->seq();
+  if (m->read_applied()) push.read_applied = *m->read_applied();
+  if (m->read_steps()) push.read_steps = *m->read_steps();
+  push.keys = keys;
+  push.values = d.floats();
+  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, mem, out);
+  return OnSyncPush(peer, d.env, push, mem, out);
 }
 
-float ShardCore::StalenessWeight(const wire::Push* push) {
+void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
+                           std::vector<Outgoing>* out) {
+  const auto* m = d.As<wire::Push>();
+  if (m->seq() == 0 || m->parts() == 0 || m->parts() > kMaxPushParts || m->part() >= m->parts()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "push part " + std::to_string(m->part()) + " of " +
+                          std::to_string(m->parts()) + " with seq " + std::to_string(m->seq()) +
+                          ": parts need a seq, 1.." + std::to_string(kMaxPushParts) +
+                          " parts and a part below their count",
+                      out);
+  }
+  m_push_parts_->Increment();
+  auto& st = member.staged;
+  if (!st || st->seq != m->seq()) {
+    // A new push (a part of an older one, never completed, is dropped: the
+    // worker has moved on or will send them all again).
+    st.emplace();
+    st->seq = m->seq();
+    st->parts = m->parts();
+    st->got.assign(m->parts(), false);
+  }
+  if (st->parts != m->parts() ||
+      (st->received > 0 && (st->clock != m->clock() || st->batch != m->batch()))) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "part " + std::to_string(m->part()) + " of push " + std::to_string(m->seq()) +
+                          " disagrees with its earlier parts (parts, clock or batch)",
+                      out);
+  }
+  if (!st->got[m->part()]) {
+    st->got[m->part()] = true;
+    ++st->received;
+    st->clock = m->clock();
+    st->batch = m->batch();
+    if (m->read_applied()) st->read_applied = *m->read_applied();
+    if (m->read_steps()) st->read_steps = *m->read_steps();
+    const float* src = d.floats().data();
+    if (m->keys() != nullptr) {
+      for (const wire::KeyLen* k : *m->keys()) {
+        st->values[k->key()].assign(src, src + k->length());
+        src += k->length();
+      }
+    }
+  }
+  if (st->received < st->parts) {
+    flatbuffers::FlatBufferBuilder fbb(64);
+    out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb,
+                                     wire::CreatePushReply(fbb, m->clock(), /*complete=*/false))});
+    return;
+  }
+  // The last part: the push, assembled in key order, as if in one message.
+  Member::Staged whole = std::move(*st);
+  st.reset();
+  std::vector<wire::KeyLen> keys;
+  std::vector<float> values;
+  keys.reserve(whole.values.size());
+  for (const auto& [key, v] : whole.values) {
+    keys.emplace_back(key, v.size());
+    values.insert(values.end(), v.begin(), v.end());
+  }
+  PushArgs push;
+  push.clock = whole.clock;
+  push.batch = whole.batch;
+  push.seq = whole.seq;
+  push.read_applied = whole.read_applied;
+  push.read_steps = whole.read_steps;
+  push.keys = keys;
+  push.values = values;
+  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, member, out);
+  return OnSyncPush(peer, d.env, push, member, out);
+}
+
+float ShardCore::StalenessWeight(const PushArgs& push) {
   int64_t tau = 0;
   if (job_.mode == wire::Mode::Asp) {
     // Steps applied since the read, counted in rounds of one push per live
     // worker: each push moves the model b_i/B of a step, so a worker in
     // lockstep with the others reads fresh parameters.
-    if (const auto read = push->read_steps()) {
+    if (const auto read = push.read_steps) {
       const uint64_t since = steps_ > *read ? steps_ - *read : 0;
       tau = static_cast<int64_t>(since / std::max<size_t>(1, live_.size()));
     }
-  } else if (const auto read = push->read_applied()) {
+  } else if (const auto read = push.read_applied) {
     // The step this gradient joins is clock c; it was computed on parameters
     // through read_applied, so it missed the steps read_applied+1 .. c-1.
-    tau = std::max<int64_t>(0, static_cast<int64_t>(push->clock()) - 1 - *read);
+    tau = std::max<int64_t>(0, static_cast<int64_t>(push.clock) - 1 - *read);
   }
   m_staleness_->Observe(static_cast<double>(tau));
   if (tau > 0) ++stale_pushes_;
@@ -756,25 +847,24 @@ void ShardCore::RecordPush(Member& member, uint64_t clock) {
   if (member.push_times.size() > kPushTimes) member.push_times.pop_front();
 }
 
-void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
-                            std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Push>();
-  const uint64_t clock = m->clock();
-  if (m->seq() == 0 && static_cast<int64_t>(clock) <= member.pushed && options_.dedup) {
+void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
+                            Member& member, std::vector<Outgoing>* out) {
+  const uint64_t clock = push.clock;
+  if (push.seq == 0 && static_cast<int64_t>(clock) <= member.pushed && options_.dedup) {
     // A retry of a push already applied (no seq: clocks only move forward).
     m_duplicates_->Increment();
   } else {
     // One step on this gradient, weighted b_i / B (an empty push, batch 0,
     // is recorded and changes nothing).
-    if (options_.apply_updates && m->keys() != nullptr && m->batch() > 0) {
-      const float scale = StalenessWeight(m) * static_cast<float>(m->batch()) /
+    if (options_.apply_updates && !push.keys.empty() && push.batch > 0) {
+      const float scale = StalenessWeight(push) * static_cast<float>(push.batch) /
                           static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
-      const float* src = d.floats().data();
+      const float* src = push.values.data();
       // A push of every key rewrites every value: step into fresh buffers
       // if a reply or snapshot holds the current ones; else copy first.
       const float* from_w = nullptr;
       const float* from_v = nullptr;
-      if (m->keys()->size() == slots_.size()) {
+      if (push.keys.size() == slots_.size()) {
         PrepareFullStep(&from_w, &from_v);
       } else {
         from_w = MutableParams().data();
@@ -782,14 +872,14 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
       }
       float* w = params_->data();
       float* v = velocity_->data();
-      for (const wire::KeyLen* k : *m->keys()) {
-        const KeySlot& s = slots_.at(k->key());
+      for (const wire::KeyLen& k : push.keys) {
+        const KeySlot& s = slots_.at(k.key());
         SgdMomentumStepFrom({w + s.offset, s.length}, {v + s.offset, s.length}, from_w + s.offset,
                             from_v + s.offset, {src, s.length}, job_.sgd, scale);
         src += s.length;
       }
     }
-    member.seq = std::max(member.seq, m->seq());
+    member.seq = std::max(member.seq, push.seq);
     RecordPush(member, clock);
     CountApplied();
     ++steps_;
@@ -798,25 +888,24 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
     m_clock_->Set(static_cast<double>(applied_clock_));
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeBody(ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
 }
 
-void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
-                           std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Push>();
-  const uint64_t clock = m->clock();
-  std::span<const float> values = d.floats();
+void ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
+                           Member& member, std::vector<Outgoing>* out) {
+  const uint64_t clock = push.clock;
+  std::span<const float> values = push.values;
   // It pushed every clock before this one (the replies said so).
   NotePassed(member, static_cast<int64_t>(clock) - 1);
   if (restored_) Advance(out);
   if (static_cast<int64_t>(clock) <= applied_clock_) {
-    member.seq = std::max(member.seq, m->seq());
+    member.seq = std::max(member.seq, push.seq);
     if (job_.mode == wire::Mode::Backup) {
       ++dropped_pushes_;
       m_dropped_->Increment();
     }
-    return ReplyError(peer, d.env, wire::ErrorCode::Stale,
+    return ReplyError(peer, env, wire::ErrorCode::Stale,
                       "clock " + std::to_string(clock) + " is already closed (applied through " +
                           std::to_string(applied_clock_) + ")",
                       out);
@@ -825,13 +914,13 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
     if (restored_) {
       // Catching up after a restore: the other workers' next pushes or
       // pulls move the applied clock; the worker retries.
-      return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+      return ReplyError(peer, env, wire::ErrorCode::NotReady,
                         "clock " + std::to_string(clock) + " is ahead of the restored clock " +
                             std::to_string(applied_clock_) + "; catching up",
                         out);
     }
     // Each open clock holds a full accumulator: refuse runaway clocks.
-    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+    return ReplyError(peer, env, wire::ErrorCode::Refused,
                       "clock " + std::to_string(clock) + " is more than " +
                           std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
                           std::to_string(applied_clock_),
@@ -844,26 +933,26 @@ void ShardCore::OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
   }
   OpenClock& oc = it->second;
   // A retried push is applied once (unless dedup is switched off).
-  if (oc.pushed.insert(d.env.sender).second || !options_.dedup) {
-    const float weight = StalenessWeight(m) * static_cast<float>(m->batch());
-    if (options_.apply_updates && m->keys() != nullptr) {
+  if (oc.pushed.insert(env.sender).second || !options_.dedup) {
+    const float weight = StalenessWeight(push) * static_cast<float>(push.batch);
+    if (options_.apply_updates) {
       const float* src = values.data();
-      for (const wire::KeyLen* k : *m->keys()) {
-        const KeySlot& s = slots_.at(k->key());
+      for (const wire::KeyLen& k : push.keys) {
+        const KeySlot& s = slots_.at(k.key());
         Accumulate({oc.acc.data() + s.offset, s.length}, {src, s.length}, weight);
         src += s.length;
       }
     }
-    oc.batch_sum += m->batch();
-    oc.seqs[d.env.sender] = m->seq();
-    member.seq = std::max(member.seq, m->seq());
+    oc.batch_sum += push.batch;
+    oc.seqs[env.sender] = push.seq;
+    member.seq = std::max(member.seq, push.seq);
     RecordPush(member, clock);
     CountApplied();
   } else {
     m_duplicates_->Increment();
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeBody(ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
 }
 

@@ -8,7 +8,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -177,6 +179,32 @@ class ShardCore {
     uint64_t seq = 0;              // highest push seq handled
     // After a restore: the first push with a seq counts the lost ones.
     bool check_gap = false;
+    // The parts of a push in several parts (Push.parts > 1) received so
+    // far, held until the last one; not in snapshots (the worker sends
+    // them all again when a restarted shard never completes its push).
+    struct Staged {
+      uint64_t seq = 0;
+      uint32_t parts = 0;
+      uint32_t received = 0;
+      uint64_t clock = 0;
+      uint32_t batch = 0;
+      std::optional<int64_t> read_applied;
+      std::optional<uint64_t> read_steps;
+      std::vector<bool> got;                         // per part
+      std::map<uint64_t, std::vector<float>> values;  // per key
+    };
+    std::optional<Staged> staged;
+  };
+  // One push as the barrier sees it, whether it came in one message or in
+  // parts: keys in ascending order, values laid out in that order.
+  struct PushArgs {
+    uint64_t clock = 0;
+    uint32_t batch = 0;
+    uint64_t seq = 0;
+    std::optional<int64_t> read_applied;
+    std::optional<uint64_t> read_steps;
+    std::span<const wire::KeyLen> keys;
+    std::span<const float> values;
   };
 
   void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
@@ -205,12 +233,16 @@ class ShardCore {
   void CountApplied();
   void RecordPush(Member& member, uint64_t clock);
   // tau of a push, and the weight the staleness-aware learning rate gives it.
-  float StalenessWeight(const wire::Push* push);
+  float StalenessWeight(const PushArgs& push);
   // Whether `worker` may read clock `clock` now (the mode's rule).
   bool PullReady(uint32_t worker, uint64_t clock);
-  void OnAsyncPush(const Frame& peer, const Decoded& d, Member& member,
+  // A part of a push in several parts: held, or the push completed by it
+  // handed on.
+  void OnPushPart(const Frame& peer, const Decoded& d, Member& member,
+                  std::vector<Outgoing>* out);
+  void OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
                    std::vector<Outgoing>* out);
-  void OnSyncPush(const Frame& peer, const Decoded& d, Member& member,
+  void OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
                   std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
@@ -304,6 +336,7 @@ class ShardCore {
   prometheus::Gauge* m_model_updates_ = nullptr;
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
+  prometheus::Counter* m_push_parts_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;
   prometheus::Counter* m_lost_ = nullptr;
   prometheus::Histogram* m_staleness_ = nullptr;

@@ -151,6 +151,32 @@ class ShardTest : public ::testing::Test {
     auto body = pb.Finish();
     return Send(sender, fbb, body, Floats(grads));
   }
+  // Part `part` of `parts` of push `seq`: `keys` (a subset) and their values.
+  std::vector<ShardCore::Outgoing> PushPart(uint32_t sender, uint64_t clock, uint32_t batch,
+                                            uint64_t seq, uint32_t part, uint32_t parts,
+                                            const std::vector<wire::KeyLen>& keys,
+                                            const std::vector<float>& grads) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto kv = fbb.CreateVectorOfStructs(keys);
+    wire::PushBuilder pb(fbb);
+    pb.add_clock(clock);
+    pb.add_batch(batch);
+    pb.add_keys(kv);
+    pb.add_seq(seq);
+    pb.add_part(part);
+    pb.add_parts(parts);
+    auto body = pb.Finish();
+    return Send(sender, fbb, body, Floats(grads));
+  }
+  // Whether the single reply in `out` is a PushReply saying its push is complete.
+  static bool Completes(const std::vector<ShardCore::Outgoing>& out) {
+    EXPECT_EQ(out.size(), 1u);
+    if (out.empty()) return false;
+    Decoded d = MustDecode(out[0]);
+    EXPECT_EQ(d.type(), wire::Body::PushReply)
+        << (d.type() == wire::Body::Error ? d.As<wire::Error>()->reason()->str() : "");
+    return d.type() == wire::Body::PushReply && d.As<wire::PushReply>()->complete();
+  }
   std::vector<ShardCore::Outgoing> Pull(uint32_t sender, uint64_t clock,
                                         const std::vector<wire::KeyLen>& keys = kKeys,
                                         bool latest = false) {
@@ -402,6 +428,64 @@ TEST_F(ShardTest, RetriedPushWithTheSameSeqIsAppliedOnce) {
   ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
   ExpectPushReply(PushSeq(kWorkerA, 0, 1, ga, 1).at(0), 0);
   EXPECT_EQ(shard_->steps(), 1u);
+  EXPECT_EQ(shard_->updates_applied(), 1u);
+}
+
+TEST_F(ShardTest, PushInPartsIsHeldUntilTheLastPartThenAppliedOnce) {
+  // kKeys: key 1 (2 values), key 2 (1 value). The last layer's key first,
+  // as a layer-wise push sends it.
+  const std::vector<wire::KeyLen> k1 = {kKeys[0]}, k2 = {kKeys[1]};
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f}, gb = {3.0f, -2.0f, 4.0f};
+  for (wire::Mode mode : {wire::Mode::Bsp, wire::Mode::Asp}) {
+    SCOPED_TRACE(wire::EnumNameMode(mode));
+    Start(mode);
+    EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {ga[2]})));
+    EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {ga[2]})));  // resent part
+    EXPECT_EQ(shard_->updates_applied(), 0u);
+    EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {ga[0], ga[1]})));
+    EXPECT_EQ(shard_->updates_applied(), 1u);
+    // Parts of an applied push again: acknowledged as complete, not applied.
+    EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {ga[2]})));
+    EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {ga[0], ga[1]})));
+    EXPECT_EQ(shard_->updates_applied(), 1u);
+    EXPECT_TRUE(Completes(PushSeq(kWorkerB, 0, 3, gb, 1)));  // one message
+    EXPECT_EQ(shard_->updates_applied(), 2u);
+    std::vector<float> expected(3);
+    if (mode == wire::Mode::Bsp) {
+      // The same step as two whole pushes.
+      ASSERT_EQ(shard_->applied_clock(), 0);
+      for (size_t i = 0; i < 3; ++i) expected[i] = kW0[i] - kLr * (1 * ga[i] + 3 * gb[i]) / 4;
+      ExpectNear(Params(), expected);
+    } else {
+      EXPECT_EQ(shard_->steps(), 2u);
+    }
+  }
+}
+
+TEST_F(ShardTest, PushPartsThatDisagreeOrLackASeqAreRefused) {
+  Start(wire::Mode::Bsp);
+  const std::vector<wire::KeyLen> k1 = {kKeys[0]}, k2 = {kKeys[1]};
+  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, /*seq=*/0, 0, 2, k1, {1, 1})),
+            wire::ErrorCode::Refused);
+  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, 1, /*part=*/2, 2, k1, {1, 1})),
+            wire::ErrorCode::Refused);
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {1, 1})));
+  // Same seq, another clock: not part of the same push.
+  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 1, 1, 1, 1, 2, k2, {1})), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(shard_->updates_applied(), 0u);
+}
+
+TEST_F(ShardTest, PartsLostInARestartNeverCompleteAndTheWholePushIsSentAgain) {
+  // The worker sees every part answered with complete=false and sends them
+  // all again: the push is applied then, once.
+  Start(wire::Mode::Bsp);
+  const std::vector<wire::KeyLen> k1 = {kKeys[0]}, k2 = {kKeys[1]};
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {3})));
+  Start(wire::Mode::Bsp);  // a fresh shard: the held part is gone
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {1, 2})));
+  EXPECT_EQ(shard_->updates_applied(), 0u);
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {1, 2})));
+  EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {3})));
   EXPECT_EQ(shard_->updates_applied(), 1u);
 }
 
