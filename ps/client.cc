@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace pacer {
 
@@ -69,13 +70,26 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
   c->slices_ = std::move(*slices);
   size_t total = 0;
   for (const auto& k : c->keys_) total += k.length();
-  c->params_ = std::make_shared<std::vector<float>>(total, 0.0f);
-  c->grads_ = std::make_shared<std::vector<float>>(total, 0.0f);
+  c->size_ = total;
+  if (options.allocate) {
+    c->params_ = options.allocate(total);
+    c->grads_ = options.allocate(total);
+    if (!c->params_ || !c->grads_) {
+      return absl::ResourceExhaustedError("cannot allocate " + std::to_string(total) +
+                                          " floats for the parameters and gradient");
+    }
+  } else {
+    c->params_ = std::shared_ptr<float>(new float[std::max<size_t>(1, total)](),
+                                        std::default_delete<float[]>());
+    c->grads_ = std::shared_ptr<float>(new float[std::max<size_t>(1, total)](),
+                                       std::default_delete<float[]>());
+  }
   for (const auto& shard : map.shards) {
     auto ch = RpcChannel::Connect(transport, shard.address, options.rpc);
     if (!ch.ok()) return ch.status();
     c->channels_.push_back(std::move(*ch));
   }
+  c->PlanParts();
   return c;
 }
 
@@ -86,108 +100,226 @@ absl::Status PsClient::ShardError(size_t i, const absl::Status& s) const {
   return err;
 }
 
+void PsClient::BeginRound(bool parts,
+                          std::function<absl::Status(size_t, const Decoded&)> on_reply) {
+  const size_t n = channels_.size();
+  round_.active = true;
+  round_.parts = parts;
+  round_.deadline = transport_->clock()->Now() + options_.request_timeout;
+  round_.requests.clear();
+  round_.expected.assign(n, 1);
+  round_.sent.assign(n, 0);
+  round_.done.assign(n, false);
+  round_.on_reply = std::move(on_reply);
+}
+
+template <class Build>
+absl::Status PsClient::SendInRound(size_t shard, Build build) {
+  absl::StatusOr<uint64_t> id = build(*channels_[shard]);
+  if (!id.ok()) {
+    round_.active = false;
+    return ShardError(shard, id.status());
+  }
+  Request r;
+  r.shard = shard;
+  r.id = *id;
+  r.frames = channels_[shard]->last_sent();
+  r.resend_at = transport_->clock()->Now() + options_.resend_after;
+  r.backoff = options_.retry_backoff;
+  round_.requests.push_back(std::move(r));
+  ++round_.sent[shard];
+  return absl::OkStatus();
+}
+
 template <class Build, class OnReply>
 absl::Status PsClient::Broadcast(Build build, OnReply on_reply) {
-  const size_t n = channels_.size();
-  const Clock* clock = transport_->clock();
-  const TimePoint deadline = clock->Now() + options_.request_timeout;
-  std::vector<uint64_t> ids(n);
-  std::vector<TimePoint> resend_at(n);
-  std::vector<Duration> backoff(n, options_.retry_backoff);
-  for (size_t i = 0; i < n; ++i) {
-    absl::StatusOr<uint64_t> id = build(i, *channels_[i]);
-    if (!id.ok()) return id.status();
-    ids[i] = *id;
-    resend_at[i] = clock->Now() + options_.resend_after;
-  }
-  std::vector<size_t> pending(n);
-  for (size_t i = 0; i < n; ++i) pending[i] = i;
-  // What shard i's reply means: done (true), still owed (false), or an error.
-  auto take = [&](size_t i, absl::StatusOr<std::optional<Decoded>> r) -> absl::StatusOr<bool> {
-    if (!r.ok()) {
-      const wire::ErrorCode code = WireCode(r.status());
-      if (code == wire::ErrorCode::NotOwner) {
-        // Keys moved (elastic shards): the caller takes the newer map and
-        // asks again; wait a little so that a map not out yet can arrive.
-        clock->SleepUntil(clock->Now() + std::chrono::milliseconds(50));
-        const absl::Status e = ShardError(i, r.status());
-        absl::Status aborted(absl::StatusCode::kAborted, "shard map out of date: " + std::string(e.message()));
-        e.ForEachPayload([&](absl::string_view url, const absl::Cord& p) { aborted.SetPayload(url, p); });
-        return aborted;
-      }
-      if (code == wire::ErrorCode::BadCrc || code == wire::ErrorCode::BadHeader ||
-          code == wire::ErrorCode::BadLength) {
-        // Our message arrived damaged (the shard verified it and applied
-        // nothing): send the same bytes again now.
-        resend_at[i] = clock->Now();
-        return false;
-      }
-      if (code == wire::ErrorCode::NotReady || code == wire::ErrorCode::NotMember) {
-        // Restarting, or not told of us yet: ask again shortly.
-        resend_at[i] = clock->Now() + backoff[i];
-        backoff[i] = std::min<Duration>(backoff[i] * 2, options_.resend_after);
-        return false;
-      }
-      return ShardError(i, r.status());
-    }
-    if (!r->has_value()) return false;
-    absl::Status s = on_reply(i, **r);
+  BeginRound(false, on_reply);
+  for (size_t i = 0; i < channels_.size(); ++i) {
+    absl::Status s = SendInRound(i, [&](RpcChannel& ch) { return build(i, ch); });
     if (!s.ok()) return s;
-    return true;
-  };
-  std::vector<Socket*> sockets;
-  while (!pending.empty()) {
-    if (options_.cancel != nullptr && options_.cancel->load()) {
-      return absl::CancelledError("request cancelled");
+  }
+  return Drain(/*wait=*/true);
+}
+
+absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>> reply) {
+  const Clock* clock = transport_->clock();
+  Request& req = round_.requests[r];
+  const size_t i = req.shard;
+  if (!reply.ok()) {
+    const wire::ErrorCode code = WireCode(reply.status());
+    if (code == wire::ErrorCode::NotOwner) {
+      // Keys moved (elastic shards): the caller takes the newer map and
+      // asks again; wait a little so that a map not out yet can arrive.
+      clock->SleepUntil(clock->Now() + std::chrono::milliseconds(50));
+      const absl::Status e = ShardError(i, reply.status());
+      absl::Status aborted(absl::StatusCode::kAborted,
+                           "shard map out of date: " + std::string(e.message()));
+      e.ForEachPayload([&](absl::string_view url, const absl::Cord& p) { aborted.SetPayload(url, p); });
+      return aborted;
     }
-    if (options_.latest_map_version != nullptr && options_.latest_map_version->load() > map_.version) {
-      return absl::AbortedError("shard map changed (v" + std::to_string(map_.version) + " -> v" +
-                                std::to_string(options_.latest_map_version->load()) + ")");
+    if (code == wire::ErrorCode::BadCrc || code == wire::ErrorCode::BadHeader ||
+        code == wire::ErrorCode::BadLength) {
+      // Our message arrived damaged (the shard verified it and applied
+      // nothing): send the same bytes again now.
+      req.resend_at = clock->Now();
+      return absl::OkStatus();
+    }
+    if (code == wire::ErrorCode::NotReady || code == wire::ErrorCode::NotMember) {
+      // Restarting, or not told of us yet: ask again shortly.
+      req.resend_at = clock->Now() + req.backoff;
+      req.backoff = std::min<Duration>(req.backoff * 2, options_.resend_after);
+      return absl::OkStatus();
+    }
+    return ShardError(i, reply.status());
+  }
+  if (!reply->has_value()) return absl::OkStatus();
+  const Decoded& d = **reply;
+  req.answered = true;
+  if (round_.parts) {
+    if (d.type() != wire::Body::PushReply) {
+      return ShardError(i, absl::DataLossError(std::string("push answered with ") +
+                                               wire::EnumNameBody(d.type())));
+    }
+    if (d.As<wire::PushReply>()->complete()) {
+      round_.done[i] = true;
+      return absl::OkStatus();
+    }
+    // A part held by the shard. When every part was answered and none
+    // completed the push, the shard lost some (it restarted): send them all
+    // again (same seq and request ids; it applies the push once).
+    if (round_.sent[i] < round_.expected[i]) return absl::OkStatus();
+    for (const Request& other : round_.requests) {
+      if (other.shard == i && !other.answered) return absl::OkStatus();
+    }
+    for (Request& other : round_.requests) {
+      if (other.shard != i) continue;
+      other.answered = false;
+      other.resend_at = clock->Now();
+    }
+    return absl::OkStatus();
+  }
+  if (absl::Status s = round_.on_reply(i, d); !s.ok()) return s;
+  round_.done[i] = true;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::Drain(bool wait) {
+  if (!round_.active) return absl::FailedPreconditionError("no request in flight");
+  const Clock* clock = transport_->clock();
+  absl::Status status;
+  std::vector<Socket*> sockets;
+  std::vector<size_t> owed;  // shards not done
+  std::vector<uint64_t> ids;
+  std::vector<size_t> index;
+  // Takes every message ready on shard i's socket (or `first`, already read).
+  auto take_from = [&](size_t i, Frames* first) -> absl::Status {
+    for (;;) {
+      Frames frames;
+      if (first != nullptr) {
+        frames = std::move(*first);
+        first = nullptr;
+      } else {
+        absl::StatusOr<bool> got = channels_[i]->socket()->TryRecv(&frames);
+        if (!got.ok()) return ShardError(i, got.status());
+        if (!*got) return absl::OkStatus();
+      }
+      ids.clear();
+      index.clear();
+      for (size_t r = 0; r < round_.requests.size(); ++r) {
+        if (round_.requests[r].shard == i && !round_.requests[r].answered) {
+          ids.push_back(round_.requests[r].id);
+          index.push_back(r);
+        }
+      }
+      size_t which = ids.size();
+      auto reply = channels_[i]->MatchAny(frames, ids, &which);
+      if (which == ids.size()) {
+        // Not an answer to anything outstanding (a late or repeated reply),
+        // unless it is unreadable.
+        if (!reply.ok()) return ShardError(i, reply.status());
+        continue;
+      }
+      if (absl::Status s = TakeReply(index[which], std::move(reply)); !s.ok()) return s;
+    }
+  };
+  for (;;) {
+    owed.clear();
+    for (size_t i = 0; i < round_.done.size(); ++i) {
+      if (!round_.done[i]) owed.push_back(i);
+    }
+    if (owed.empty()) {
+      if (!wait) return status;  // the caller ends the round
+      break;
+    }
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      status = absl::CancelledError("request cancelled");
+      break;
+    }
+    if (options_.latest_map_version != nullptr &&
+        options_.latest_map_version->load() > map_.version) {
+      status = absl::AbortedError("shard map changed (v" + std::to_string(map_.version) + " -> v" +
+                                  std::to_string(options_.latest_map_version->load()) + ")");
+      break;
     }
     const TimePoint now = clock->Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError("no reply from " + std::to_string(pending.size()) +
-                                         " shard(s), first " + map_.shards[pending[0]].address);
+    if (now >= round_.deadline) {
+      status = absl::DeadlineExceededError("no reply from " + std::to_string(owed.size()) +
+                                           " shard(s), first " + map_.shards[owed[0]].address);
+      break;
     }
-    TimePoint wake = deadline;
-    for (size_t i : pending) {
-      if (now >= resend_at[i]) {
-        if (absl::Status s = channels_[i]->Resend(); !s.ok()) return ShardError(i, s);
-        resend_at[i] = now + options_.resend_after;
+    TimePoint wake = round_.deadline;
+    for (Request& r : round_.requests) {
+      if (r.answered || round_.done[r.shard]) continue;
+      if (now >= r.resend_at) {
+        if (absl::Status s = channels_[r.shard]->socket()->Send(Frames(r.frames)); !s.ok()) {
+          status = ShardError(r.shard, s);
+          break;
+        }
+        r.resend_at = now + options_.resend_after;
       }
-      wake = std::min(wake, resend_at[i]);
+      wake = std::min(wake, r.resend_at);
+    }
+    if (!status.ok()) break;
+    if (!wait) {
+      for (size_t i : owed) {
+        status = take_from(i, nullptr);
+        if (!status.ok()) break;
+      }
+      if (status.ok()) return status;  // the round goes on
+      break;
     }
     if (options_.cancel != nullptr || options_.latest_map_version != nullptr) {
       wake = std::min(wake, now + std::chrono::milliseconds(50));
     }
-    if (pending.size() == 1) {
-      // One reply owed: a plain blocking receive is cheaper than a poll.
-      const size_t i = pending[0];
+    if (owed.size() == 1) {
+      // One shard owes replies: a plain blocking receive is cheaper than a poll.
+      const size_t i = owed[0];
       Frames frames;
       absl::StatusOr<bool> got = transport_->Recv(channels_[i]->socket(), &frames, wake);
-      if (!got.ok()) return got.status();
+      if (!got.ok()) {
+        status = got.status();
+        break;
+      }
       if (!*got) continue;
-      absl::StatusOr<bool> done = take(i, channels_[i]->Match(frames, ids[i]));
-      if (!done.ok()) return done.status();
-      if (*done) pending.clear();
+      status = take_from(i, &frames);
+      if (!status.ok()) break;
       continue;
     }
     sockets.clear();
-    for (size_t i : pending) sockets.push_back(channels_[i]->socket());
+    for (size_t i : owed) sockets.push_back(channels_[i]->socket());
     auto ready = transport_->Poll(sockets, wake);
-    if (!ready.ok()) return ready.status();
-    for (size_t p = 0; p < pending.size();) {
-      const size_t i = pending[p];
-      absl::StatusOr<bool> done = take(i, channels_[i]->TryTake(ids[i]));
-      if (!done.ok()) return done.status();
-      if (*done) {
-        pending.erase(pending.begin() + static_cast<long>(p));
-      } else {
-        ++p;
-      }
+    if (!ready.ok()) {
+      status = ready.status();
+      break;
     }
+    for (size_t i : owed) {
+      status = take_from(i, nullptr);
+      if (!status.ok()) break;
+    }
+    if (!status.ok()) break;
   }
-  return absl::OkStatus();
+  round_.active = false;
+  return status;
 }
 
 absl::Status PsClient::SetMap(const ShardMapInfo& map) {
@@ -214,6 +346,8 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
   map_ = map;
   slices_ = std::move(*slices);
   channels_ = std::move(channels);
+  round_.active = false;
+  PlanParts();
   return absl::OkStatus();
 }
 
@@ -223,71 +357,167 @@ absl::Status PsClient::Init() {
         const Slice& sl = slices_[i];
         flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
         auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
-        Frame payload(params_, params_->data() + sl.offset, sl.length * sizeof(float));
+        Frame payload(params_, params_.get() + sl.offset, sl.length * sizeof(float));
         return ch.Send(fbb, wire::CreateInit(fbb, kv), sl.length ? payload : Frame());
       },
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }
 
 absl::Status PsClient::Push(uint64_t clock, uint32_t batch, bool retry) {
+  StartPush(clock, batch, retry);
+  return FinishPush();
+}
+
+void PsClient::SetPushStages(std::vector<FlatRange> stages) {
+  stages_ = std::move(stages);
+  PlanParts();
+}
+
+void PsClient::PlanParts() {
+  // The stage after which each key is final: the last stage touching it
+  // (a key no stage covers entirely waits for FinishPush).
+  const size_t final_stage = stages_.size();
+  std::vector<size_t> key_stage(keys_.size(), final_stage);
+  size_t offset = 0;
+  for (size_t k = 0; k < keys_.size(); ++k) {
+    const size_t begin = offset, end = offset + keys_[k].length();
+    offset = end;
+    size_t covered = 0, last = 0;
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      const size_t b = std::max(begin, stages_[s].begin), e = std::min(end, stages_[s].end);
+      if (b >= e) continue;
+      covered += e - b;
+      last = std::max(last, s);
+    }
+    if (covered >= end - begin && end > begin) key_stage[k] = last;
+  }
+  parts_.assign(slices_.size(), {});
+  part_sent_.assign(slices_.size(), {});
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const Slice& sl = slices_[i];
+    std::vector<Part>& parts = parts_[i];
+    size_t off = sl.offset;
+    for (size_t k = sl.first_key; k < sl.first_key + sl.num_keys; ++k) {
+      if (parts.empty() || parts.back().stage != key_stage[k]) {
+        parts.push_back({key_stage[k], k, 0, off, 0});
+      }
+      ++parts.back().num_keys;
+      parts.back().length += keys_[k].length();
+      off += keys_[k].length();
+    }
+    // A shard without our keys gets one empty push, at the end.
+    if (parts.empty()) parts.push_back({final_stage, sl.first_key, 0, sl.offset, 0});
+    part_sent_[i].assign(parts.size(), false);
+  }
+}
+
+void PsClient::StartPush(uint64_t clock, uint32_t batch, bool retry) {
   if (!retry || push_seq_ == 0) ++push_seq_;
-  const uint64_t seq = push_seq_;
-  return Broadcast(
-      [&](size_t i, RpcChannel& ch) {
-        const Slice& sl = slices_[i];
-        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
-        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
-        Frame payload(grads_, grads_->data() + sl.offset, sl.length * sizeof(float));
-        wire::PushBuilder pb(fbb);
-        pb.add_clock(clock);
-        pb.add_batch(batch);
-        pb.add_keys(kv);
-        if (read_applied_) pb.add_read_applied(*read_applied_);
-        if (read_steps_) pb.add_read_steps(*read_steps_);
-        pb.add_seq(seq);
-        return ch.Send(fbb, pb.Finish(), sl.length ? payload : Frame());
-      },
-      [](size_t, const Decoded&) { return absl::OkStatus(); });
+  push_clock_ = clock;
+  push_batch_ = batch;
+  BeginRound(/*parts=*/true, nullptr);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    round_.expected[i] = static_cast<uint32_t>(parts_[i].size());
+    std::fill(part_sent_[i].begin(), part_sent_[i].end(), false);
+  }
+}
+
+absl::Status PsClient::SendPart(size_t shard, size_t part) {
+  const Part& p = parts_[shard][part];
+  const uint32_t parts = static_cast<uint32_t>(parts_[shard].size());
+  part_sent_[shard][part] = true;
+  ++push_messages_;
+  if (parts > 1) ++push_parts_;
+  return SendInRound(shard, [&](RpcChannel& ch) {
+    flatbuffers::FlatBufferBuilder fbb(64 + p.num_keys * sizeof(wire::KeyLen));
+    auto kv = fbb.CreateVectorOfStructs(keys_.data() + p.first_key, p.num_keys);
+    Frame payload(grads_, grads_.get() + p.offset, p.length * sizeof(float));
+    wire::PushBuilder pb(fbb);
+    pb.add_clock(push_clock_);
+    pb.add_batch(push_batch_);
+    pb.add_keys(kv);
+    if (read_applied_) pb.add_read_applied(*read_applied_);
+    if (read_steps_) pb.add_read_steps(*read_steps_);
+    pb.add_seq(push_seq_);
+    if (parts > 1) {
+      pb.add_part(static_cast<uint32_t>(part));
+      pb.add_parts(parts);
+    }
+    return ch.Send(fbb, pb.Finish(), p.length ? payload : Frame());
+  });
+}
+
+absl::Status PsClient::PushStage(size_t stage) {
+  if (!round_.active || !round_.parts) return absl::FailedPreconditionError("no push started");
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    for (size_t p = 0; p < parts_[i].size(); ++p) {
+      if (parts_[i][p].stage != stage || part_sent_[i][p] || round_.done[i]) continue;
+      if (absl::Status s = SendPart(i, p); !s.ok()) return s;
+    }
+  }
+  return Drain(/*wait=*/false);
+}
+
+absl::Status PsClient::FinishPush() {
+  if (!round_.active || !round_.parts) return absl::FailedPreconditionError("no push started");
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    for (size_t p = 0; p < parts_[i].size(); ++p) {
+      if (part_sent_[i][p] || round_.done[i]) continue;
+      if (absl::Status s = SendPart(i, p); !s.ok()) return s;
+    }
+  }
+  return Drain(/*wait=*/true);
 }
 
 absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
-  int64_t applied = std::numeric_limits<int64_t>::max();
-  uint64_t steps = std::numeric_limits<uint64_t>::max();
+  if (absl::Status s = StartPull(clock, latest); !s.ok()) return s;
+  return FinishPull();
+}
+
+absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
+  pull_applied_ = std::numeric_limits<int64_t>::max();
+  pull_steps_ = std::numeric_limits<uint64_t>::max();
   last_wait_seconds_ = 0;
-  absl::Status s = Broadcast(
-      [&](size_t i, RpcChannel& ch) {
-        const Slice& sl = slices_[i];
-        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
-        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
-        return ch.Send(fbb, wire::CreatePull(fbb, clock, kv, latest));
-      },
-      [&](size_t i, const Decoded& d) -> absl::Status {
-        if (d.type() != wire::Body::PullReply) {
-          return absl::DataLossError(std::string("pull answered with ") +
-                                     wire::EnumNameBody(d.type()));
-        }
-        const Slice& sl = slices_[i];
-        const auto* r = d.As<wire::PullReply>();
-        const auto* keys = r->keys();
-        size_t nkeys = keys ? keys->size() : 0;
-        if (nkeys != sl.num_keys || d.payload.size() != sl.length * sizeof(float)) {
-          return absl::DataLossError("pull reply does not match the request");
-        }
-        for (size_t k = 0; k < nkeys; ++k) {
-          if (keys->Get(static_cast<flatbuffers::uoffset_t>(k))->key() != keys_[sl.first_key + k].key()) {
-            return absl::DataLossError("pull reply keys out of order");
-          }
-        }
-        if (sl.length) std::memcpy(params_->data() + sl.offset, d.payload.data(), d.payload.size());
-        applied = std::min(applied, r->applied_clock());
-        steps = std::min(steps, r->steps());
-        last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r->waited_seconds()));
-        return absl::OkStatus();
-      });
-  if (!s.ok()) return s;
-  read_applied_ = applied;
-  read_steps_ = steps;
-  return applied;
+  BeginRound(false, [this](size_t i, const Decoded& d) -> absl::Status {
+    if (d.type() != wire::Body::PullReply) {
+      return absl::DataLossError(std::string("pull answered with ") + wire::EnumNameBody(d.type()));
+    }
+    const Slice& sl = slices_[i];
+    const auto* r = d.As<wire::PullReply>();
+    const auto* keys = r->keys();
+    size_t nkeys = keys ? keys->size() : 0;
+    if (nkeys != sl.num_keys || d.payload.size() != sl.length * sizeof(float)) {
+      return absl::DataLossError("pull reply does not match the request");
+    }
+    for (size_t k = 0; k < nkeys; ++k) {
+      if (keys->Get(static_cast<flatbuffers::uoffset_t>(k))->key() != keys_[sl.first_key + k].key()) {
+        return absl::DataLossError("pull reply keys out of order");
+      }
+    }
+    if (sl.length) std::memcpy(params_.get() + sl.offset, d.payload.data(), d.payload.size());
+    pull_applied_ = std::min(pull_applied_, r->applied_clock());
+    pull_steps_ = std::min(pull_steps_, r->steps());
+    last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r->waited_seconds()));
+    return absl::OkStatus();
+  });
+  for (size_t i = 0; i < channels_.size(); ++i) {
+    absl::Status s = SendInRound(i, [&](RpcChannel& ch) {
+      const Slice& sl = slices_[i];
+      flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
+      auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
+      return ch.Send(fbb, wire::CreatePull(fbb, clock, kv, latest));
+    });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PsClient::FinishPull() {
+  if (!round_.active || round_.parts) return absl::FailedPreconditionError("no pull started");
+  if (absl::Status s = Drain(/*wait=*/true); !s.ok()) return s;
+  read_applied_ = pull_applied_;
+  read_steps_ = pull_steps_;
+  return pull_applied_;
 }
 
 }  // namespace pacer

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -66,6 +67,17 @@ struct ClientOptions {
   // (Aborted, "shard map changed") within ~50 ms, so that the caller can
   // SetMap and retry.
   const std::atomic<uint64_t>* latest_map_version = nullptr;
+  // Allocates the flat parameter and gradient buffers (`floats` values,
+  // zeroed). A GPU backend hands out page-locked memory here, which it
+  // copies from and to directly. Unset: ordinary memory.
+  std::function<std::shared_ptr<float>(size_t floats)> allocate;
+};
+
+// One flat range [begin, end) of the gradient, final at one point of the
+// backward pass (a layer's weights and bias).
+struct FlatRange {
+  size_t begin = 0;
+  size_t end = 0;
 };
 
 // Used by one thread at a time; make one client per thread.
@@ -78,8 +90,8 @@ class PsClient {
                                                           std::vector<wire::KeyLen> keys);
 
   // The flat parameter and gradient vectors (owned by the client, stable).
-  std::span<float> params() { return {params_->data(), params_->size()}; }
-  std::span<float> grads() { return {grads_->data(), grads_->size()}; }
+  std::span<float> params() { return {params_.get(), size_}; }
+  std::span<float> grads() { return {grads_.get(), size_}; }
   const std::vector<wire::KeyLen>& keys() const { return keys_; }
   const std::vector<Slice>& slices() const { return slices_; }
 
@@ -103,6 +115,35 @@ class PsClient {
   // sends the previous push's number again: the same push, after a failure
   // such as a shard-map change.
   absl::Status Push(uint64_t clock, uint32_t batch, bool retry = false);
+
+  // A layer-wise push: the same push, sent while the gradient is still
+  // being computed. SetPushStages names the ranges of grads() in the order
+  // the backward pass finishes them (stage 0 first); a key is sent once
+  // every stage that touches it is done, in its shard's part for that
+  // stage (a push in Push.parts messages, see the schema). Each shard whose
+  // keys span several stages gets its push in several messages; a shard
+  // with one stage gets one message, as from Push. Empty: one message per
+  // shard. Survives SetMap.
+  void SetPushStages(std::vector<FlatRange> stages);
+  // Starts a push of grads() for `clock` (retry: the previous seq again).
+  void StartPush(uint64_t clock, uint32_t batch, bool retry = false);
+  // Stage `stage` is final in grads(): sends every part it completes
+  // without waiting, and takes any replies already there.
+  absl::Status PushStage(size_t stage);
+  // Sends the parts not sent yet (all of them when no stage was reported),
+  // then waits for every shard to have the whole push. The same errors as
+  // Push.
+  absl::Status FinishPush();
+  // Messages sent by the pushes so far, and how many of them were parts of
+  // a push in several parts (for metrics and tests).
+  uint64_t push_messages() const { return push_messages_; }
+  uint64_t push_parts() const { return push_parts_; }
+
+  // A pull split in two, so that the caller can prepare the next batch
+  // while the shards answer: StartPull sends it, FinishPull waits and
+  // returns what Pull returns.
+  absl::Status StartPull(uint64_t clock, bool latest = false);
+  absl::StatusOr<int64_t> FinishPull();
   // The sequence number of the last push (0: none yet).
   uint64_t push_seq() const { return push_seq_; }
   // Pulls the parameters for `clock` into params(), concurrently from every
@@ -119,6 +160,40 @@ class PsClient {
   // calling `on_reply` for each. The first error wins.
   template <class Build, class OnReply>
   absl::Status Broadcast(Build build, OnReply on_reply);
+
+  // A round of requests, at least one per shard, whose replies are awaited
+  // together (a push, a pull, an init). A shard is done when its reply
+  // comes (a push in parts: when a reply says complete).
+  struct Request {
+    size_t shard = 0;
+    uint64_t id = 0;
+    Frames frames;  // to send again
+    TimePoint resend_at{};
+    Duration backoff{};
+    bool answered = false;
+  };
+  struct Round {
+    bool active = false;
+    bool parts = false;  // replies are PushReplys that say whether complete
+    TimePoint deadline{};
+    std::vector<Request> requests;
+    std::vector<uint32_t> expected;  // per shard: messages in this round
+    std::vector<uint32_t> sent;      // per shard
+    std::vector<bool> done;          // per shard
+    std::function<absl::Status(size_t shard, const Decoded&)> on_reply;
+  };
+  void BeginRound(bool parts, std::function<absl::Status(size_t, const Decoded&)> on_reply);
+  // Sends one request of the round to shard `shard`, built by `build`.
+  template <class Build>
+  absl::Status SendInRound(size_t shard, Build build);
+  // Takes the replies that arrived; with wait=true, until every shard is
+  // done (or an error). Ends the round on success or error (wait=true).
+  absl::Status Drain(bool wait);
+  // What one reply (or error) to request `r` means.
+  absl::Status TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>> reply);
+  // The parts of every shard's push per stage (after SetMap or SetPushStages).
+  void PlanParts();
+  absl::Status SendPart(size_t shard, size_t part);
   // `s` from shard index `i`, with the shard named and the wire code kept.
   absl::Status ShardError(size_t i, const absl::Status& s) const;
 
@@ -128,8 +203,29 @@ class PsClient {
   std::vector<wire::KeyLen> keys_;
   std::vector<Slice> slices_;
   std::vector<std::unique_ptr<RpcChannel>> channels_;  // one per shard
-  std::shared_ptr<std::vector<float>> params_;
-  std::shared_ptr<std::vector<float>> grads_;
+  size_t size_ = 0;
+  std::shared_ptr<float> params_;
+  std::shared_ptr<float> grads_;
+  Round round_;
+  // Layer-wise push: the stages, and per shard its parts (runs of keys of
+  // one stage; stage == stages_.size(): sent by FinishPush).
+  struct Part {
+    size_t stage = 0;
+    size_t first_key = 0;
+    size_t num_keys = 0;
+    size_t offset = 0;
+    size_t length = 0;
+  };
+  std::vector<FlatRange> stages_;
+  std::vector<std::vector<Part>> parts_;  // per shard
+  std::vector<std::vector<bool>> part_sent_;
+  uint64_t push_clock_ = 0;
+  uint32_t push_batch_ = 0;
+  uint64_t push_messages_ = 0;
+  uint64_t push_parts_ = 0;
+  // Of the pull in flight.
+  int64_t pull_applied_ = 0;
+  uint64_t pull_steps_ = 0;
   double last_wait_seconds_ = 0;
   // What the last successful Pull read (lowest over the shards).
   std::optional<int64_t> read_applied_;

@@ -1,5 +1,7 @@
 #include "ps/rpc.h"
 
+#include <algorithm>
+
 #include "absl/strings/cord.h"
 
 namespace pacer {
@@ -62,6 +64,35 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::Match(const Frames& frames, u
     return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
   }
   if (d.env.request_id != request_id) return std::optional<Decoded>();  // late reply
+  if (d.type() == wire::Body::Error) return StatusFromError(d.As<wire::Error>());
+  return std::optional<Decoded>(std::move(d));
+}
+
+absl::StatusOr<std::optional<Decoded>> RpcChannel::MatchAny(const Frames& frames,
+                                                            std::span<const uint64_t> request_ids,
+                                                            size_t* which) {
+  DecodeOptions dopts;
+  dopts.job_id = options_.job_id;
+  dopts.check_job = options_.check_job;
+  dopts.max_message_bytes = options_.max_message_bytes;
+  dopts.check_crc = options_.check_crc;
+  auto find = [&](uint64_t id) {
+    return static_cast<size_t>(std::find(request_ids.begin(), request_ids.end(), id) -
+                               request_ids.begin());
+  };
+  Decoded d;
+  DecodeError err;
+  if (!Decode(frames, dopts, &d, &err)) {
+    if (!err.env || find(err.env->request_id) == request_ids.size()) {
+      if (err.env) return std::optional<Decoded>();  // a late reply, damaged
+      return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
+    }
+    *which = find(err.env->request_id);
+    return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
+  }
+  const size_t i = find(d.env.request_id);
+  if (i == request_ids.size()) return std::optional<Decoded>();  // late reply
+  *which = i;
   if (d.type() == wire::Body::Error) return StatusFromError(d.As<wire::Error>());
   return std::optional<Decoded>(std::move(d));
 }

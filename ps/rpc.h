@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -65,6 +66,16 @@ class RpcChannel {
   absl::StatusOr<std::optional<Decoded>> TryTake(uint64_t request_id);
   // The same for a message already received on this channel's socket.
   absl::StatusOr<std::optional<Decoded>> Match(const Frames& frames, uint64_t request_id);
+
+  // The same for any of several requests outstanding on this channel:
+  // *which is set to the index in `request_ids` of the one answered
+  // (also when the answer is an Error, returned as its Status).
+  absl::StatusOr<std::optional<Decoded>> MatchAny(const Frames& frames,
+                                                  std::span<const uint64_t> request_ids,
+                                                  size_t* which);
+  // The frames of the last message sent (shared, not copied), to send again
+  // later through socket() when several requests are outstanding.
+  const Frames& last_sent() const { return last_sent_; }
 
   // Waits until `deadline` for the reply to `request_id`.
   absl::StatusOr<Decoded> Wait(uint64_t request_id, TimePoint deadline);

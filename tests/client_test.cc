@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +135,9 @@ class FakeShard {
     uint32_t batch = 0;
     std::vector<wire::KeyLen> keys;
     std::vector<float> floats;
+    uint64_t seq = 0;     // Push
+    uint32_t part = 0;    // Push
+    uint32_t parts = 1;   // Push
   };
 
   FakeShard(Transport* transport, const std::string& address,
@@ -154,6 +158,9 @@ class FakeShard {
   int fail_times = -1;
   // When false, requests are read and recorded but never answered.
   bool reply = true;
+  // After this many requests, the parts of pushes held so far are
+  // forgotten (as by a restart); -1: never.
+  int forget_parts_after = -1;
 
   void Start(int expected) {
     thread_ = std::thread([this, expected] { Serve(expected); });
@@ -208,6 +215,9 @@ class FakeShard {
     } else if (d.type() == wire::Body::Push) {
       r.clock = d.As<wire::Push>()->clock();
       r.batch = d.As<wire::Push>()->batch();
+      r.seq = d.As<wire::Push>()->seq();
+      r.part = d.As<wire::Push>()->part();
+      r.parts = d.As<wire::Push>()->parts();
       keys = d.As<wire::Push>()->keys();
     } else if (d.type() == wire::Body::Init) {
       keys = d.As<wire::Init>()->keys();
@@ -243,8 +253,16 @@ class FakeShard {
                               ? Frame()
                               : Frame::Copy(payload.data(), payload.size() * sizeof(float)));
       }
-      case wire::Body::Push:
-        return EncodeBody(env, fbb, wire::CreatePushReply(fbb, r.clock));
+      case wire::Body::Push: {
+        // As a shard: a push in parts is complete with its last part.
+        std::set<uint32_t>& held = held_parts_[r.seq];
+        held.insert(r.part);
+        const bool complete = held.size() == r.parts;
+        if (forget_parts_after >= 0 && static_cast<int>(requests_.size()) == forget_parts_after) {
+          held_parts_.clear();
+        }
+        return EncodeBody(env, fbb, wire::CreatePushReply(fbb, r.clock, complete));
+      }
       default:
         return EncodeBody(env, fbb, wire::CreateAck(fbb));
     }
@@ -255,6 +273,7 @@ class FakeShard {
   int64_t applied_clock_;
   std::thread thread_;
   std::vector<Request> requests_;  // owned by the thread until Join()
+  std::map<uint64_t, std::set<uint32_t>> held_parts_;  // per push seq
 };
 
 ClientOptions Options() {
@@ -338,6 +357,72 @@ TEST_F(PsClientTest, PushSendsEachShardItsSlice) {
   ASSERT_EQ(rb.keys.size(), 1u);
   EXPECT_EQ(rb.keys[0].key(), 10u);
   EXPECT_EQ(rb.floats, (std::vector<float>{2.5f, -3.5f, 4.5f}));
+}
+
+// The flat layout is key 1 [0, 2), key 2 [2, 3) on shard a, key 10 [3, 6)
+// on shard b. A backward pass that finishes [3, 6), then [2, 3), then [0, 2)
+// gives shard b one message at stage 0 and shard a two parts: key 2 at
+// stage 1 (part 1), key 1 at stage 2 (part 0).
+TEST_F(PsClientTest, LayerWisePushSendsEachStageAsItIsReported) {
+  a_.Start(2);
+  b_.Start(1);
+  auto client = MakeClient();
+  ASSERT_NE(client, nullptr);
+  client->SetPushStages({{3, 6}, {2, 3}, {0, 2}});
+  const std::vector<float> g = {0.5f, -0.5f, 1.5f, 2.5f, -3.5f, 4.5f};
+  client->StartPush(/*clock=*/9, /*batch=*/32);
+  std::copy(g.begin() + 3, g.end(), client->grads().begin() + 3);
+  ASSERT_TRUE(client->PushStage(0).ok());
+  b_.Join();  // shard b has its whole push before the rest is computed
+  ASSERT_EQ(b_.requests().size(), 1u);
+  EXPECT_EQ(b_.requests()[0].parts, 1u);
+  EXPECT_EQ(b_.requests()[0].floats, (std::vector<float>{2.5f, -3.5f, 4.5f}));
+  client->grads()[2] = g[2];
+  ASSERT_TRUE(client->PushStage(1).ok());
+  client->grads()[0] = g[0];
+  client->grads()[1] = g[1];
+  ASSERT_TRUE(client->PushStage(2).ok());
+  absl::Status s = client->FinishPush();
+  a_.Join();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(a_.requests().size(), 2u);
+  const FakeShard::Request& first = a_.requests()[0];
+  const FakeShard::Request& second = a_.requests()[1];
+  EXPECT_EQ(first.part, 1u);
+  EXPECT_EQ(first.parts, 2u);
+  ASSERT_EQ(first.keys.size(), 1u);
+  EXPECT_EQ(first.keys[0].key(), 2u);
+  EXPECT_EQ(first.floats, (std::vector<float>{1.5f}));
+  EXPECT_EQ(second.part, 0u);
+  EXPECT_EQ(second.parts, 2u);
+  ASSERT_EQ(second.keys.size(), 1u);
+  EXPECT_EQ(second.keys[0].key(), 1u);
+  EXPECT_EQ(second.floats, (std::vector<float>{0.5f, -0.5f}));
+  EXPECT_EQ(first.seq, second.seq);
+  EXPECT_EQ(first.clock, 9u);
+  EXPECT_EQ(second.batch, 32u);
+  EXPECT_EQ(client->push_messages(), 3u);
+  EXPECT_EQ(client->push_parts(), 2u);
+}
+
+TEST_F(PsClientTest, PartsThatNeverCompleteAreAllSentAgain) {
+  // Shard a forgets the part it held after the first request (a restart):
+  // both parts are answered, neither completes, and the client sends both
+  // again.
+  a_.forget_parts_after = 1;
+  a_.Start(4);
+  b_.Start(1);
+  auto client = MakeClient();
+  ASSERT_NE(client, nullptr);
+  client->SetPushStages({{3, 6}, {2, 3}, {0, 2}});
+  absl::Status s = client->Push(/*clock=*/2, /*batch=*/8);
+  a_.Join();
+  b_.Join();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(a_.requests().size(), 4u);
+  std::multiset<uint32_t> parts;
+  for (const auto& r : a_.requests()) parts.insert(r.part);
+  EXPECT_EQ(parts, (std::multiset<uint32_t>{0, 0, 1, 1}));
 }
 
 TEST_F(PsClientTest, InitSendsParamsSlices) {
