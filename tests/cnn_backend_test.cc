@@ -16,6 +16,7 @@
 #include "worker/backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/mnist.h"
+#include "tests/grad_sink_check.h"
 
 namespace pacer::worker {
 namespace {
@@ -151,6 +152,20 @@ TEST(CnnBackendTest, GradientMatchesFiniteDifferences) {
 TEST(CnnBackendTest, BatchLargerThanOneChunkIsOneBatchMean) {
   // 70 samples: a 64-sample chunk and a 6-sample one.
   CheckGradient({2, 2, 4}, /*batch=*/70, /*coords_per_tensor=*/8, 7);
+}
+
+TEST(CnnBackendTest, EachLayerIsReportedOnceItsGradientIsFinal) {
+  // 70 samples: two chunks; only the last one may report.
+  auto backend = MakeCpuBackend(ModelSpec{ModelSpec::Kind::kCnn, {}, CnnSpec{4, 8, 10}});
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> params(backend->num_params()), grad(params.size());
+  backend->InitParams(3, params);
+  std::mt19937 rng(9);
+  std::vector<float> x(70 * 784);
+  for (float& v : x) v = static_cast<float>(rng() % 256) / 255.0f;
+  std::vector<uint8_t> y(70);
+  for (auto& v : y) v = static_cast<uint8_t>(rng() % 10);
+  CheckGradientStages(*backend, params, x.data(), y.data(), 70, grad);
 }
 
 TEST(CnnBackendTest, TensorTableAndInit) {

@@ -18,6 +18,7 @@
 
 #include "worker/backend.h"
 #include "worker/mnist.h"
+#include "tests/grad_sink_check.h"
 
 namespace pacer::worker {
 namespace {
@@ -158,6 +159,22 @@ TEST(CpuBackendTest, GradientIsBatchMeanAndOverwritesOutput) {
   std::vector<float> g3(backend->num_params(), 99.0f);
   EXPECT_EQ(backend->ComputeGradient(params, one.data(), y.data(), 1, g3), l1);
   EXPECT_EQ(g3, g1);
+}
+
+TEST(CpuBackendTest, EachLayerIsReportedOnceItsGradientIsFinal) {
+  MlpSpec spec;
+  spec.layers = {20, 16, 12, 5};
+  std::unique_ptr<ComputeBackend> backend = MakeCpuBackend(spec);
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> params(backend->num_params()), grad(params.size());
+  backend->InitParams(4, params);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(9 * 20);
+  for (float& v : x) v = u(rng);
+  std::vector<uint8_t> y(9);
+  for (auto& v : y) v = static_cast<uint8_t>(rng() % 5);
+  CheckGradientStages(*backend, params, x.data(), y.data(), 9, grad);
 }
 
 TEST(CpuBackendTest, InstancesOnSeparateThreadsAgreeWithSequential) {

@@ -14,6 +14,7 @@
 #include "worker/cpu_backend.h"
 #include "worker/cuda_backend.h"
 #include "worker/mnist.h"
+#include "tests/grad_sink_check.h"
 
 namespace pacer::worker {
 namespace {
@@ -82,6 +83,36 @@ TEST(CudaBackendTest, GradientsMatchTheCpuCnn) {
   REQUIRE_GPU();
   CheckParity(Cnn(), 64);
   CheckParity(Cnn(4, 8), 300);  // more than one 256-sample chunk
+}
+
+TEST(CudaBackendTest, EachLayerIsCopiedOutAndReportedOnceFinal) {
+  // Into ordinary memory (through the staging buffer) and into the
+  // backend's page-locked memory (copied there directly), for both models.
+  REQUIRE_GPU();
+  for (const ModelSpec& spec : {ModelSpec{}, Cnn()}) {
+    SCOPED_TRACE(spec.name());
+    std::string why;
+    auto gpu = MakeCudaBackend(spec, 0, &why);
+    ASSERT_NE(gpu, nullptr) << why;
+    std::vector<float> params(gpu->num_params());
+    gpu->InitParams(7, params);
+    std::mt19937 rng(3);
+    std::vector<float> x(size_t(96) * spec.inputs());
+    for (float& v : x) v = float(rng() % 256) / 255.0f;
+    std::vector<uint8_t> y(96);
+    for (auto& v : y) v = uint8_t(rng() % 10);
+    std::vector<float> pageable(params.size());
+    const uint64_t before = CudaKernelsRun();
+    CheckGradientStages(*gpu, params, x.data(), y.data(), 96, pageable);
+    std::shared_ptr<float> pinned = gpu->AllocateHost(params.size());
+    ASSERT_NE(pinned, nullptr);
+    std::shared_ptr<float> pinned_params = gpu->AllocateHost(params.size());
+    ASSERT_NE(pinned_params, nullptr);
+    std::copy(params.begin(), params.end(), pinned_params.get());
+    CheckGradientStages(*gpu, {pinned_params.get(), params.size()}, x.data(), y.data(), 96,
+                        {pinned.get(), params.size()});
+    EXPECT_GE(CudaKernelsRun() - before, 4u * 5) << "the device counted too few kernels";
+  }
 }
 
 TEST(CudaBackendTest, TrainsTheCnnOnTheGpu) {

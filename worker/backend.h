@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -73,6 +74,29 @@ std::vector<TensorSpec> ModelTensors(const ModelSpec& spec);
 // of `tensors`' sizes.
 void InitTensors(const std::vector<TensorSpec>& tensors, uint64_t seed, std::span<float> params);
 
+// A range [begin, end) of the flat parameter (and gradient) vector.
+struct GradRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// The gradient's ranges in the order a backward pass finishes them: one per
+// layer (the tensors that share a name before the '.', such as fc2.weight
+// and fc2.bias), the last layer first.
+std::vector<GradRange> BackwardStages(const std::vector<TensorSpec>& tensors);
+
+// Told during ComputeGradient as each stage of the gradient (see
+// BackwardStages) becomes final, so that the caller can send it while the
+// rest is still computed.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // grad's range of stage `stage` holds its final values and is not written
+  // again in this call. Called in stage order, each stage once, from the
+  // thread that called ComputeGradient; not called when it fails.
+  virtual void Ready(size_t stage) = 0;
+};
+
 // Result of ComputeBackend::Evaluate.
 struct EvalResult {
   double accuracy = 0;  // Fraction of samples whose argmax logit == label.
@@ -130,9 +154,16 @@ class ComputeBackend {
   // range) returns NaN and leaves grad unspecified.
   // Scratch memory is reused across calls: after the first call at a given
   // batch size no large allocations happen.
+  //
+  // sink (may be null) is told as each stage of grad is final, in
+  // BackwardStages(tensors()) order.
   virtual float ComputeGradient(std::span<const float> params, const float* x,
-                                const uint8_t* y, int batch,
-                                std::span<float> grad) = 0;
+                                const uint8_t* y, int batch, std::span<float> grad,
+                                GradientSink* sink) = 0;
+  float ComputeGradient(std::span<const float> params, const float* x, const uint8_t* y,
+                        int batch, std::span<float> grad) {
+    return ComputeGradient(params, x, y, batch, grad, nullptr);
+  }
 
   // Accuracy and mean loss over n samples (x: n * layers[0] floats, y: n
   // labels), evaluated in fixed-size chunks so memory stays bounded for any n.
@@ -147,6 +178,12 @@ class ComputeBackend {
   // to the policy as b_max; 0: no such limit (the CPU backends, which work
   // in fixed chunks).
   virtual uint32_t max_batch() const { return 0; }
+
+  // Host memory for `floats` values (zeroed) that this backend copies
+  // parameters from and gradients to fastest: page-locked memory for a GPU
+  // (copied by DMA, asynchronously), ordinary memory for the CPU. Null
+  // when it cannot be had. The memory may outlive the backend.
+  virtual std::shared_ptr<float> AllocateHost(size_t floats);
 };
 
 }  // namespace pacer::worker

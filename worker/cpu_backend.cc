@@ -64,9 +64,10 @@ class CpuBackend final : public ComputeBackend {
     InitTensors(tensors_, seed, params);
   }
 
+  using ComputeBackend::ComputeGradient;
   float ComputeGradient(std::span<const float> params, const float* x,
-                        const uint8_t* y, int batch,
-                        std::span<float> grad) override {
+                        const uint8_t* y, int batch, std::span<float> grad,
+                        GradientSink* sink) override {
     if (batch <= 0 || x == nullptr || y == nullptr ||
         params.size() != num_params_ || grad.size() != num_params_ ||
         !LabelsValid(y, static_cast<size_t>(batch))) {
@@ -93,6 +94,7 @@ class CpuBackend final : public ComputeBackend {
       VecMap grad_b(grad.data() + b_offset_[k], out);
       grad_w.noalias() = dz.transpose() * a_prev;
       grad_b.noalias() = dz.colwise().sum().transpose();
+      if (sink != nullptr) sink->Ready(num_l - 1 - k);  // layer k is stage L-1-k
       if (k == 0) break;
       ConstMatMap w(params.data() + w_offset_[k], out, in);
       MatMap da(delta_tmp_.data(), rows, in);

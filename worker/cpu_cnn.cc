@@ -150,8 +150,9 @@ class CpuCnnBackend final : public ComputeBackend {
     InitTensors(tensors_, seed, params);
   }
 
+  using ComputeBackend::ComputeGradient;
   float ComputeGradient(std::span<const float> params, const float* x, const uint8_t* y, int batch,
-                        std::span<float> grad) override {
+                        std::span<float> grad, GradientSink* sink) override {
     if (batch <= 0 || x == nullptr || y == nullptr || params.size() != num_params_ ||
         grad.size() != num_params_ || !LabelsValid(y, static_cast<size_t>(batch))) {
       return kNaN;
@@ -166,7 +167,8 @@ class CpuCnnBackend final : public ComputeBackend {
       Forward(params, xs, n);
       // dLoss/dLogits = (softmax - onehot) / batch, in place.
       loss += cpu::SoftmaxXentBackward(logits_.data(), n, classes_, y + start, inv_batch);
-      Backward(params, n, grad);
+      // Only the last chunk's backward pass finishes each layer's sum.
+      Backward(params, n, grad, start + n == batch ? sink : nullptr);
     }
     return static_cast<float>(loss / static_cast<double>(batch));
   }
@@ -257,7 +259,9 @@ class CpuCnnBackend final : public ComputeBackend {
   // With logits_ holding dLoss/dLogits for the n samples of the last
   // Forward: adds their gradient to `grad`. Reuses forward buffers: z2_ and
   // z1_ become dLoss/dZ, cols2_ becomes dLoss/dcols2.
-  void Backward(std::span<const float> params, int n, std::span<float> grad) {
+  // Adds n samples' gradient into grad; tells `sink` (when not null) as
+  // each layer's sum is complete: fc (stage 0), conv2 (1), conv1 (2).
+  void Backward(std::span<const float> params, int n, std::span<float> grad, GradientSink* sink) {
     const Eigen::Index rows1 = static_cast<Eigen::Index>(n) * kSide * kSide;
     const Eigen::Index rows2 = static_cast<Eigen::Index>(n) * kHalf * kHalf;
     const int p3 = kQuarter * kQuarter;
@@ -266,6 +270,7 @@ class CpuCnnBackend final : public ComputeBackend {
     MatMap(grad.data() + offsets_[4], classes_, flat_).noalias() +=
         dlogits.transpose() * ConstMatMap(flat_act_.data(), n, flat_);
     VecMap(grad.data() + offsets_[5], classes_) += dlogits.colwise().sum().transpose();
+    if (sink != nullptr) sink->Ready(0);
     MatMap dflat(dflat_.data(), n, flat_);
     dflat.noalias() = dlogits * ConstMatMap(P(params, 4), classes_, flat_);
     // pool2 and ReLU2 back into dZ2 (in z2_): only the maximum of each
@@ -287,6 +292,7 @@ class CpuCnnBackend final : public ComputeBackend {
     MatMap(grad.data() + offsets_[2], c2_, c1_ * kK2).noalias() +=
         z2.transpose() * ConstMatMap(cols2_.data(), rows2, c1_ * kK2);
     VecMap(grad.data() + offsets_[3], c2_) += z2.colwise().sum().transpose();
+    if (sink != nullptr) sink->Ready(1);
     MatMap dcols2(cols2_.data(), rows2, c1_ * kK2);
     dcols2.noalias() = z2 * ConstMatMap(P(params, 2), c2_, c1_ * kK2);
     // Back to the pooled conv1 output: dLoss/dA1.
@@ -302,6 +308,7 @@ class CpuCnnBackend final : public ComputeBackend {
     MatMap(grad.data() + offsets_[0], c1_, kK2).noalias() +=
         z1.transpose() * ConstMatMap(cols1_.data(), rows1, kK2);
     VecMap(grad.data() + offsets_[1], c1_) += z1.colwise().sum().transpose();
+    if (sink != nullptr) sink->Ready(2);
   }
 
   // Constant after construction.

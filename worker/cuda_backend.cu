@@ -237,7 +237,10 @@ class CudaBackend final : public ComputeBackend {
     }
   }
   ~CudaBackend() override {
+    for (cudaEvent_t e : computed_) cudaEventDestroy(e);
+    for (cudaEvent_t e : copied_) cudaEventDestroy(e);
     if (handle_ != nullptr) cublasDestroy(handle_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -246,6 +249,20 @@ class CudaBackend final : public ComputeBackend {
     if (cudaSetDevice(device_) != cudaSuccess) return Fail(why, "cudaSetDevice");
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
       return Fail(why, "cudaStreamCreate");
+    }
+    // Gradient copies to the host run on their own stream, each as soon as
+    // its layer is computed, while the compute stream goes on.
+    if (cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      return Fail(why, "cudaStreamCreate");
+    }
+    stages_ = BackwardStages(tensors_);
+    computed_.resize(stages_.size());
+    copied_.resize(stages_.size());
+    for (size_t i = 0; i < stages_.size(); ++i) {
+      if (cudaEventCreateWithFlags(&computed_[i], cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventCreateWithFlags(&copied_[i], cudaEventDisableTiming) != cudaSuccess) {
+        return Fail(why, "cudaEventCreate");
+      }
     }
     if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return Fail(why, "cublasCreate");
     cublasSetStream(handle_, stream_);
@@ -275,8 +292,9 @@ class CudaBackend final : public ComputeBackend {
     InitTensors(tensors_, seed, params);
   }
 
+  using ComputeBackend::ComputeGradient;
   float ComputeGradient(std::span<const float> params, const float* x, const uint8_t* y, int batch,
-                        std::span<float> grad) override {
+                        std::span<float> grad, GradientSink* sink) override {
     if (batch <= 0 || x == nullptr || y == nullptr || params.size() != num_params_ ||
         grad.size() != num_params_ || !LabelsValid(y, size_t(batch))) {
       return kNaN;
@@ -284,23 +302,44 @@ class CudaBackend final : public ComputeBackend {
     cudaSetDevice(device_);
     if (!Upload(params) || !EnsureScratch(std::min(batch, chunk_), size_t(batch))) return kNaN;
     cudaMemsetAsync(grad_.p, 0, num_params_ * sizeof(float), stream_);
+    // Each layer's gradient goes straight into `grad` when it is page-locked
+    // (AllocateHost), else through the pinned staging buffer.
+    out_ = Pinned(grad.data()) ? grad.data() : host_.p;
     const float inv_batch = 1.0f / float(batch);
     for (int start = 0; start < batch; start += chunk_) {
       const int n = std::min(chunk_, batch - start);
       if (!Forward(x + size_t(start) * Inputs(), y + start, n)) return kNaN;
       SoftmaxXent<<<Blocks(n), kThreads, 0, stream_>>>(Logits(), y_.p, n, Classes(), inv_batch, 1,
                                                       loss_.p + start, nullptr);
-      Backward(n);
+      // Only the last pass finishes each layer's sum and copies it out.
+      Backward(n, /*last=*/start + n == batch);
     }
-    // The packed gradient leaves in one copy, through pinned memory.
-    cudaMemcpyAsync(host_.p, grad_.p, num_params_ * sizeof(float), cudaMemcpyDeviceToHost, stream_);
+    if (cudaGetLastError() != cudaSuccess) return kNaN;
+    // Everything is queued; the device works through it while the host
+    // hands on each layer as its copy lands (the sink may send it).
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      if (cudaEventSynchronize(copied_[s]) != cudaSuccess) return kNaN;
+      const GradRange r = stages_[s];
+      if (out_ != grad.data()) {
+        std::memcpy(grad.data() + r.begin, host_.p + r.begin, (r.end - r.begin) * sizeof(float));
+      }
+      if (sink != nullptr) sink->Ready(s);
+    }
     std::vector<double> losses(batch);
     cudaMemcpyAsync(losses.data(), loss_.p, batch * sizeof(double), cudaMemcpyDeviceToHost, stream_);
     if (cudaStreamSynchronize(stream_) != cudaSuccess) return kNaN;
-    std::memcpy(grad.data(), host_.p, num_params_ * sizeof(float));
     double total = 0;
     for (double l : losses) total += l;
     return float(total / batch);
+  }
+
+  std::shared_ptr<float> AllocateHost(size_t floats) override {
+    cudaSetDevice(device_);
+    void* raw = nullptr;
+    const size_t bytes = std::max<size_t>(1, floats) * sizeof(float);
+    if (cudaMallocHost(&raw, bytes) != cudaSuccess) return nullptr;
+    std::memset(raw, 0, bytes);
+    return std::shared_ptr<float>(static_cast<float*>(raw), [](float* p) { cudaFreeHost(p); });
   }
 
   EvalResult Evaluate(std::span<const float> params, const float* x, const uint8_t* y,
@@ -350,10 +389,37 @@ class CudaBackend final : public ComputeBackend {
   float* G(size_t tensor) { return grad_.p + offsets_[tensor]; }
   float* Logits() { return acts_.back().p; }
 
+  // Whether p is page-locked host memory (copied by DMA, asynchronously).
+  static bool Pinned(const void* p) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      cudaGetLastError();  // clear it
+      return false;
+    }
+    return attr.type == cudaMemoryTypeHost;
+  }
+
+  // Parameters pulled into page-locked memory (AllocateHost) are copied
+  // from there directly; others through the pinned staging buffer.
   bool Upload(std::span<const float> params) {
-    std::memcpy(host_.p, params.data(), num_params_ * sizeof(float));
-    return cudaMemcpyAsync(params_.p, host_.p, num_params_ * sizeof(float), cudaMemcpyHostToDevice,
+    const float* from = params.data();
+    if (!Pinned(from)) {
+      std::memcpy(host_.p, from, num_params_ * sizeof(float));
+      from = host_.p;
+    }
+    return cudaMemcpyAsync(params_.p, from, num_params_ * sizeof(float), cudaMemcpyHostToDevice,
                            stream_) == cudaSuccess;
+  }
+
+  // Stage s of the gradient is computed (on the compute stream): its copy
+  // to out_ starts on the copy stream once the compute stream gets here.
+  void StageDone(size_t s) {
+    const GradRange r = stages_[s];
+    cudaEventRecord(computed_[s], stream_);
+    cudaStreamWaitEvent(copy_stream_, computed_[s], 0);
+    cudaMemcpyAsync(out_ + r.begin, grad_.p + r.begin, (r.end - r.begin) * sizeof(float),
+                    cudaMemcpyDeviceToHost, copy_stream_);
+    cudaEventRecord(copied_[s], copy_stream_);
   }
 
   // C (M x N) = op(A) op(B) + beta C, all row-major with row strides lda,
@@ -430,7 +496,7 @@ class CudaBackend final : public ComputeBackend {
     }
   }
 
-  void BackwardMlp(int n) {
+  void BackwardMlp(int n, bool last) {
     const std::vector<int>& l = spec_.mlp.layers;
     for (size_t k = l.size() - 1; k-- > 0;) {
       const int in = l[k], out = l[k + 1];
@@ -438,6 +504,7 @@ class CudaBackend final : public ComputeBackend {
       const float* a_prev = k == 0 ? x_.p : acts_[k - 1].p;
       Gemm(true, false, out, in, n, dz, out, a_prev, in, 1.0f, G(2 * k), in);
       ColSums(dz, n, out, G(2 * k + 1));
+      if (last) StageDone(l.size() - 2 - k);  // layer k is stage L-1-k
       if (k == 0) break;
       Gemm(false, false, n, in, out, dz, out, P(2 * k), in, 0.0f, delta_.p, in);
       const size_t elems = size_t(n) * in;
@@ -466,13 +533,14 @@ class CudaBackend final : public ComputeBackend {
     Gemm(false, true, n, classes, flat, flat_.p, flat, P(4), flat, 1.0f, Logits(), classes);
   }
 
-  void BackwardCnn(int n) {
+  void BackwardCnn(int n, bool last) {
     const int c1 = spec_.cnn.conv1, c2 = spec_.cnn.conv2, classes = Classes();
     const int rows1 = n * kSide * kSide, rows2 = rows1 / 4, p3 = kSide * kSide / 16;
     const int flat = c2 * p3;
     const float* dlogits = Logits();
     Gemm(true, false, classes, flat, n, dlogits, classes, flat_.p, flat, 1.0f, G(4), flat);
     ColSums(dlogits, n, classes, G(5));
+    if (last) StageDone(0);
     Gemm(false, false, n, flat, classes, dlogits, classes, P(4), flat, 0.0f, dflat_.p, flat);
     Flatten<<<Blocks(size_t(n) * flat), kThreads, 0, stream_>>>(da2_.p, n, p3, c2, dflat_.p, 1);
     cudaMemsetAsync(z2_.p, 0, size_t(rows2) * c2 * sizeof(float), stream_);
@@ -480,6 +548,7 @@ class CudaBackend final : public ComputeBackend {
                                                                  size_t(n) * flat, z2_.p);
     Gemm(true, false, c2, c1 * kK2, rows2, z2_.p, c2, cols2_.p, c1 * kK2, 1.0f, G(2), c1 * kK2);
     ColSums(z2_.p, rows2, c2, G(3));
+    if (last) StageDone(1);
     Gemm(false, false, rows2, c1 * kK2, c2, z2_.p, c2, P(2), c1 * kK2, 0.0f, cols2_.p, c1 * kK2);
     Col2Im<<<Blocks(size_t(rows2) * c1), kThreads, 0, stream_>>>(cols2_.p, n, kSide / 2, c1, da1_.p);
     cudaMemsetAsync(z1_.p, 0, size_t(rows1) * c1 * sizeof(float), stream_);
@@ -487,13 +556,14 @@ class CudaBackend final : public ComputeBackend {
                                                                    size_t(rows2) * c1, z1_.p);
     Gemm(true, false, c1, kK2, rows1, z1_.p, c1, cols1_.p, kK2, 1.0f, G(0), kK2);
     ColSums(z1_.p, rows1, c1, G(1));
+    if (last) StageDone(2);
   }
 
-  void Backward(int n) {
+  void Backward(int n, bool last) {
     if (Cnn()) {
-      BackwardCnn(n);
+      BackwardCnn(n, last);
     } else {
-      BackwardMlp(n);
+      BackwardMlp(n, last);
     }
   }
 
@@ -504,10 +574,15 @@ class CudaBackend final : public ComputeBackend {
   size_t num_params_ = 0;
   int chunk_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
+  std::vector<GradRange> stages_;          // BackwardStages(tensors_)
+  std::vector<cudaEvent_t> computed_;      // per stage: its gradient computed
+  std::vector<cudaEvent_t> copied_;        // per stage: copied to the host
+  float* out_ = nullptr;                   // where this call's gradient goes
 
   DeviceBuffer<float> params_, grad_, x_, ones_, delta_;
-  PinnedBuffer<float> host_;  // staging for params in and the packed gradient out
+  PinnedBuffer<float> host_;  // staging for params in and the gradient out (pageable callers)
   DeviceBuffer<uint8_t> y_;
   DeviceBuffer<double> loss_;
   DeviceBuffer<int> correct_;

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -120,6 +122,27 @@ size_t CudaBytesPerModel(const ModelSpec& spec) {
   size_t params = 0;
   for (const TensorSpec& t : ModelTensors(spec)) params += t.size;
   return 2 * params * sizeof(float);  // parameters and the packed gradient
+}
+
+std::vector<GradRange> BackwardStages(const std::vector<TensorSpec>& tensors) {
+  std::vector<GradRange> forward;
+  std::string layer;
+  size_t offset = 0;
+  for (const TensorSpec& t : tensors) {
+    const std::string prefix = t.name.substr(0, t.name.find('.'));
+    if (forward.empty() || prefix != layer) {
+      forward.push_back({offset, offset});
+      layer = prefix;
+    }
+    offset += t.size;
+    forward.back().end = offset;
+  }
+  return {forward.rbegin(), forward.rend()};
+}
+
+std::shared_ptr<float> ComputeBackend::AllocateHost(size_t floats) {
+  return std::shared_ptr<float>(new (std::nothrow) float[std::max<size_t>(1, floats)](),
+                                std::default_delete<float[]>());
 }
 
 }  // namespace pacer::worker
