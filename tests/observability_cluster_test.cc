@@ -276,6 +276,26 @@ TEST_F(ObservabilityTest, EveryProcessServesHealthAndItsMetrics) {
   }
 }
 
+TEST_F(ObservabilityTest, LayerWisePushIsOnItsWayWhileTheBackwardPassRuns) {
+  // The MLP's keys: fc1 in 7, fc2 in 2, fc3 in 1 (none across a layer), over
+  // two shards, so at least one shard holds keys of two layers and gets
+  // each push in parts, the last layer's first.
+  double parts = 0;
+  for (const auto& address : cluster_->shard_metrics) {
+    parts += MetricValue(FetchMetrics(address), "pacer_shard_push_parts_total").value_or(0);
+  }
+  EXPECT_GT(parts, 0) << "no shard got a push in parts";
+  for (const auto& address : worker_metrics_) {
+    SCOPED_TRACE("worker at " + address);
+    const std::string metrics = FetchMetrics(address);
+    const double overlapped = MetricValue(metrics, "pacer_worker_overlap_seconds_count").value_or(0);
+    const double iterations = MetricValue(metrics, "pacer_worker_iterations_total").value_or(0);
+    EXPECT_GT(overlapped, 0);
+    EXPECT_GE(overlapped, iterations - 1) << "every iteration's push starts before its compute ends";
+    EXPECT_GT(MetricValue(metrics, "pacer_worker_overlap_seconds_sum").value_or(0), 0);
+  }
+}
+
 TEST_F(ObservabilityTest, PromtoolCheckMetricsPassesOnEveryProcess) {
   const std::string promtool = Which("promtool");
   if (promtool.empty()) {

@@ -56,8 +56,13 @@ int main(int argc, char** argv) {
                  "CNN: filters of its two 5x5 convolutions, comma-separated")
       ->capture_default_str();
   app.add_option("--block-floats", opts.block_floats,
-                 "Cut tensors into keys of at most this many floats")
+                 "Cut each layer into keys of at most this many floats")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  std::string overlap = "on";
+  app.add_option("--overlap", overlap,
+                 "on: push each layer's gradient as soon as the backward pass finishes it, and "
+                 "prepare the batch while the pull is answered; off: pull, compute, push")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds one push or pull may take, waiting on the barrier included")
       ->capture_default_str()->check(CLI::PositiveNumber);
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
   opts.model.cnn.conv1 = (*channels)[0];
   opts.model.cnn.conv2 = (*channels)[1];
   if (model == "cnn") opts.model.kind = pacer::worker::ModelSpec::Kind::kCnn;
+  opts.overlap = overlap == "on";
   if (!schedule.empty()) {
     auto steps = pacer::worker::ParseSlowdownSchedule(schedule);
     if (!steps.ok()) {

@@ -25,11 +25,16 @@
 
 namespace pacer::worker {
 
-std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats) {
+std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size_t block_floats) {
   std::vector<wire::KeyLen> keys;
   block_floats = std::max<size_t>(1, block_floats);
-  for (size_t off = 0, k = 0; off < num_params; off += block_floats, ++k) {
-    keys.emplace_back(k, std::min(block_floats, num_params - off));
+  std::vector<GradRange> layers = BackwardStages(tensors);
+  std::reverse(layers.begin(), layers.end());  // in key order
+  uint64_t k = 0;
+  for (const GradRange& layer : layers) {
+    for (size_t off = layer.begin; off < layer.end; off += block_floats) {
+      keys.emplace_back(k++, std::min(block_floats, layer.end - off));
+    }
   }
   return keys;
 }
@@ -77,6 +82,41 @@ struct JobView {
 
 }  // namespace
 
+namespace {
+
+// The gradient sink of a layer-wise push: sends each layer's part as the
+// backward pass finishes it. Straggler emulation stretches the compute
+// before each part (and the rest after the pass, Stretch) by `factor`.
+struct LayerPusher : GradientSink {
+  LayerPusher(PsClient& c, const Clock& clk, double f, TimePoint start)
+      : client(c), clock(clk), factor(f), mark(start) {}
+  void Ready(size_t stage) override {
+    Stretch();
+    if (!error.ok()) return;  // the caller sends it all again
+    error = client.PushStage(stage);
+    if (!sent) first_sent = clock.Now();
+    sent = true;
+    mark = clock.Now();
+  }
+  // Sleeps (factor - 1) times the compute since the last mark.
+  void Stretch() {
+    const TimePoint now = clock.Now();
+    if (factor > 1.0) {
+      clock.SleepUntil(now + std::chrono::duration_cast<Duration>((now - mark) * (factor - 1.0)));
+    }
+    mark = clock.Now();
+  }
+  PsClient& client;
+  const Clock& clock;
+  double factor;
+  TimePoint mark;
+  absl::Status error;
+  bool sent = false;
+  TimePoint first_sent{};
+};
+
+}  // namespace
+
 // The worker's metrics, labelled with its rank (known once registered).
 struct WorkerMetrics {
   WorkerMetrics(prometheus::Registry& r, uint32_t rank) {
@@ -95,6 +135,12 @@ struct WorkerMetrics {
                                "consistency rule excluded")
                          .Register(r)
                          .Add(l, seconds);
+    overlap = &prometheus::BuildHistogram()
+                   .Name("pacer_worker_overlap_seconds")
+                   .Help("Layer-wise push: how long one iteration's push was on its way while "
+                         "its gradient was still being computed")
+                   .Register(r)
+                   .Add(l, seconds);
     wait = &prometheus::BuildHistogram()
                 .Name("pacer_worker_wait_seconds")
                 .Help("Time one iteration's pull waited on the consistency rule (the barrier, "
@@ -147,7 +193,7 @@ struct WorkerMetrics {
                 .Register(r)
                 .Add(l);
   }
-  prometheus::Histogram *compute, *communication, *wait, *staleness;
+  prometheus::Histogram *compute, *communication, *overlap, *wait, *staleness;
   prometheus::Counter *iterations, *samples;
   prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss;
 };
@@ -464,7 +510,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   spdlog::info("worker: {} on {} ({} parameters; batch limit {})", o.model.name(),
                w.backend->name(), w.backend->num_params(),
                o.max_batch > 0 ? std::to_string(o.max_batch) : std::string("none"));
-  w.keys = BlockKeys(w.backend->num_params(), o.block_floats);
+  w.keys = BlockKeys(w.backend->tensors(), o.block_floats);
 
   w.phase = 1;
   RpcOptions boot;
@@ -526,9 +572,17 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   if (!o.resend) copts.resend_after = std::chrono::hours(24 * 365);  // never
   copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
   copts.latest_map_version = &w.map_version;
+  // The parameters and gradient live where the backend copies them fastest
+  // (page-locked memory for a GPU).
+  copts.allocate = [backend = w.backend.get()](size_t n) { return backend->AllocateHost(n); };
   auto client_or = PsClient::Create(w.transport, copts, view.map, w.keys);
   if (!client_or.ok()) return client_or.status();
   PsClient& client = **client_or;
+  if (o.overlap) {
+    std::vector<FlatRange> stages;
+    for (const GradRange& r : BackwardStages(w.backend->tensors())) stages.push_back({r.begin, r.end});
+    client.SetPushStages(std::move(stages));
+  }
 
   if (w.rank == 0) {
     w.backend->InitParams(w.seed, client.params());
@@ -722,13 +776,33 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     if (o.before_iteration) o.before_iteration(clock);
     if (w.stop || cancel_) break;
     const TimePoint pull_start = w.clock->Now();
+    auto fill_batch = [&] {
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const uint32_t s = samples[i];
+        std::memcpy(x.data() + i * features,
+                    w.train.images.data() + static_cast<size_t>(s) * features,
+                    features * sizeof(float));
+        y[i] = w.train.labels[s];
+      }
+    };
+    bool filled = false;
     absl::StatusOr<int64_t> pulled;
     do {
       if (absl::Status s = w.RefreshMap(client); !s.ok()) {
         pulled = s;
         break;
       }
-      pulled = client.Pull(clock);
+      if (o.overlap) {
+        // The pull is in flight while the batch is prepared.
+        absl::Status started = client.StartPull(clock);
+        if (started.ok() && !filled) {
+          fill_batch();
+          filled = true;
+        }
+        pulled = started.ok() ? client.FinishPull() : absl::StatusOr<int64_t>(started);
+      } else {
+        pulled = client.Pull(clock);
+      }
     } while (!pulled.ok() && pulled.status().code() == absl::StatusCode::kAborted);
     if (!pulled.ok()) {
       if (w.stop || cancel_) break;
@@ -738,14 +812,34 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     const TimePoint compute_start = w.clock->Now();
     const double pull_seconds = ToSeconds(compute_start - pull_start);
     const double waited = std::min(pull_seconds, client.last_wait_seconds());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const uint32_t s = samples[i];
-      std::memcpy(x.data() + i * features, w.train.images.data() + static_cast<size_t>(s) * features,
-                  features * sizeof(float));
-      y[i] = w.train.labels[s];
+    if (!filled) fill_batch();
+    // Straggler emulation: stretch this iteration's compute by sleeping.
+    const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(compute_start - t0));
+    if (factor != last_factor) {
+      spdlog::info("worker {}: slowdown now {}x", w.id, factor);
+      last_factor = factor;
     }
+    auto wait_for_positions = [&] {
+      // The monitor must hold our read positions up to the previous batch
+      // before this one is consumed: a replacement then repeats at most
+      // this batch. (Not while the monitor is unreachable: training goes on.)
+      std::unique_lock<std::mutex> lock(w.mu);
+      w.WaitForReportedPositions(lock);
+    };
+    const uint32_t push_batch = static_cast<uint32_t>(this_batch);
     float loss = static_cast<float>(loss_ewma);
-    if (this_batch > 0) {
+    // Layer-wise push: each layer's part goes out as the backward pass
+    // finishes it; the slowdown stretches each layer's compute before its
+    // part is sent, as a slower device would.
+    LayerPusher pusher(client, *w.clock, factor, compute_start);
+    const bool layer_wise = o.overlap && this_batch > 0;
+    if (layer_wise) {
+      wait_for_positions();
+      pusher.mark = w.clock->Now();
+      client.StartPush(clock, push_batch);
+      loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
+                                        static_cast<int>(this_batch), client.grads(), &pusher);
+    } else if (this_batch > 0) {
       loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
                                         static_cast<int>(this_batch), client.grads());
     } else {
@@ -753,29 +847,21 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       // (batch 0) keeps the barrier moving and changes nothing.
       std::fill(client.grads().begin(), client.grads().end(), 0.0f);
     }
-    // Straggler emulation: stretch this iteration's compute by sleeping.
-    const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(compute_start - t0));
-    if (factor != last_factor) {
-      spdlog::info("worker {}: slowdown now {}x", w.id, factor);
-      last_factor = factor;
-    }
-    if (factor > 1.0) {
-      const Duration spent = w.clock->Now() - compute_start;
-      w.clock->SleepUntil(w.clock->Now() + std::chrono::duration_cast<Duration>(spent * (factor - 1.0)));
-    }
+    pusher.Stretch();  // the rest of the compute (all of it without layer-wise push)
     const TimePoint push_start = w.clock->Now();
     const double compute_seconds = ToSeconds(push_start - compute_start);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
-    {
-      // The monitor must hold our read positions up to the previous batch
-      // before this one is consumed: a replacement then repeats at most
-      // this batch. (Not while the monitor is unreachable: training goes on.)
-      std::unique_lock<std::mutex> lock(w.mu);
-      w.WaitForReportedPositions(lock);
-    }
     // A shard-map change mid-push: the same push (same seq) to the new map.
-    const uint32_t push_batch = static_cast<uint32_t>(this_batch);
-    absl::Status pushed = client.Push(clock, push_batch);
+    absl::Status pushed;
+    if (layer_wise) {
+      pushed = pusher.error.ok() ? client.FinishPush() : pusher.error;
+      if (metrics && pusher.sent) {
+        metrics->overlap->Observe(ToSeconds(push_start - pusher.first_sent));
+      }
+    } else {
+      wait_for_positions();
+      pushed = client.Push(clock, push_batch);
+    }
     while (pushed.code() == absl::StatusCode::kAborted) {
       pushed = w.RefreshMap(client);
       if (pushed.ok()) pushed = client.Push(clock, push_batch, /*retry=*/true);

@@ -48,6 +48,11 @@ struct WorkerOptions {
   // Tensors are cut into blocks of at most this many floats, one key each,
   // so that range partitioning can balance shards (--block-floats).
   size_t block_floats = 32768;
+  // Overlap communication with compute (--overlap): each layer's gradient
+  // is pushed as soon as the backward pass has finished it (a push in
+  // parts), and the pull is in flight while the batch is prepared. Off:
+  // pull, compute, then one push.
+  bool overlap = true;
   // Deadline of one push or pull, including time waiting on the barrier.
   Duration request_timeout = std::chrono::seconds(60);
   // How long to keep trying to register and to wait for the run to start.
@@ -139,8 +144,10 @@ class Worker {
 // of options.model. FailedPrecondition when the file holds another model.
 absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options);
 
-// The keys of a model: its flat parameter vector cut into blocks.
-std::vector<wire::KeyLen> BlockKeys(size_t num_params, size_t block_floats);
+// The keys of a model: its flat parameter vector cut into blocks of at most
+// block_floats, none across a layer boundary (BackwardStages), so that a
+// layer-wise push can send a layer's keys as soon as that layer is done.
+std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size_t block_floats);
 
 }  // namespace pacer::worker
 
