@@ -6,8 +6,9 @@
 // /metrics server ("Cannot create threads"). A module's TLS is allocated
 // per thread on first use instead.
 //
-// The module is looked for at $PACER_CUDA_MODULE, next to the program, and
-// in the build tree (../worker/ from the program's folder). `auto` does not
+// The module is looked for at $PACER_CUDA_MODULE, next to the program, where
+// the package installs it (../lib/pacer/ from the program's folder) and in
+// the build tree (../worker/). `auto` does not
 // even look unless the NVIDIA driver is loaded (/proc/driver/nvidia), so
 // CPU-only machines never map cuBLAS.
 #include <dlfcn.h>
@@ -37,6 +38,7 @@ const Loaded& Load() {
     const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (!ec) {
       paths.push_back((self.parent_path() / "libpacer_cuda.so").string());
+      paths.push_back((self.parent_path() / ".." / "lib" / "pacer" / "libpacer_cuda.so").string());
       paths.push_back((self.parent_path() / ".." / "worker" / "libpacer_cuda.so").string());
     }
     std::string tried;

@@ -1,6 +1,7 @@
 # Installation and the Debian package (cpack -G DEB), included from the top
 # CMakeLists.txt. The package installs:
 #   /usr/bin                    pacer-server, pacer-monitor, pacer-worker, pacerctl
+#   /usr/lib/pacer              libpacer_cuda.so, the CUDA backend (built with nvcc only)
 #   /usr/lib/systemd/system     the units of deploy/systemd
 #   /etc/pacer                  default settings (deploy/config; conffiles)
 #   /usr/include/pacer          the client and worker libraries' headers
@@ -13,6 +14,15 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# The CUDA backend, loaded by pacer-worker with dlopen (worker/cuda_dl.cc
+# looks in ../lib/pacer from the program), when nvcc built it. It needs
+# CUDA's libcublas.so.13 at run time, which no Debian package provides:
+# dpkg-shlibdeps is shown CUDA's library folder and adds no dependency for it.
+if(TARGET pacer_cuda_module)
+  install(TARGETS pacer_cuda_module LIBRARY DESTINATION lib/pacer)
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CUDAToolkit_LIBRARY_DIR})
+endif()
 
 install(TARGETS pacer_ps pacer_worker pacer_worker_compute pacer_cuda_dl EXPORT PacerTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -60,6 +60,23 @@ set -e
 [ "$rc" -eq 2 ] && grep -q "usage:" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example does not run"; }
 echo "example: builds against the package and runs"
 
+# The CUDA backend module, when nvcc built one: installed where the packaged
+# pacer-worker finds it (../lib/pacer), which a --device cuda run shows: it
+# gets past loading the module to the CUDA runtime (here, without a GPU,
+# that says why there is no device).
+if [ -e "$build/worker/libpacer_cuda.so" ]; then
+  grep -qx /usr/lib/pacer/libpacer_cuda.so "$tmp/contents" || fail "the package lacks libpacer_cuda.so"
+  set +e
+  PACER_CUDA_MODULE= timeout 60 "$tmp/root/usr/bin/pacer-worker" --monitor tcp://127.0.0.1:9 \
+    --device cuda --train-limit 10 --test-limit 10 --start-timeout 1 > "$tmp/cuda.log" 2>&1
+  set -e
+  if grep -q "no CUDA module" "$tmp/cuda.log"; then
+    cat "$tmp/cuda.log"
+    fail "the packaged pacer-worker does not find the packaged CUDA module"
+  fi
+  echo "cuda module: installed and found by the packaged pacer-worker"
+fi
+
 if command -v systemd-analyze >/dev/null 2>&1; then
   units=("$tmp"/root/usr/lib/systemd/system/*.service)
   # The targets the units order against come from the host's systemd.
