@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::FaultFlags fault_flags;
   pacer::AddFaultFlags(app, &fault_flags);
+  pacer::SecurityFlags security;
+  pacer::AddSecurityFlags(app, &security);
   app.add_option("--job-id", opts.job_id, "Job id carried by every message (default: random)");
   app.add_option("--policy", policy_name,
                  "Straggler policy: fixed (even batches), adaptive-batch (batch sizes follow "
@@ -175,6 +177,11 @@ int main(int argc, char** argv) {
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
+  if (auto secure = pacer::ApplySecurity(security, "monitor", opts.registry.get(), &topts);
+      !secure.ok()) {
+    spdlog::error("{}", std::string(secure.status().message()));
+    return pacer::kExitUsage;
+  }
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;

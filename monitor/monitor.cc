@@ -58,6 +58,12 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
                         .Help("Version of the shard map (0: not built yet)")
                         .Register(*registry_)
                         .Add({});
+  m_key_mismatch_ = &prometheus::BuildCounter()
+                         .Name("pacer_security_refused_messages_total")
+                         .Help("Messages refused under transport security because the sender id "
+                               "they claim belongs to another CURVE key")
+                         .Register(*registry_)
+                         .Add({{"reason", "sender_key_mismatch"}});
   m_shard_restarts_ = &prometheus::BuildCounter()
                            .Name("pacer_monitor_shard_restarts_total")
                            .Help("Shards that registered again from their checkpoint")
@@ -186,8 +192,9 @@ flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
   std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
-    infos.push_back(wire::CreateShardInfoDirect(fbb, shards_[i].id, shards_[i].address.c_str(),
-                                                ranges_[i].first, ranges_[i].second));
+    infos.push_back(wire::CreateShardInfoDirect(
+        fbb, shards_[i].id, shards_[i].address.c_str(), ranges_[i].first, ranges_[i].second,
+        shards_[i].public_key.empty() ? nullptr : shards_[i].public_key.c_str()));
   }
   return wire::CreateShardMapDirect(fbb, map_version_, &infos);
 }
@@ -208,6 +215,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     if (err.env) out->push_back({peer, -1, EncodeError(*err.env, 0, err.code, err.reason)});
     return;
   }
+  if (!SenderMatchesKey(peer, d, out)) return;
   switch (d.type()) {
     case wire::Body::Register: return OnRegister(peer, d, out);
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
@@ -222,6 +230,28 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                         std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
                         out);
   }
+}
+
+bool MonitorCore::SenderMatchesKey(const Frame& peer, const Decoded& d,
+                                   std::vector<Outgoing>* out) {
+  const std::string& key = peer.peer_key();
+  if (key.empty() || d.type() == wire::Body::Register) return true;  // plain, or not bound yet
+  const uint32_t sender = d.env.sender;
+  std::string bound;
+  if (auto w = workers_.find(sender); w != workers_.end()) {
+    bound = w->second.public_key;
+  } else {
+    for (const ShardState& s : shards_) {
+      if (s.id == sender) bound = s.public_key;
+    }
+  }
+  if (bound.empty() || bound == key) return true;  // tools, unknown ids: the handlers decide
+  m_key_mismatch_->Increment();
+  spdlog::warn("refused a message claiming sender {} from key {} (bound to {})", sender, key,
+               bound);
+  ReplyError(peer, d.env, wire::ErrorCode::Refused,
+             "sender " + std::to_string(sender) + " belongs to another key", out);
+  return false;
 }
 
 void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -246,6 +276,14 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
                             out);
         }
         s.incarnation = r->incarnation();
+        if (s.public_key != peer.peer_key()) {
+          s.public_key = peer.peer_key();
+          if (map_built_) {  // workers learn its new key with the map
+            ++map_version_;
+            m_map_version_->Set(static_cast<double>(map_version_));
+          }
+          dirty_ = true;
+        }
         auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
         out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
         return;
@@ -256,6 +294,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     s.address = address;
     s.last_seen = clock_->Now();
     s.incarnation = r->incarnation();
+    s.public_key = peer.peer_key();
     shards_.push_back(s);
     if (map_built_) ranges_.emplace_back(0, 0);  // idle until pacerctl add-shard
     dirty_ = true;
@@ -274,6 +313,11 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     auto known = worker_tokens_.find(token);
     if (known != worker_tokens_.end()) {  // a retried registration
       const WorkerState& w = workers_.at(known->second);
+      if (w.public_key != peer.peer_key()) {
+        m_key_mismatch_->Increment();
+        return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                          "worker token registered under another key", out);
+      }
       auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
       out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
       return;
@@ -281,6 +325,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   }
   WorkerState w;
   w.id = next_id_++;
+  w.public_key = peer.peer_key();
   if (!token.empty()) worker_tokens_[token] = w.id;
   w.rank = LowestFreeRank();
   next_rank_ = std::max(next_rank_, w.rank + 1);
@@ -331,12 +376,14 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   // The same process asking again (its reply was lost) changes nothing.
   const bool retry = r->incarnation() != 0 && r->incarnation() == s.incarnation;
   s.incarnation = r->incarnation();
+  const bool new_key = s.public_key != peer.peer_key();
+  s.public_key = peer.peer_key();
   if (!retry) {
     ++s.restarts;
     m_shard_restarts_->Increment();
-    if (moved) {
+    if (moved || new_key) {
       s.address = address;
-      if (map_built_) {
+      if (map_built_) {  // workers learn its new address (or key) with the map
         ++map_version_;
         m_map_version_->Set(static_cast<double>(map_version_));
       }
@@ -1076,8 +1123,9 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
     std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
     for (uint32_t id : live) {
       const WorkerState& w = workers_.at(id);
-      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch, w.start_clock,
-                                             w.staleness, w.staleness_range));
+      infos.push_back(wire::CreateWorkerInfoDirect(
+          fbb, w.id, w.rank, w.batch, w.start_clock, w.staleness, w.staleness_range,
+          w.public_key.empty() ? nullptr : w.public_key.c_str()));
     }
     env.request_id = s.membership_request = ++next_shard_request_;
     s.membership_request_version = membership_version_;
@@ -1286,15 +1334,17 @@ std::string MonitorCore::SaveState() const {
     auto t = tokens.find(id);
     workers.push_back(wire::CreateMonitorWorkerDirect(
         fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock, w.clock,
-        w.joined_version, w.alive, w.done, t == tokens.end() ? nullptr : t->second.c_str()));
+        w.joined_version, w.alive, w.done, t == tokens.end() ? nullptr : t->second.c_str(),
+        w.public_key.empty() ? nullptr : w.public_key.c_str()));
   }
   std::vector<flatbuffers::Offset<wire::MonitorShard>> shards;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
-    shards.push_back(wire::CreateMonitorShardDirect(fbb, sh.id, sh.address.c_str(), sh.incarnation,
-                                                    range.first, range.second, sh.applied_clock,
-                                                    sh.restarts, sh.drained));
+    shards.push_back(wire::CreateMonitorShardDirect(
+        fbb, sh.id, sh.address.c_str(), sh.incarnation, range.first, range.second,
+        sh.applied_clock, sh.restarts, sh.drained,
+        sh.public_key.empty() ? nullptr : sh.public_key.c_str()));
   }
   auto model = fbb.CreateVectorOfStructs(model_);
   auto reason = fbb.CreateString(stop_reason_);
@@ -1397,6 +1447,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
       w.joined_version = mw->joined_version();
       w.alive = mw->alive();
       w.done = mw->done();
+      w.public_key = mw->public_key() ? mw->public_key()->str() : "";
       w.last_seen = now;  // a fresh lease: it may still be training
       workers_[w.id] = w;
       if (mw->token() != nullptr && mw->token()->size() > 0) worker_tokens_[mw->token()->str()] = w.id;
@@ -1411,6 +1462,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
       s.id = ms->id();
       s.address = ms->address() ? ms->address()->str() : "";
       s.incarnation = ms->incarnation();
+      s.public_key = ms->public_key() ? ms->public_key()->str() : "";
       s.applied_clock = ms->applied_clock();
       s.restarts = ms->restarts();
       s.drained = ms->drained();
@@ -1560,20 +1612,28 @@ void MonitorServer::Run() {
         while (shard_channels_.size() <= idx) {
           RpcOptions ropts;
           ropts.job_id = options_.job_id;
-          auto ch = RpcChannel::Connect(transport_, core_->shard_address(shard_channels_.size()), ropts);
+          const size_t next = shard_channels_.size();
+          transport_->SetServerKey(core_->shard_address(next), core_->shard_key(next));
+          auto ch = RpcChannel::Connect(transport_, core_->shard_address(next), ropts);
           if (!ch.ok()) {
             spdlog::error("cannot reach shard: {}", ch.status().ToString());
             break;
           }
           shard_channels_.push_back(std::move(*ch));
+          shard_channel_keys_.push_back(core_->shard_key(next));
         }
         if (idx < shard_channels_.size() &&
-            shard_channels_[idx]->address() != core_->shard_address(idx)) {
-          // The shard came back at another address.
+            (shard_channels_[idx]->address() != core_->shard_address(idx) ||
+             shard_channel_keys_[idx] != core_->shard_key(idx))) {
+          // The shard came back at another address, or with another key.
           RpcOptions ropts;
           ropts.job_id = options_.job_id;
+          transport_->SetServerKey(core_->shard_address(idx), core_->shard_key(idx));
           auto ch = RpcChannel::Connect(transport_, core_->shard_address(idx), ropts);
-          if (ch.ok()) shard_channels_[idx] = std::move(*ch);
+          if (ch.ok()) {
+            shard_channels_[idx] = std::move(*ch);
+            shard_channel_keys_[idx] = core_->shard_key(idx);
+          }
         }
         if (idx < shard_channels_.size()) (void)shard_channels_[idx]->socket()->Send(std::move(o.frames));
       } else {

@@ -113,6 +113,7 @@ struct WorkerState {
   bool done = false;
   float samples_per_second = 0;  // as it last reported
   bool paused = false;           // held at the pause clock, as it last reported
+  std::string public_key;        // CURVE key it registered with (empty: plain)
 };
 
 // One data partition: who reads it, and where its reading stands.
@@ -153,6 +154,8 @@ class MonitorCore {
   const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
   size_t num_shards() const { return shards_.size(); }
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
+  // The shard's CURVE public key (empty without transport security).
+  const std::string& shard_key(size_t i) const { return shards_[i].public_key; }
   bool shard_down(size_t i) const { return shards_[i].down; }
   uint64_t map_version() const { return map_version_; }
   uint64_t pause_at() const { return pause_at_; }
@@ -200,6 +203,7 @@ class MonitorCore {
     bool down = false;  // left on SIGTERM, or silent past the lease
     uint32_t restarts = 0;
     uint64_t incarnation = 0;  // of the process that registered last
+    std::string public_key;    // CURVE, as it authenticated at registration
     int64_t applied_clock = -1;  // from its heartbeats
     float checkpoint_age = -1;   // seconds, from its heartbeats (-1: none)
     int64_t reported_applied = -1;  // the clock of its last heartbeat
@@ -220,6 +224,10 @@ class MonitorCore {
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
+  // Under CURVE: whether the sender's id belongs to the key its message
+  // came with (a worker's or shard's id to the key it registered with);
+  // else answers Refused and counts it.
+  bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;
@@ -322,6 +330,7 @@ class MonitorCore {
   prometheus::Gauge* m_shards_up_ = nullptr;
   prometheus::Gauge* m_map_version_ = nullptr;
   prometheus::Counter* m_shard_restarts_ = nullptr;
+  prometheus::Counter* m_key_mismatch_ = nullptr;
   prometheus::Gauge* m_membership_ = nullptr;
   prometheus::Gauge* m_accuracy_ = nullptr;
   prometheus::Counter* m_dead_ = nullptr;
@@ -373,6 +382,7 @@ class MonitorServer {
   std::unique_ptr<MonitorCore> core_;
   std::unique_ptr<Socket> router_;
   std::vector<std::unique_ptr<RpcChannel>> shard_channels_;
+  std::vector<std::string> shard_channel_keys_;  // the CURVE key each channel was made with
   std::unique_ptr<RecordStore> store_;
   bool resumed_ = false;
   std::string address_;

@@ -17,6 +17,7 @@
 #include "ps/client.h"
 #include "ps/model_file.h"
 #include "ps/rpc.h"
+#include "ps/security.h"
 #include "ps/transport.h"
 #include "spdlog/spdlog.h"
 
@@ -34,8 +35,12 @@ struct Ctl {
   pacer::TimePoint Deadline() const {
     return transport->clock()->Now() + pacer::FromSeconds(timeout_s);
   }
-  absl::Status Connect(const std::string& address) {
-    transport = pacer::MakeZmqTransport(pacer::TransportOptions{});
+  absl::Status Connect(const std::string& address, const pacer::SecurityFlags& security) {
+    pacer::TransportOptions topts;
+    auto monitor_key = pacer::ApplySecurity(security, "pacerctl", nullptr, &topts);
+    if (!monitor_key.ok()) return monitor_key.status();
+    transport = pacer::MakeZmqTransport(topts);
+    transport->SetServerKey(address, *monitor_key);
     pacer::RpcOptions ropts;
     ropts.check_job = false;
     ropts.sender = kToolSender;
@@ -364,7 +369,18 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", ctl.timeout_s, "Seconds to wait for the monitor's answer")
       ->capture_default_str()->check(CLI::PositiveNumber);
   pacer::AddLogLevelFlag(app, &log_level);
+  pacer::SecurityFlags security;
+  pacer::AddSecurityFlags(app, &security);
   app.require_subcommand(0, 1);
+
+  std::string key_prefix, key_name;
+  auto* keygen = app.add_subcommand(
+      "keygen", "Write a new CURVE keypair for one process (transport security): PREFIX.key "
+                "(both keys, mode 0600; give it to that process's --key) and PREFIX.pub (its "
+                "public key as an --allowed-keys line); prints the public key. Needs no monitor");
+  keygen->add_option("PREFIX", key_prefix, "Path prefix of the two files")->required();
+  keygen->add_option("--name", key_name,
+                     "The name on the .pub line (the monitor's must be 'monitor')");
 
   std::string output = "table";
   double watch_s = 0;
@@ -420,16 +436,28 @@ int main(int argc, char** argv) {
 
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("pacerctl", log_level);
+  if (*keygen) {
+    auto keys = pacer::GenerateKeyPair();
+    absl::Status s = keys.ok() ? pacer::WriteKeyFiles(*keys, key_prefix, key_name) : keys.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "pacerctl: keygen: %s\n", std::string(s.message()).c_str());
+      return pacer::kExitFailure;
+    }
+    std::printf("%s\n", keys->public_key.c_str());
+    std::fprintf(stderr, "wrote %s.key (secret, mode 0600) and %s.pub\n", key_prefix.c_str(),
+                 key_prefix.c_str());
+    return pacer::kExitOk;
+  }
   if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume && !*fault) {
     std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker, export-model, "
-                         "add-shard, drain-shard, pause, resume or fault (see --help)\n");
+                         "add-shard, drain-shard, pause, resume, fault or keygen (see --help)\n");
     return pacer::kExitUsage;
   }
   if (monitor.empty()) {
     std::fprintf(stderr, "pacerctl: no monitor address: give --monitor or set PACER_MONITOR\n");
     return pacer::kExitUsage;
   }
-  if (absl::Status s = ctl.Connect(monitor); !s.ok()) {
+  if (absl::Status s = ctl.Connect(monitor, security); !s.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", s.ToString().c_str());
     return pacer::kExitFailure;
   }

@@ -13,6 +13,8 @@
 
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "prometheus/counter.h"
+#include "ps/security.h"
 
 namespace pacer {
 
@@ -237,6 +239,74 @@ std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
   }
   if (injector != nullptr) *injector = faults;
   return MakeFaultyTransport(MakeZmqTransport(options), std::move(faults));
+}
+
+void AddSecurityFlags(CLI::App& app, SecurityFlags* flags) {
+  app.add_option("--key", flags->key_file,
+                 "This process's CURVE keypair (pacerctl keygen; mode 0600). With "
+                 "--allowed-keys: every connection is authenticated and encrypted. Neither: "
+                 "plain ZeroMQ, for local runs only");
+  app.add_option("--allowed-keys", flags->allowed_keys_file,
+                 "The public keys that may connect, one per line as [NAME] KEY; the one named "
+                 "'monitor' is the monitor's");
+}
+
+absl::StatusOr<std::string> ApplySecurity(const SecurityFlags& flags, const std::string& role,
+                                          prometheus::Registry* registry,
+                                          TransportOptions* options) {
+  if (flags.key_file.empty() && flags.allowed_keys_file.empty()) {
+    if (role == "pacerctl") return std::string();  // a client of one command: no warning
+    spdlog::warn("transport security is off (no --key/--allowed-keys): plain ZeroMQ, "
+                 "unauthenticated and unencrypted; anyone who reaches this process's ports "
+                 "can send it messages");
+    return std::string();
+  }
+  if (flags.key_file.empty() || flags.allowed_keys_file.empty()) {
+    return absl::InvalidArgumentError("--key and --allowed-keys go together");
+  }
+  if (!CurveAvailable()) {
+    return absl::InvalidArgumentError("--key: this libzmq has no CURVE (built without libsodium)");
+  }
+  auto keys = ReadKeyFile(flags.key_file);
+  if (!keys.ok()) return absl::InvalidArgumentError("--key: " + std::string(keys.status().message()));
+  auto allowed = ReadAllowedKeys(flags.allowed_keys_file);
+  if (!allowed.ok()) {
+    return absl::InvalidArgumentError("--allowed-keys: " + std::string(allowed.status().message()));
+  }
+  const std::string monitor_key = FindKey(*allowed, "monitor");
+  if (monitor_key.empty()) {
+    return absl::InvalidArgumentError("--allowed-keys: " + flags.allowed_keys_file +
+                                      " has no key named 'monitor'");
+  }
+  if (role == "monitor" && monitor_key != keys->public_key) {
+    return absl::InvalidArgumentError("--allowed-keys: the key named 'monitor' is not this "
+                                      "monitor's public key (--key " + flags.key_file + ")");
+  }
+  options->curve.keys = *keys;
+  options->curve.allowed.clear();
+  for (const AllowedKey& k : *allowed) options->curve.allowed.push_back(k.public_key);
+  prometheus::Counter* refused_key = nullptr;
+  prometheus::Counter* refused_handshake = nullptr;
+  if (registry != nullptr) {
+    auto& family = prometheus::BuildCounter()
+                       .Name("pacer_security_refused_peers_total")
+                       .Help("Connections refused by transport security: a CURVE key not in "
+                             "--allowed-keys, or a handshake without CURVE")
+                       .Register(*registry);
+    refused_key = &family.Add({{"reason", "key_not_allowed"}});
+    refused_handshake = &family.Add({{"reason", "handshake_failed"}});
+  }
+  options->curve.on_refused = [refused_key, refused_handshake](const std::string& key,
+                                                               const std::string& address,
+                                                               const std::string& why) {
+    spdlog::warn("refused a connection from {}{}: {}", address.empty() ? "a peer" : address,
+                 key.empty() ? "" : " with key " + key, why);
+    prometheus::Counter* c = key.empty() ? refused_handshake : refused_key;
+    if (c != nullptr) c->Increment();
+  };
+  spdlog::info("transport security: CURVE, public key {}, {} allowed key(s)", keys->public_key,
+               allowed->size());
+  return monitor_key;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "ps/fault.h"
 #include "ps/metrics.h"
 #include "ps/transport.h"
@@ -92,6 +93,29 @@ std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
                                                 const FaultFlags& flags,
                                                 prometheus::Registry* registry,
                                                 std::shared_ptr<FaultInjector>* injector);
+
+// Transport security (ps/security.h): --key FILE (this process's keypair,
+// from pacerctl keygen) and --allowed-keys FILE (the public keys that may
+// connect; the one named "monitor" is the monitor's).
+struct SecurityFlags {
+  std::string key_file;
+  std::string allowed_keys_file;
+};
+void AddSecurityFlags(CLI::App& app, SecurityFlags* flags);
+
+// Turns CURVE on in `options` from the flags (both or neither). With both:
+// the ZAP handler lets only the allowed keys connect, and each refusal is
+// logged as a warning and counted in
+// pacer_security_refused_peers_total{reason} (in `registry`, when given).
+// Returns the monitor's public key (the allowed key named "monitor"),
+// which the caller gives the transport for the monitor's address; the
+// monitor itself must be that key. With neither: plain ZeroMQ, and a
+// warning that anyone who reaches the ports can send to this process;
+// returns "". InvalidArgument (naming the flag) for one flag without the
+// other, a bad file, or no "monitor" key.
+absl::StatusOr<std::string> ApplySecurity(const SecurityFlags& flags, const std::string& role,
+                                          prometheus::Registry* registry,
+                                          TransportOptions* options);
 
 // Makes SIGINT and SIGTERM set the returned flag instead of killing the
 // process, so main() can shut down in order.

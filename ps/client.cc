@@ -16,6 +16,7 @@ ShardMapInfo ShardMapFromWire(const wire::ShardMap* map) {
       e.id = s->id();
       e.address = s->address() ? s->address()->str() : "";
       e.range = {s->key_begin(), s->key_end()};
+      e.public_key = s->public_key() ? s->public_key()->str() : "";
       info.shards.push_back(std::move(e));
     }
   }
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
                                        std::default_delete<float[]>());
   }
   for (const auto& shard : map.shards) {
+    transport->SetServerKey(shard.address, shard.public_key);
     auto ch = RpcChannel::Connect(transport, shard.address, options.rpc);
     if (!ch.ok()) return ch.status();
     c->channels_.push_back(std::move(*ch));
@@ -331,12 +333,14 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
     // Keep the connection to a shard that stayed where it was.
     std::unique_ptr<RpcChannel> ch;
     for (size_t i = 0; i < map_.shards.size(); ++i) {
-      if (channels_[i] && map_.shards[i].address == shard.address) {
+      if (channels_[i] && map_.shards[i].address == shard.address &&
+          map_.shards[i].public_key == shard.public_key) {
         ch = std::move(channels_[i]);
         break;
       }
     }
     if (!ch) {
+      transport_->SetServerKey(shard.address, shard.public_key);
       auto c = RpcChannel::Connect(transport_, shard.address, options_.rpc);
       if (!c.ok()) return c.status();
       ch = std::move(*c);
@@ -405,8 +409,11 @@ void PsClient::PlanParts() {
       parts.back().length += keys_[k].length();
       off += keys_[k].length();
     }
-    // A shard without our keys gets one empty push, at the end.
-    if (parts.empty()) parts.push_back({final_stage, sl.first_key, 0, sl.offset, 0});
+    // A shard without our keys gets one empty push, at the end; one with
+    // more runs than a push may have parts gets its keys in one message.
+    if (parts.empty() || parts.size() > kMaxPushParts) {
+      parts.assign(1, {final_stage, sl.first_key, sl.num_keys, sl.offset, sl.length});
+    }
     part_sent_[i].assign(parts.size(), false);
   }
 }
@@ -460,6 +467,8 @@ absl::Status PsClient::PushStage(size_t stage) {
 
 absl::Status PsClient::FinishPush() {
   if (!round_.active || !round_.parts) return absl::FailedPreconditionError("no push started");
+  // The deadline counts from here: the backward pass ran since StartPush.
+  round_.deadline = transport_->clock()->Now() + options_.request_timeout;
   for (size_t i = 0; i < parts_.size(); ++i) {
     for (size_t p = 0; p < parts_[i].size(); ++p) {
       if (part_sent_[i][p] || round_.done[i]) continue;

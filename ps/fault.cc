@@ -378,6 +378,9 @@ class FaultyTransport final : public Transport {
     return std::unique_ptr<Socket>(new FaultySocket(std::move(*s), false, faults_.get(), clock()));
   }
   const Clock* clock() const override { return inner_->clock(); }
+  void SetServerKey(const std::string& address, const std::string& public_key) override {
+    inner_->SetServerKey(address, public_key);
+  }
 
   absl::StatusOr<std::vector<size_t>> Poll(std::span<Socket* const> sockets,
                                            TimePoint deadline) override {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -44,8 +45,20 @@ class Frame {
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::shared_ptr<const void>& owner() const { return owner_; }
 
+  // The CURVE public key (Z85) the sender authenticated with, on frame 0
+  // (the peer's routing id) of a message a bound socket received under
+  // CURVE; empty otherwise. Never sent.
+  const std::string& peer_key() const {
+    static const std::string kNone;
+    return peer_key_ ? *peer_key_ : kNone;
+  }
+  void set_peer_key(std::string key) {
+    peer_key_ = std::make_shared<const std::string>(std::move(key));
+  }
+
  private:
   std::shared_ptr<const void> owner_;
+  std::shared_ptr<const std::string> peer_key_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

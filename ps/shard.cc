@@ -13,8 +13,6 @@ namespace {
 // Clocks a push may run ahead of the last applied one (BSP needs 1; a read
 // at most kMaxStalenessBound past it, and its push, one more).
 constexpr int64_t kMaxOpenClocks = kMaxStalenessBound + 1;
-// Most parts one push may come in (one per layer or so).
-constexpr uint32_t kMaxPushParts = 256;
 // Push times kept per worker for DSSP's extrapolation.
 constexpr size_t kPushTimes = 8;
 
@@ -104,6 +102,12 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                        .Help("Pushes received again (retries), acknowledged and not applied")
                        .Register(*registry_)
                        .Add({});
+  m_key_mismatch_ = &prometheus::BuildCounter()
+                         .Name("pacer_security_refused_messages_total")
+                         .Help("Messages refused under transport security because the sender id "
+                               "they claim belongs to another CURVE key")
+                         .Register(*registry_)
+                         .Add({{"reason", "sender_key_mismatch"}});
   m_push_parts_ = &prometheus::BuildCounter()
                        .Name("pacer_shard_push_parts_total")
                        .Help("Messages that carried one part of a push sent in parts (layer-wise "
@@ -211,6 +215,7 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   if (!configured_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "shard not registered yet", out);
   }
+  if (!SenderMatchesKey(peer, d, out)) return;
   switch (d.type()) {
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
     case wire::Body::Membership: return OnMembership(peer, d, out);
@@ -359,6 +364,7 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
           }
         }
         member.batch = w->batch();
+        member.public_key = w->public_key() ? w->public_key()->str() : "";
         member.staleness = w->staleness();
         member.staleness_range = w->staleness_range();
         next[w->id()] = std::move(member);
@@ -693,6 +699,27 @@ void ShardCore::NotePassed(Member& member, int64_t clock) {
   member.pushed = clock;
 }
 
+bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const std::string& key = peer.peer_key();
+  if (key.empty()) return true;  // plain ZeroMQ
+  const uint32_t sender = d.env.sender;
+  std::string bound;
+  if (sender == 0) {
+    bound = options_.monitor_key;
+  } else if (auto it = live_.find(sender); it != live_.end()) {
+    bound = it->second.public_key;
+  } else {
+    return true;  // not a member: its request is answered NotMember, or is a tool's
+  }
+  if (bound.empty() || bound == key) return true;
+  m_key_mismatch_->Increment();
+  spdlog::warn("shard {}: refused a message claiming sender {} from key {} (bound to {})",
+               shard_id_, sender, key, bound);
+  ReplyError(peer, d.env, wire::ErrorCode::Refused,
+             "sender " + std::to_string(sender) + " belongs to another key", out);
+  return false;
+}
+
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   std::string why;
@@ -747,14 +774,16 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   push.keys = keys;
   push.values = d.floats();
   if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, mem, out);
-  return OnSyncPush(peer, d.env, push, mem, out);
+  OnSyncPush(peer, d.env, push, mem, out);
 }
 
 void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
                            std::vector<Outgoing>* out) {
   const auto* m = d.As<wire::Push>();
   if (m->seq() == 0 || m->parts() == 0 || m->parts() > kMaxPushParts || m->part() >= m->parts()) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+    // A malformed header (the client sends its bytes again, as for BadCrc:
+    // damage that the CRC did not catch, or with the check switched off).
+    return ReplyError(peer, d.env, wire::ErrorCode::BadHeader,
                       "push part " + std::to_string(m->part()) + " of " +
                           std::to_string(m->parts()) + " with seq " + std::to_string(m->seq()) +
                           ": parts need a seq, 1.." + std::to_string(kMaxPushParts) +
@@ -762,24 +791,27 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
                       out);
   }
   m_push_parts_->Increment();
+  std::vector<uint64_t> keys;
+  if (m->keys() != nullptr) {
+    for (const wire::KeyLen* k : *m->keys()) keys.push_back(k->key());
+  }
   auto& st = member.staged;
-  if (!st || st->seq != m->seq()) {
-    // A new push (a part of an older one, never completed, is dropped: the
-    // worker has moved on or will send them all again).
+  // A part that does not fit what is held for its seq (another layout after
+  // a shard-map change, or another clock) starts the push afresh: the
+  // worker sends all of its parts again.
+  const bool fits = st && st->seq == m->seq() && st->parts == m->parts() &&
+                    (st->received == 0 || (st->clock == m->clock() && st->batch == m->batch())) &&
+                    (!st->got[m->part()] || st->part_keys[m->part()] == keys);
+  if (!fits) {
     st.emplace();
     st->seq = m->seq();
     st->parts = m->parts();
     st->got.assign(m->parts(), false);
-  }
-  if (st->parts != m->parts() ||
-      (st->received > 0 && (st->clock != m->clock() || st->batch != m->batch()))) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                      "part " + std::to_string(m->part()) + " of push " + std::to_string(m->seq()) +
-                          " disagrees with its earlier parts (parts, clock or batch)",
-                      out);
+    st->part_keys.assign(m->parts(), {});
   }
   if (!st->got[m->part()]) {
     st->got[m->part()] = true;
+    st->part_keys[m->part()] = std::move(keys);
     ++st->received;
     st->clock = m->clock();
     st->batch = m->batch();
@@ -800,25 +832,32 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
     return;
   }
   // The last part: the push, assembled in key order, as if in one message.
-  Member::Staged whole = std::move(*st);
-  st.reset();
-  std::vector<wire::KeyLen> keys;
+  std::vector<wire::KeyLen> all_keys;
   std::vector<float> values;
-  keys.reserve(whole.values.size());
-  for (const auto& [key, v] : whole.values) {
-    keys.emplace_back(key, v.size());
+  all_keys.reserve(st->values.size());
+  for (const auto& [key, v] : st->values) {
+    all_keys.emplace_back(key, v.size());
     values.insert(values.end(), v.begin(), v.end());
   }
   PushArgs push;
-  push.clock = whole.clock;
-  push.batch = whole.batch;
-  push.seq = whole.seq;
-  push.read_applied = whole.read_applied;
-  push.read_steps = whole.read_steps;
-  push.keys = keys;
+  push.clock = st->clock;
+  push.batch = st->batch;
+  push.seq = st->seq;
+  push.read_applied = st->read_applied;
+  push.read_steps = st->read_steps;
+  push.keys = all_keys;
   push.values = values;
-  if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, member, out);
-  return OnSyncPush(peer, d.env, push, member, out);
+  if (job_.mode == wire::Mode::Asp) {
+    OnAsyncPush(peer, d.env, push, member, out);
+    member.staged.reset();
+  } else if (OnSyncPush(peer, d.env, push, member, out)) {
+    member.staged.reset();
+  } else {
+    // Not taken yet (a restored shard catching up): keep the parts; this
+    // one, sent again, completes the push again.
+    member.staged->got[m->part()] = false;
+    --member.staged->received;
+  }
 }
 
 float ShardCore::StalenessWeight(const PushArgs& push) {
@@ -892,7 +931,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   Advance(out);
 }
 
-void ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
+bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
                            Member& member, std::vector<Outgoing>* out) {
   const uint64_t clock = push.clock;
   std::span<const float> values = push.values;
@@ -905,26 +944,29 @@ void ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
       ++dropped_pushes_;
       m_dropped_->Increment();
     }
-    return ReplyError(peer, env, wire::ErrorCode::Stale,
-                      "clock " + std::to_string(clock) + " is already closed (applied through " +
-                          std::to_string(applied_clock_) + ")",
-                      out);
+    ReplyError(peer, env, wire::ErrorCode::Stale,
+               "clock " + std::to_string(clock) + " is already closed (applied through " +
+                   std::to_string(applied_clock_) + ")",
+               out);
+    return true;
   }
   if (static_cast<int64_t>(clock) > applied_clock_ + kMaxOpenClocks) {
     if (restored_) {
       // Catching up after a restore: the other workers' next pushes or
       // pulls move the applied clock; the worker retries.
-      return ReplyError(peer, env, wire::ErrorCode::NotReady,
-                        "clock " + std::to_string(clock) + " is ahead of the restored clock " +
-                            std::to_string(applied_clock_) + "; catching up",
-                        out);
+      ReplyError(peer, env, wire::ErrorCode::NotReady,
+                 "clock " + std::to_string(clock) + " is ahead of the restored clock " +
+                     std::to_string(applied_clock_) + "; catching up",
+                 out);
+      return false;
     }
     // Each open clock holds a full accumulator: refuse runaway clocks.
-    return ReplyError(peer, env, wire::ErrorCode::Refused,
-                      "clock " + std::to_string(clock) + " is more than " +
-                          std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
-                          std::to_string(applied_clock_),
-                      out);
+    ReplyError(peer, env, wire::ErrorCode::Refused,
+               "clock " + std::to_string(clock) + " is more than " +
+                   std::to_string(kMaxOpenClocks) + " ahead of applied clock " +
+                   std::to_string(applied_clock_),
+               out);
+    return false;
   }
   auto it = open_.find(clock);
   if (it == open_.end()) {
@@ -954,6 +996,7 @@ void ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
+  return true;
 }
 
 void ShardCore::CountApplied() {

@@ -50,6 +50,10 @@ struct ShardOptions {
   Duration stall_report = std::chrono::seconds(5);
   // Where metrics go; a private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
+  // Transport security: the monitor's CURVE public key. Under CURVE (a
+  // message whose peer key is set) a sender's id must match its key: the
+  // monitor's (id 0) this one, a worker's the key of its membership entry.
+  std::string monitor_key;
 };
 
 // The job-wide settings a shard needs, from the monitor's register reply.
@@ -173,6 +177,7 @@ class ShardCore {
     uint32_t batch = 0;
     uint32_t staleness = 0;        // s (ssp) or s_L (dssp)
     uint32_t staleness_range = 0;  // r_max (dssp)
+    std::string public_key;        // CURVE key its messages must come with
     int64_t pushed = -1;           // highest clock pushed (async modes)
     std::deque<double> push_times; // seconds, the last few pushes (dssp)
     uint32_t last_grant = 0;
@@ -191,6 +196,7 @@ class ShardCore {
       std::optional<int64_t> read_applied;
       std::optional<uint64_t> read_steps;
       std::vector<bool> got;                         // per part
+      std::vector<std::vector<uint64_t>> part_keys;  // per part: the keys it carried
       std::map<uint64_t, std::vector<float>> values;  // per key
     };
     std::optional<Staged> staged;
@@ -208,6 +214,9 @@ class ShardCore {
   };
 
   void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
+  // Under CURVE: whether the sender's id belongs to the key it came with
+  // (else it is answered Refused and counted).
+  bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
   // Checks that every key is owned (else NotOwner), has the declared length
@@ -242,7 +251,9 @@ class ShardCore {
                   std::vector<Outgoing>* out);
   void OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
                    std::vector<Outgoing>* out);
-  void OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
+  // False when the push was answered NotReady or Refused for a clock too
+  // far ahead (not taken: the worker sends it again).
+  bool OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
                   std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
@@ -337,6 +348,7 @@ class ShardCore {
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
   prometheus::Counter* m_push_parts_ = nullptr;
+  prometheus::Counter* m_key_mismatch_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;
   prometheus::Counter* m_lost_ = nullptr;
   prometheus::Histogram* m_staleness_ = nullptr;

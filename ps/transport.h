@@ -5,6 +5,7 @@
 #ifndef PACER_PS_TRANSPORT_H_
 #define PACER_PS_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "ps/clock.h"
 #include "ps/frame.h"
+#include "ps/security.h"
 
 namespace pacer {
 
@@ -34,12 +36,28 @@ class Socket {
   virtual std::string address() const = 0;
 };
 
+// ZeroMQ CURVE on every socket (ps/security.h). Without a keypair: plain.
+struct CurveOptions {
+  CurveKeyPair keys;
+  // Public keys (Z85) that may connect to this process's bound sockets; a
+  // ZAP handler refuses every other one.
+  std::vector<std::string> allowed;
+  // Told of each refused peer (after the handshake, on ZeroMQ's thread
+  // for ZAP): its public key (empty when it offered none, e.g. plain
+  // ZeroMQ) and address, and why.
+  std::function<void(const std::string& public_key, const std::string& address,
+                     const std::string& why)>
+      on_refused;
+  bool enabled() const { return !keys.public_key.empty(); }
+};
+
 struct TransportOptions {
   // Messages above this many bytes (all frames) may be refused by the
   // transport itself; the wire layer checks its own, lower limit.
   size_t max_message_bytes = size_t{1} << 30;
   // Queue limit per socket, in messages.
   int high_water_mark = 1000;
+  CurveOptions curve;
 };
 
 class Transport {
@@ -56,6 +74,13 @@ class Transport {
   virtual absl::StatusOr<std::vector<size_t>> Poll(std::span<Socket* const> sockets,
                                                    TimePoint deadline) = 0;
   virtual const Clock* clock() const = 0;
+
+  // CURVE: the public key of the server bound at `address`, which Connect
+  // needs (it fails without one). Ignored without CURVE.
+  virtual void SetServerKey(const std::string& address, const std::string& public_key) {
+    (void)address;
+    (void)public_key;
+  }
 
   // Receives one message from `socket`, waiting until `deadline`. Returns
   // false on timeout. Cheaper than Poll for one socket (ZeroMQ: a blocking

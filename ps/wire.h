@@ -16,7 +16,11 @@
 namespace pacer {
 
 inline constexpr uint32_t kMagic = 0x52434150;  // "PACR" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: pushes in parts (Push.part/parts, PushReply.complete). A process of
+// version 1 would take a part for the whole push, so the versions do not mix.
+inline constexpr uint16_t kProtocolVersion = 2;
+// The most parts one push may come in (Push.parts).
+inline constexpr uint32_t kMaxPushParts = 256;
 inline constexpr size_t kEnvelopeBytes = 40;
 // Default --max-message-bytes: 16M floats of payload plus 1 MiB for headers.
 inline constexpr size_t kDefaultMaxMessageBytes = (size_t{16} << 20) * sizeof(float) + (1 << 20);

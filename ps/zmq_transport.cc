@@ -1,7 +1,14 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "ps/transport.h"
 
@@ -26,8 +33,10 @@ zmq::message_t ToZmq(const Frame& f) {
 
 class ZmqSocket final : public Socket {
  public:
-  ZmqSocket(zmq::socket_t socket, std::string address)
-      : socket_(std::move(socket)), address_(std::move(address)) {}
+  // curve_server: a bound socket under CURVE, whose messages carry the
+  // sender's public key (ZAP's user id) on their first frame.
+  ZmqSocket(zmq::socket_t socket, std::string address, bool curve_server = false)
+      : socket_(std::move(socket)), address_(std::move(address)), curve_server_(curve_server) {}
 
   absl::Status Send(Frames frames) override {
     if (frames.empty()) return absl::InvalidArgumentError("empty message");
@@ -82,6 +91,7 @@ class ZmqSocket final : public Socket {
   // no message came (would block, timeout, or a signal).
   absl::StatusOr<bool> ReadMessage(Frames* frames, zmq::recv_flags first) {
     frames->clear();
+    std::string key;
     try {
       for (;;) {
         auto msg = std::make_shared<zmq::message_t>();
@@ -90,8 +100,16 @@ class ZmqSocket final : public Socket {
         bool more = msg->more();
         const void* data = msg->data();
         size_t size = msg->size();
+        if (curve_server_ && key.empty()) {
+          // The ZAP handler set the user id to the peer's public key. (A
+          // ROUTER's routing-id part carries no metadata: the next does.)
+          if (const char* id = zmq_msg_gets(msg->handle(), "User-Id")) key = id;
+        }
         frames->emplace_back(std::move(msg), data, size);
-        if (!more) return true;
+        if (!more) {
+          if (!key.empty()) frames->front().set_peer_key(std::move(key));
+          return true;
+        }
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) return false;
@@ -102,13 +120,137 @@ class ZmqSocket final : public Socket {
  private:
   zmq::socket_t socket_;
   std::string address_;
+  bool curve_server_ = false;
   int rcvtimeo_ = -1;  // ZMQ_RCVTIMEO last set, in ms
+};
+
+// The ZAP handler (ZeroMQ RFC 27) of a transport under CURVE: ZeroMQ asks it
+// about every peer that completes a CURVE handshake with a bound socket; it
+// answers 200 with the peer's public key as user id when the key is
+// allowed, else 400.
+class ZapHandler {
+ public:
+  ZapHandler(zmq::context_t& context, const CurveOptions& curve)
+      : allowed_(curve.allowed.begin(), curve.allowed.end()), on_refused_(curve.on_refused),
+        context_(&context), socket_(context, zmq::socket_type::rep) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("inproc://zeromq.zap.01");
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ZapHandler() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  // Reports the failed handshakes of `bound` (a peer without CURVE, or with
+  // a mismatched mechanism, never reaches ZAP) through on_refused. Called
+  // by the thread that owns `bound`, before anything connects.
+  void Watch(zmq::socket_t& bound) {
+    const std::string name = "inproc://pacer-handshakes-" + std::to_string(++watched_);
+    if (zmq_socket_monitor(bound.handle(), name.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
+      return;  // not watched: ZAP refusals are still reported
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(name);
+  }
+
+ private:
+  void Run() {
+    std::vector<zmq::socket_t> monitors;
+    while (!stop_) {
+      try {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const std::string& name : pending_) {
+            monitors.emplace_back(*context_, zmq::socket_type::pair);
+            monitors.back().set(zmq::sockopt::linger, 0);
+            monitors.back().connect(name);
+          }
+          pending_.clear();
+        }
+        std::vector<zmq::pollitem_t> items{{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+        for (auto& m : monitors) items.push_back({m.handle(), 0, ZMQ_POLLIN, 0});
+        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+        if (items[0].revents & ZMQ_POLLIN) {
+          std::vector<zmq::message_t> request;
+          if (zmq::recv_multipart(socket_, std::back_inserter(request))) Answer(request);
+        }
+        for (size_t i = 1; i < items.size(); ++i) {
+          if (!(items[i].revents & ZMQ_POLLIN)) continue;
+          std::vector<zmq::message_t> event;
+          if (!zmq::recv_multipart(monitors[i - 1], std::back_inserter(event)) ||
+              event.size() < 2 || event[0].size() < 6) {
+            continue;
+          }
+          uint16_t id = 0;
+          std::memcpy(&id, event[0].data(), sizeof(id));
+          if (on_refused_) {
+            on_refused_("", event[1].to_string(),
+                        id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            ? "handshake failed: no CURVE, or another mechanism"
+                            : "handshake failed");
+          }
+        }
+      } catch (const zmq::error_t&) {
+        // EINTR or the context going away: look at stop_ again.
+      }
+    }
+  }
+
+  void Answer(const std::vector<zmq::message_t>& r) {
+    // version, request id, domain, address, routing id, mechanism, credentials...
+    auto text = [&](size_t i) { return i < r.size() ? r[i].to_string() : std::string(); };
+    std::string key, status = "400", why;
+    if (r.size() < 6 || text(0) != "1.0") {
+      why = "malformed ZAP request";
+    } else if (text(5) != "CURVE" || r.size() < 7 || r[6].size() != 32) {
+      why = "no CURVE key offered (mechanism " + text(5) + ")";
+    } else {
+      char z85[41] = {};
+      zmq_z85_encode(z85, static_cast<const uint8_t*>(r[6].data()), 32);
+      key = z85;
+      if (allowed_.count(key) > 0) {
+        status = "200";
+      } else {
+        why = "public key not in the allowed keys";
+      }
+    }
+    // The buffers point into these strings: they live until the send.
+    const std::string text_out = status == "200" ? "OK" : why;
+    const std::string user_id = status == "200" ? key : "";
+    std::array<zmq::const_buffer, 6> reply = {
+        zmq::str_buffer("1.0"),
+        zmq::buffer(r.size() > 1 ? r[1].data() : nullptr, r.size() > 1 ? r[1].size() : 0),
+        zmq::buffer(status), zmq::buffer(text_out), zmq::buffer(user_id), zmq::const_buffer()};
+    zmq::send_multipart(socket_, reply);
+    if (status != "200" && on_refused_) on_refused_(key, text(3), why);
+  }
+
+  const std::set<std::string> allowed_;
+  const std::function<void(const std::string&, const std::string&, const std::string&)> on_refused_;
+  zmq::context_t* context_;
+  zmq::socket_t socket_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> watched_{0};
+  std::mutex mu_;
+  std::vector<std::string> pending_;  // monitor endpoints to connect to
+  std::thread thread_;
 };
 
 class ZmqTransport final : public Transport {
  public:
   ZmqTransport(const TransportOptions& options, const Clock* clock)
-      : options_(options), clock_(clock), context_(1) {}
+      : options_(options), clock_(clock), context_(1) {
+    if (options_.curve.enabled()) zap_ = std::make_unique<ZapHandler>(context_, options_.curve);
+  }
+  ~ZmqTransport() override { zap_.reset(); }
+
+  void SetServerKey(const std::string& address, const std::string& public_key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_keys_[address] = public_key;
+  }
 
   absl::StatusOr<std::unique_ptr<Socket>> Bind(const std::string& address) override {
     std::string zaddr = address;
@@ -119,9 +261,16 @@ class ZmqTransport final : public Transport {
       zmq::socket_t s(context_, zmq::socket_type::router);
       Configure(s);
       s.set(zmq::sockopt::router_mandatory, 1);
+      if (options_.curve.enabled()) {
+        s.set(zmq::sockopt::curve_server, 1);
+        s.set(zmq::sockopt::curve_secretkey, options_.curve.keys.secret_key);
+        s.set(zmq::sockopt::zap_domain, "pacer");
+        zap_->Watch(s);
+      }
       s.bind(zaddr);
       std::string bound = s.get(zmq::sockopt::last_endpoint);
-      return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), bound));
+      return std::unique_ptr<Socket>(
+          new ZmqSocket(std::move(s), bound, options_.curve.enabled()));
     } catch (const zmq::error_t& e) {
       return absl::UnavailableError("cannot bind " + address + ": " + e.what());
     }
@@ -131,6 +280,21 @@ class ZmqTransport final : public Transport {
     try {
       zmq::socket_t s(context_, zmq::socket_type::dealer);
       Configure(s);
+      if (options_.curve.enabled()) {
+        std::string server_key;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = server_keys_.find(address);
+          if (it != server_keys_.end()) server_key = it->second;
+        }
+        if (server_key.empty()) {
+          return absl::FailedPreconditionError("no CURVE public key known for " + address +
+                                               " (security is on)");
+        }
+        s.set(zmq::sockopt::curve_serverkey, server_key);
+        s.set(zmq::sockopt::curve_publickey, options_.curve.keys.public_key);
+        s.set(zmq::sockopt::curve_secretkey, options_.curve.keys.secret_key);
+      }
       s.connect(address);
       return std::unique_ptr<Socket>(new ZmqSocket(std::move(s), address));
     } catch (const zmq::error_t& e) {
@@ -183,6 +347,9 @@ class ZmqTransport final : public Transport {
   TransportOptions options_;
   const Clock* clock_;
   zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;  // before any socket binds
+  std::mutex mu_;
+  std::map<std::string, std::string> server_keys_;  // address -> public key
 };
 
 }  // namespace

@@ -278,7 +278,7 @@ TEST_F(BadInputTest, MonitorRejectsEachKindAndKeepsServing) {
   }
   {
     Frames f = ValidPull();
-    f[0] = RawEnvelope(2, uint16_t(wire::Body::Pull), kJob, id_, Crc(f[1], {}), 11, 0);
+    f[0] = RawEnvelope(kProtocolVersion + 1, uint16_t(wire::Body::Pull), kJob, id_, Crc(f[1], {}), 11, 0);
     Expect(s, r, m, f, "wrong_version", true);
   }
   {

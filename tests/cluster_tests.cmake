@@ -43,3 +43,9 @@ set_tests_properties(observability_prometheus_test PROPERTIES LABELS cluster TIM
 # Fault injection: --faults at start and pacerctl fault at run time.
 pacer_test(fault_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
 add_dependencies(fault_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)
+
+# Transport security (issue 8): key files and the CURVE transport (unit),
+# then a whole cluster with keys.
+pacer_test(security_test unit pacer_test_util pacer_ps)
+pacer_test(security_cluster_test cluster pacer_test_util pacer_ps)
+add_dependencies(security_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)

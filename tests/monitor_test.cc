@@ -77,6 +77,8 @@ class MonitorTest : public ::testing::Test {
     env.request_id = ++next_request_;
     Frames frames = EncodeBody(env, fbb, body);
     frames.insert(frames.begin(), PeerFrame(peer));
+    // Under CURVE every connection has its key: here "K" and the routing id.
+    if (curve_) frames[0].set_peer_key(std::string("K").append(std::to_string(peer)));
     std::vector<MonitorCore::Outgoing> out;
     core_->Handle(std::move(frames), &out);
     return Sort(out);
@@ -233,6 +235,7 @@ class MonitorTest : public ::testing::Test {
   std::unique_ptr<MonitorCore> core_;
   std::vector<std::pair<int, Decoded>> to_shards_;
   uint64_t next_request_ = 0;
+  bool curve_ = false;  // messages carry a CURVE key per routing id
   uint32_t shard_id_ = 0;
   uint32_t worker_a_ = 0;
   uint32_t worker_b_ = 0;
@@ -250,6 +253,42 @@ TEST_F(MonitorTest, RegistrationDeclarationAndAcksStartTheJob) {
   ASSERT_NE(r->shard_map(), nullptr);
   ASSERT_EQ(r->shard_map()->shards()->size(), 1u);
   EXPECT_EQ(r->shard_map()->shards()->Get(0)->address()->str(), "mem://shard0");
+}
+
+TEST_F(MonitorTest, UnderCurveIdsAreBoundToTheKeysTheyRegisteredWith) {
+  curve_ = true;
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  const uint32_t a = RegisterWorker(200), b = RegisterWorker(300);
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(200, kJob, a, fbb, wire::CreateDeclareModelDirect(fbb, &kModel)), wire::Body::Ack);
+  }
+  Tick();
+  // Shards learn each worker's key with the membership, and workers each
+  // shard's with the map.
+  bool keyed = false;
+  for (const auto& [shard, d] : to_shards_) {
+    if (d.type() != wire::Body::Membership) continue;
+    for (const auto* w : *d.As<wire::Membership>()->workers()) {
+      ASSERT_NE(w->public_key(), nullptr);
+      EXPECT_EQ(w->public_key()->str(), std::string("K").append(w->id() == a ? "200" : "300"));
+      keyed = true;
+    }
+  }
+  EXPECT_TRUE(keyed);
+  // Worker b's connection claiming to be worker a: refused, counted.
+  flatbuffers::FlatBufferBuilder fbb;
+  EXPECT_EQ(ErrorOf(Send(300, kJob, a, fbb,
+                         wire::CreateHeartbeat(fbb, wire::Role::Worker, 0, 10.0f, /*done=*/true))),
+            wire::ErrorCode::Refused);
+  EXPECT_TRUE(core_->LiveWorkers().size() == 2u) << "the forged 'done' heartbeat was taken";
+  // Each under its own key is heard.
+  fbb.Clear();
+  Only(Send(200, kJob, a, fbb, wire::CreateHeartbeat(fbb, wire::Role::Worker, 0, 10.0f)),
+       wire::Body::HeartbeatReply);
+  flatbuffers::FlatBufferBuilder fbb2;
+  Only(Send(300, kJob, b, fbb2, wire::CreateHeartbeat(fbb2, wire::Role::Worker, 0, 10.0f)),
+       wire::Body::HeartbeatReply);
 }
 
 TEST_F(MonitorTest, JobWaitsForEnoughWorkers) {

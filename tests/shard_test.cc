@@ -54,6 +54,7 @@ struct WorkerSpec {
   uint32_t staleness = 0;        // s, or s_L
   uint32_t staleness_range = 0;  // r_max
   uint64_t start_clock = 0;
+  std::string key{};             // CURVE public key (empty: plain)
 };
 
 class ShardTest : public ::testing::Test {
@@ -65,6 +66,7 @@ class ShardTest : public ::testing::Test {
              uint32_t backup_workers = 0, bool staleness_aware_lr = true) {
     ShardOptions opts;
     opts.pull_timeout = std::chrono::seconds(5);
+    opts.monitor_key = monitor_key_;
     shard_ = std::make_unique<ShardCore>(opts, &clock_);
     ShardJob job;
     job.job_id = kJob;
@@ -93,6 +95,9 @@ class ShardTest : public ::testing::Test {
     env.request_id = ++next_request_;
     Frames frames = EncodeBody(env, fbb, body, std::move(payload));
     frames.insert(frames.begin(), PeerFrame(sender));
+    // Under CURVE each sender's messages carry its key (the test's keys:
+    // "K" and the sender id).
+    if (curve_) frames[0].set_peer_key(KeyOf(sender));
     std::vector<ShardCore::Outgoing> out;
     shard_->Handle(std::move(frames), &out);
     return out;
@@ -107,8 +112,9 @@ class ShardTest : public ::testing::Test {
     flatbuffers::FlatBufferBuilder fbb;
     std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
     for (const auto& w : workers)
-      infos.push_back(wire::CreateWorkerInfo(fbb, w.id, w.rank, w.batch, w.start_clock,
-                                             w.staleness, w.staleness_range));
+      infos.push_back(wire::CreateWorkerInfoDirect(fbb, w.id, w.rank, w.batch, w.start_clock,
+                                                   w.staleness, w.staleness_range,
+                                                   w.key.empty() ? nullptr : w.key.c_str()));
     return Send(kMonitor, fbb, wire::CreateMembershipDirect(fbb, version, &infos));
   }
   std::vector<ShardCore::Outgoing> Init(uint32_t sender, const std::vector<float>& values) {
@@ -238,9 +244,13 @@ class ShardTest : public ::testing::Test {
     return w;
   }
 
+  static std::string KeyOf(uint32_t sender) { return std::string("K").append(std::to_string(sender)); }
+
   FakeClock clock_;
   std::unique_ptr<ShardCore> shard_;
   uint64_t next_request_ = 0;
+  bool curve_ = false;        // messages carry their sender's key
+  std::string monitor_key_;   // ShardOptions::monitor_key
 };
 
 void ExpectNear(const std::vector<float>& got, const std::vector<float>& want) {
@@ -462,17 +472,33 @@ TEST_F(ShardTest, PushInPartsIsHeldUntilTheLastPartThenAppliedOnce) {
   }
 }
 
-TEST_F(ShardTest, PushPartsThatDisagreeOrLackASeqAreRefused) {
+TEST_F(ShardTest, PushPartsWithoutASeqOrOutOfRangeAreBadHeaders) {
+  Start(wire::Mode::Bsp);
+  const std::vector<wire::KeyLen> k1 = {kKeys[0]};
+  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, /*seq=*/0, 0, 2, k1, {1, 1})),
+            wire::ErrorCode::BadHeader);
+  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, 1, /*part=*/2, 2, k1, {1, 1})),
+            wire::ErrorCode::BadHeader);
+  EXPECT_EQ(shard_->updates_applied(), 0u);
+}
+
+TEST_F(ShardTest, APartOfAnotherLayoutStartsThePushAfresh) {
+  // After a shard-map change the worker sends the same seq in other parts:
+  // what was held for it goes, and only the new layout's parts make the push.
   Start(wire::Mode::Bsp);
   const std::vector<wire::KeyLen> k1 = {kKeys[0]}, k2 = {kKeys[1]};
-  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, /*seq=*/0, 0, 2, k1, {1, 1})),
-            wire::ErrorCode::Refused);
-  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 0, 1, 1, /*part=*/2, 2, k1, {1, 1})),
-            wire::ErrorCode::Refused);
-  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {1, 1})));
-  // Same seq, another clock: not part of the same push.
-  EXPECT_EQ(ErrorOf(PushPart(kWorkerA, 1, 1, 1, 1, 2, k2, {1})), wire::ErrorCode::Mismatch);
-  EXPECT_EQ(shard_->updates_applied(), 0u);
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {9, 9})));
+  // Part 0 again, now with key 2: not the part 0 held.
+  EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k2, {3})));
+  EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k1, {1, 2})));
+  EXPECT_EQ(shard_->updates_applied(), 1u);
+  ExpectPushReply(PushSeq(kWorkerB, 0, 3, {0, 0, 0}, 1).at(0), 0);
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  // The step used {1, 2, 3} from worker A (batch 1 of 4), not the 9s.
+  const std::vector<float> ga = {1, 2, 3};
+  std::vector<float> expected(3);
+  for (size_t i = 0; i < 3; ++i) expected[i] = kW0[i] - kLr * ga[i] / 4;
+  ExpectNear(Params(), expected);
 }
 
 TEST_F(ShardTest, PartsLostInARestartNeverCompleteAndTheWholePushIsSentAgain) {
@@ -487,6 +513,43 @@ TEST_F(ShardTest, PartsLostInARestartNeverCompleteAndTheWholePushIsSentAgain) {
   EXPECT_FALSE(Completes(PushPart(kWorkerA, 0, 1, 1, 0, 2, k1, {1, 2})));
   EXPECT_TRUE(Completes(PushPart(kWorkerA, 0, 1, 1, 1, 2, k2, {3})));
   EXPECT_EQ(shard_->updates_applied(), 1u);
+}
+
+TEST_F(ShardTest, UnderCurveASenderIdIsBoundToItsKey) {
+  curve_ = true;
+  monitor_key_ = KeyOf(kMonitor);
+  Start(wire::Mode::Bsp, {{kWorkerA, 0, 1, 0, 0, 0, KeyOf(kWorkerA)},
+                          {kWorkerB, 1, 3, 0, 0, 0, KeyOf(kWorkerB)}});
+  const std::vector<float> g = {1, 1, 1};
+  ExpectPushReply(Push(kWorkerA, 0, 1, g).at(0), 0);
+  // Worker B replays worker A's push (A's id, B's connection and key).
+  flatbuffers::FlatBufferBuilder fbb;
+  Envelope env;
+  env.job_id = kJob;
+  env.sender = kWorkerA;
+  env.request_id = 99;
+  Frames replay = EncodeBody(env, fbb, wire::CreatePushDirect(fbb, 0, 1, &kKeys), Floats(g));
+  replay.insert(replay.begin(), PeerFrame(kWorkerB));
+  replay[0].set_peer_key(KeyOf(kWorkerB));
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Handle(std::move(replay), &out);
+  EXPECT_EQ(ErrorOf(out), wire::ErrorCode::Refused);
+  // A worker posing as the monitor: its membership is refused.
+  flatbuffers::FlatBufferBuilder mfbb;
+  std::vector<flatbuffers::Offset<wire::WorkerInfo>> none;
+  env.sender = kMonitor;
+  env.request_id = 100;
+  Frames fake = EncodeBody(env, mfbb, wire::CreateMembershipDirect(mfbb, 9, &none));
+  fake.insert(fake.begin(), PeerFrame(kWorkerB));
+  fake[0].set_peer_key(KeyOf(kWorkerB));
+  out.clear();
+  shard_->Handle(std::move(fake), &out);
+  EXPECT_EQ(ErrorOf(out), wire::ErrorCode::Refused);
+  EXPECT_EQ(shard_->membership_version(), 1u);
+  EXPECT_EQ(shard_->updates_applied(), 1u);
+  // B under its own id and key is heard.
+  ExpectPushReply(Push(kWorkerB, 0, 3, g).at(0), 0);
+  EXPECT_EQ(shard_->applied_clock(), 0);
 }
 
 TEST_F(ShardTest, ResentPullWaitsOnceAndIsAnsweredOnce) {

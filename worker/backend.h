@@ -179,6 +179,11 @@ class ComputeBackend {
   // in fixed chunks).
   virtual uint32_t max_batch() const { return 0; }
 
+  // Whether ComputeGradient queues its work on a device and reports stages
+  // as their copies land (CUDA) rather than computing each on the calling
+  // thread: time between two reports is then not that stage's compute.
+  virtual bool asynchronous() const { return false; }
+
   // Host memory for `floats` values (zeroed) that this backend copies
   // parameters from and gradients to fastest: page-locked memory for a GPU
   // (copied by DMA, asynchronously), ordinary memory for the CPU. Null

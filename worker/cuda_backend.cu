@@ -284,6 +284,7 @@ class CudaBackend final : public ComputeBackend {
   }
 
   uint32_t max_batch() const override { return uint32_t(chunk_); }
+  bool asynchronous() const override { return true; }
 
   std::string name() const override { return "cuda"; }
   const std::vector<TensorSpec>& tensors() const override { return tensors_; }
@@ -305,20 +306,27 @@ class CudaBackend final : public ComputeBackend {
     // Each layer's gradient goes straight into `grad` when it is page-locked
     // (AllocateHost), else through the pinned staging buffer.
     out_ = Pinned(grad.data()) ? grad.data() : host_.p;
+    // On failure, nothing queued may still read or write the caller's
+    // memory after we return.
+    auto fail = [this] {
+      cudaStreamSynchronize(stream_);
+      cudaStreamSynchronize(copy_stream_);
+      return kNaN;
+    };
     const float inv_batch = 1.0f / float(batch);
     for (int start = 0; start < batch; start += chunk_) {
       const int n = std::min(chunk_, batch - start);
-      if (!Forward(x + size_t(start) * Inputs(), y + start, n)) return kNaN;
+      if (!Forward(x + size_t(start) * Inputs(), y + start, n)) return fail();
       SoftmaxXent<<<Blocks(n), kThreads, 0, stream_>>>(Logits(), y_.p, n, Classes(), inv_batch, 1,
                                                       loss_.p + start, nullptr);
       // Only the last pass finishes each layer's sum and copies it out.
       Backward(n, /*last=*/start + n == batch);
     }
-    if (cudaGetLastError() != cudaSuccess) return kNaN;
+    if (cudaGetLastError() != cudaSuccess) return fail();
     // Everything is queued; the device works through it while the host
     // hands on each layer as its copy lands (the sink may send it).
     for (size_t s = 0; s < stages_.size(); ++s) {
-      if (cudaEventSynchronize(copied_[s]) != cudaSuccess) return kNaN;
+      if (cudaEventSynchronize(copied_[s]) != cudaSuccess) return fail();
       const GradRange r = stages_[s];
       if (out_ != grad.data()) {
         std::memcpy(grad.data() + r.begin, host_.p + r.begin, (r.end - r.begin) * sizeof(float));
@@ -327,7 +335,7 @@ class CudaBackend final : public ComputeBackend {
     }
     std::vector<double> losses(batch);
     cudaMemcpyAsync(losses.data(), loss_.p, batch * sizeof(double), cudaMemcpyDeviceToHost, stream_);
-    if (cudaStreamSynchronize(stream_) != cudaSuccess) return kNaN;
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) return fail();
     double total = 0;
     for (double l : losses) total += l;
     return float(total / batch);

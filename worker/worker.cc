@@ -86,17 +86,37 @@ namespace {
 
 // The gradient sink of a layer-wise push: sends each layer's part as the
 // backward pass finishes it. Straggler emulation stretches the compute
-// before each part (and the rest after the pass, Stretch) by `factor`.
+// before each part (and the rest after the pass, Finish) by `factor`. An
+// asynchronous backend's reports are not timed on this thread, so under a
+// slowdown its parts are held until the whole pass is stretched (`defer`).
 struct LayerPusher : GradientSink {
-  LayerPusher(PsClient& c, const Clock& clk, double f, TimePoint start)
-      : client(c), clock(clk), factor(f), mark(start) {}
+  LayerPusher(PsClient& c, const Clock& clk, double f, bool hold)
+      : client(c), clock(clk), factor(f), defer(hold && f > 1.0), mark(clk.Now()) {}
   void Ready(size_t stage) override {
+    if (defer) {
+      held.push_back(stage);
+      return;
+    }
     Stretch();
-    if (!error.ok()) return;  // the caller sends it all again
+    Send(stage);
+  }
+  // After the pass: the rest of the compute stretched, held parts sent.
+  void Finish() {
+    Stretch();
+    for (size_t stage : held) Send(stage);
+    held.clear();
+  }
+  void Send(size_t stage) {
+    if (!error.ok()) return;  // FinishPush is skipped; the caller sends it all again
+    const TimePoint start = clock.Now();
+    const uint64_t before = client.push_messages();
     error = client.PushStage(stage);
-    if (!sent) first_sent = clock.Now();
-    sent = true;
+    if (client.push_messages() > before && !early) {
+      early = true;
+      first_sent = start;
+    }
     mark = clock.Now();
+    sending += mark - start;
   }
   // Sleeps (factor - 1) times the compute since the last mark.
   void Stretch() {
@@ -108,11 +128,14 @@ struct LayerPusher : GradientSink {
   }
   PsClient& client;
   const Clock& clock;
-  double factor;
+  const double factor;
+  const bool defer;
   TimePoint mark;
+  std::vector<size_t> held;
   absl::Status error;
-  bool sent = false;
+  bool early = false;     // a part went out before the pass ended
   TimePoint first_sent{};
+  Duration sending{};     // time in PushStage (communication, not compute)
 };
 
 }  // namespace
@@ -831,11 +854,16 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     // Layer-wise push: each layer's part goes out as the backward pass
     // finishes it; the slowdown stretches each layer's compute before its
     // part is sent, as a slower device would.
-    LayerPusher pusher(client, *w.clock, factor, compute_start);
     const bool layer_wise = o.overlap && this_batch > 0;
+    Duration positions_wait{};
+    TimePoint compute_begin = compute_start;
     if (layer_wise) {
       wait_for_positions();
-      pusher.mark = w.clock->Now();
+      compute_begin = w.clock->Now();
+      positions_wait = compute_begin - compute_start;
+    }
+    LayerPusher pusher(client, *w.clock, factor, w.backend->asynchronous());
+    if (layer_wise) {
       client.StartPush(clock, push_batch);
       loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
                                         static_cast<int>(this_batch), client.grads(), &pusher);
@@ -847,15 +875,15 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       // (batch 0) keeps the barrier moving and changes nothing.
       std::fill(client.grads().begin(), client.grads().end(), 0.0f);
     }
-    pusher.Stretch();  // the rest of the compute (all of it without layer-wise push)
+    pusher.Finish();  // the rest of the compute (all of it without layer-wise push)
     const TimePoint push_start = w.clock->Now();
-    const double compute_seconds = ToSeconds(push_start - compute_start);
+    const double compute_seconds = ToSeconds(push_start - compute_begin - pusher.sending);
     loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
     // A shard-map change mid-push: the same push (same seq) to the new map.
     absl::Status pushed;
     if (layer_wise) {
       pushed = pusher.error.ok() ? client.FinishPush() : pusher.error;
-      if (metrics && pusher.sent) {
+      if (metrics && pusher.early && pushed.ok()) {
         metrics->overlap->Observe(ToSeconds(push_start - pusher.first_sent));
       }
     } else {
@@ -867,7 +895,8 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       if (pushed.ok()) pushed = client.Push(clock, push_batch, /*retry=*/true);
     }
     // Timings count even when the push comes too late (backup mode drops it).
-    const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start);
+    const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start) +
+                                 ToSeconds(positions_wait + pusher.sending);
     if (this_batch == static_cast<size_t>(batch)) {
       // Timed for the policy. An epoch's short tail batch (or an empty push)
       // is not: its fixed costs over fewer samples would read as a slowdown.

@@ -1,0 +1,194 @@
+// Transport security (ps/security.h, CURVE in ps/zmq_transport.cc): key and
+// allowed-keys files, and the ZAP handler's decisions on a real ZeroMQ
+// transport over 127.0.0.1.
+#include "ps/security.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ps/transport.h"
+#include "tests/process_util.h"
+
+namespace pacer {
+namespace {
+
+using std::chrono::milliseconds;
+using test::TempDir;
+
+void WriteFile(const std::string& path, const std::string& text, mode_t mode = 0600) {
+  std::ofstream(path) << text;
+  ::chmod(path.c_str(), mode);
+}
+
+TEST(KeyFilesTest, KeygenWritesAKeyOnlyItsOwnerReadsAndAPublicLine) {
+  ASSERT_TRUE(CurveAvailable()) << "Debian's libzmq5 has CURVE (libsodium)";
+  TempDir dir;
+  auto keys = GenerateKeyPair();
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE(IsZ85Key(keys->public_key));
+  EXPECT_TRUE(IsZ85Key(keys->secret_key));
+  EXPECT_NE(keys->public_key, keys->secret_key);
+  const std::string prefix = dir.path() + "/shard0";
+  ASSERT_TRUE(WriteKeyFiles(*keys, prefix, "shard-0").ok());
+  struct stat st {};
+  ASSERT_EQ(::stat((prefix + ".key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto back = ReadKeyFile(prefix + ".key");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->public_key, keys->public_key);
+  EXPECT_EQ(back->secret_key, keys->secret_key);
+  auto allowed = ReadAllowedKeys(prefix + ".pub");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  ASSERT_EQ(allowed->size(), 1u);
+  EXPECT_EQ((*allowed)[0].name, "shard-0");
+  EXPECT_EQ(FindKey(*allowed, "shard-0"), keys->public_key);
+  // Never overwrites a key.
+  EXPECT_FALSE(WriteKeyFiles(*keys, prefix, "").ok());
+}
+
+TEST(KeyFilesTest, BadFilesAreClearErrors) {
+  TempDir dir;
+  auto keys = GenerateKeyPair();
+  ASSERT_TRUE(keys.ok());
+  const std::string good = "public-key = \"" + keys->public_key + "\"\nsecret-key = \"" +
+                           keys->secret_key + "\"\n";
+  WriteFile(dir.path() + "/open.key", good, 0644);
+  auto open = ReadKeyFile(dir.path() + "/open.key");
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kPermissionDenied) << open.status();
+  WriteFile(dir.path() + "/short.key", "public-key = \"abc\"\n");
+  auto bad = ReadKeyFile(dir.path() + "/short.key");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("short.key:1"), std::string::npos) << bad.status();
+  WriteFile(dir.path() + "/half.key", "public-key = \"" + keys->public_key + "\"\n");
+  EXPECT_FALSE(ReadKeyFile(dir.path() + "/half.key").ok());
+  EXPECT_EQ(ReadKeyFile(dir.path() + "/none.key").status().code(), absl::StatusCode::kNotFound);
+
+  // Allowed keys: comments, names, a key that starts with '#'.
+  const std::string hash_key = std::string("#").append(keys->public_key, 1);
+  WriteFile(dir.path() + "/allowed", "# the cluster\n\nmonitor " + keys->public_key + "\n" +
+                                          hash_key + "\n");
+  auto allowed = ReadAllowedKeys(dir.path() + "/allowed");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  ASSERT_EQ(allowed->size(), 2u);
+  EXPECT_EQ(FindKey(*allowed, "monitor"), keys->public_key);
+  EXPECT_EQ((*allowed)[1].public_key, hash_key);
+  WriteFile(dir.path() + "/twice", "a " + keys->public_key + "\na " + keys->secret_key + "\n");
+  auto twice = ReadAllowedKeys(dir.path() + "/twice");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("twice:2"), std::string::npos) << twice.status();
+  WriteFile(dir.path() + "/junk", "monitor not-a-key\n");
+  EXPECT_FALSE(ReadAllowedKeys(dir.path() + "/junk").ok());
+}
+
+// A CURVE server transport with one bound socket, recording refusals.
+struct Server {
+  explicit Server(const CurveKeyPair& keys, std::vector<std::string> allowed) {
+    TransportOptions o;
+    o.curve.keys = keys;
+    o.curve.allowed = std::move(allowed);
+    o.curve.on_refused = [this](const std::string& key, const std::string&, const std::string& why) {
+      std::lock_guard<std::mutex> lock(mu);
+      refused.push_back({key, why});
+    };
+    transport = MakeZmqTransport(o);
+    auto s = transport->Bind("tcp://127.0.0.1:0");
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) socket = std::move(*s);
+  }
+  // The next message within `wait`, or empty frames.
+  Frames Receive(milliseconds wait) {
+    Frames f;
+    auto got = transport->Recv(socket.get(), &f, transport->clock()->Now() + wait);
+    if (!got.ok() || !*got) f.clear();
+    return f;
+  }
+  size_t Refusals(milliseconds wait) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!refused.empty() || std::chrono::steady_clock::now() > until) return refused.size();
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Socket> socket;
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> refused;  // key, why
+};
+
+std::unique_ptr<Socket> Client(Transport& t, const std::string& address) {
+  auto s = t.Connect(address);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(CurveTransportTest, AnAllowedKeyIsHeardAndNamedAndOthersAreRefused) {
+  auto server_keys = GenerateKeyPair(), allowed = GenerateKeyPair(), other = GenerateKeyPair();
+  ASSERT_TRUE(server_keys.ok() && allowed.ok() && other.ok());
+  Server server(*server_keys, {allowed->public_key});
+  const std::string address = server.socket->address();
+
+  // Allowed: the message arrives, with the sender's key on its first frame,
+  // and the reply goes back.
+  TransportOptions co;
+  co.curve.keys = *allowed;
+  auto ct = MakeZmqTransport(co);
+  EXPECT_FALSE(ct->Connect(address).ok()) << "CURVE without the server's key must not connect";
+  ct->SetServerKey(address, server_keys->public_key);
+  auto client = Client(*ct, address);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Send({Frame::Copy("hello")}).ok());
+  Frames got = server.Receive(milliseconds(5000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].peer_key(), allowed->public_key);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got[1].data()), got[1].size()), "hello");
+  ASSERT_TRUE(server.socket->Send({got[0], Frame::Copy("back")}).ok());
+  Frames reply;
+  auto r = ct->Recv(client.get(), &reply, ct->clock()->Now() + milliseconds(5000));
+  ASSERT_TRUE(r.ok() && *r);
+  EXPECT_EQ(server.Refusals(milliseconds(0)), 0u);
+
+  // A key not on the list: refused by ZAP, nothing delivered.
+  TransportOptions xo;
+  xo.curve.keys = *other;
+  auto xt = MakeZmqTransport(xo);
+  xt->SetServerKey(address, server_keys->public_key);
+  auto intruder = Client(*xt, address);
+  ASSERT_NE(intruder, nullptr);
+  (void)intruder->Send({Frame::Copy("overwrite the model")});
+  ASSERT_EQ(server.Refusals(milliseconds(5000)), 1u);
+  {
+    std::lock_guard<std::mutex> lock(server.mu);
+    EXPECT_EQ(server.refused[0].first, other->public_key);
+  }
+  EXPECT_TRUE(server.Receive(milliseconds(300)).empty());
+
+  // Plain ZeroMQ: the handshake fails, reported without a key.
+  auto pt = MakeZmqTransport({});
+  auto plain = Client(*pt, address);
+  ASSERT_NE(plain, nullptr);
+  (void)plain->Send({Frame::Copy("plain")});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server.Refusals(milliseconds(0)) < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_GE(server.Refusals(milliseconds(0)), 2u);
+  {
+    std::lock_guard<std::mutex> lock(server.mu);
+    EXPECT_EQ(server.refused[1].first, "");
+  }
+  EXPECT_TRUE(server.Receive(milliseconds(300)).empty());
+}
+
+}  // namespace
+}  // namespace pacer
