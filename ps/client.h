@@ -24,7 +24,7 @@ struct ShardEntry {
   uint32_t id = 0;
   std::string address;
   KeyRange range;
-  std::string public_key;  // CURVE (Z85); empty without transport security
+  std::string public_key{};  // CURVE (Z85); empty without transport security
 };
 
 struct ShardMapInfo {
