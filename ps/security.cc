@@ -82,7 +82,9 @@ absl::StatusOr<CurveKeyPair> ReadKeyFile(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError("cannot read key file " + path + ": " + std::strerror(errno));
   }
-  if ((st.st_mode & 077) != 0) {
+  // Its owner, and at most its group reading (a Kubernetes Secret mounted
+  // for a non-root pod is root's, readable by the pod's fsGroup).
+  if ((st.st_mode & 037) != 0) {
     return absl::PermissionDeniedError("key file " + path +
                                        " may be read by others; chmod 600 it");
   }

@@ -46,7 +46,8 @@ absl::Status WriteKeyFiles(const CurveKeyPair& keys, const std::string& prefix,
                            const std::string& name);
 
 // Reads a key file; InvalidArgument naming the file and line on anything
-// malformed, PermissionDenied when others may read it.
+// malformed, PermissionDenied when anyone but its owner and group may read
+// it (or its group may write it).
 absl::StatusOr<CurveKeyPair> ReadKeyFile(const std::string& path);
 
 struct AllowedKey {

@@ -63,6 +63,8 @@ TEST(KeyFilesTest, BadFilesAreClearErrors) {
   WriteFile(dir.path() + "/open.key", good, 0644);
   auto open = ReadKeyFile(dir.path() + "/open.key");
   EXPECT_EQ(open.status().code(), absl::StatusCode::kPermissionDenied) << open.status();
+  WriteFile(dir.path() + "/group.key", good, 0440);  // a Kubernetes Secret for fsGroup
+  EXPECT_TRUE(ReadKeyFile(dir.path() + "/group.key").ok());
   WriteFile(dir.path() + "/short.key", "public-key = \"abc\"\n");
   auto bad = ReadKeyFile(dir.path() + "/short.key");
   ASSERT_FALSE(bad.ok());

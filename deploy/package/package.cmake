@@ -62,6 +62,7 @@ install(DIRECTORY ${PACER_DEPLOY}/grafana/provisioning
 install(FILES ${PACER_DEPLOY}/prometheus/pacer.rules.yml ${PACER_DEPLOY}/prometheus/prometheus.yml
   ${PACER_DEPLOY}/prometheus/prometheus-kubernetes.yml
   DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/prometheus)
+install(PROGRAMS ${PACER_DEPLOY}/make-keys.sh DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PACER_DEPLOY}/prometheus/RUNBOOKS.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt

@@ -30,7 +30,8 @@ for path in /usr/bin/pacer-server /usr/bin/pacer-monitor /usr/bin/pacer-worker /
     /usr/lib/cmake/Pacer/PacerConfig.cmake /usr/lib/cmake/Pacer/PacerConfigVersion.cmake \
     /usr/lib/cmake/Pacer/PacerTargets.cmake \
     /usr/share/pacer/grafana/pacer-dashboard.json /usr/share/pacer/prometheus/pacer.rules.yml \
-    /usr/share/doc/pacer/RUNBOOKS.md /usr/share/doc/pacer/example/train_worker.cc; do
+    /usr/share/doc/pacer/RUNBOOKS.md /usr/share/doc/pacer/example/train_worker.cc \
+    /usr/share/pacer/make-keys.sh; do
   grep -qx "$path" "$tmp/contents" || fail "the package lacks $path"
 done
 # Nothing outside the FHS places above (no build paths, no /usr/local).
@@ -59,6 +60,26 @@ rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q "usage:" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example does not run"; }
 echo "example: builds against the package and runs"
+
+# Transport security is on by default in the packaged settings: the units
+# load each process's key as a credential, the configs name the allowed
+# keys, and the packaged make-keys.sh writes both; a monitor with them
+# runs under CURVE.
+grep -q '^allowed-keys = "/etc/pacer/keys/allowed"' "$tmp/root/etc/pacer/worker.toml" ||
+  fail "worker.toml does not name the allowed keys"
+grep -q '^LoadCredential=pacer.key:/etc/pacer/keys/server-%i.key' \
+  "$tmp/root/usr/lib/systemd/system/pacer-server@.service" || fail "pacer-server@ loads no key"
+"$tmp/root/usr/share/pacer/make-keys.sh" "$tmp/keys" --shards 1 --workers 1 \
+  --pacerctl "$tmp/root/usr/bin/pacerctl" > "$tmp/keys.log" 2>&1 || { cat "$tmp/keys.log"; fail "make-keys.sh"; }
+[ "$(stat -c %a "$tmp/keys/monitor.key")" = 600 ] || fail "monitor.key is not mode 600"
+[ "$(grep -c . "$tmp/keys/allowed")" = 3 ] && grep -q '^monitor ' "$tmp/keys/allowed" ||
+  { cat "$tmp/keys/allowed"; fail "make-keys.sh wrote no allowed list of 3 named keys"; }
+set +e
+timeout 3 "$tmp/root/usr/bin/pacer-monitor" --listen tcp://127.0.0.1:0 --metrics-addr off \
+  --key "$tmp/keys/monitor.key" --allowed-keys "$tmp/keys/allowed" > "$tmp/monitor.log" 2>&1
+set -e
+grep -q "transport security: CURVE" "$tmp/monitor.log" || { cat "$tmp/monitor.log"; fail "the monitor did not run under CURVE"; }
+echo "security: keys made by the packaged make-keys.sh, the monitor runs under CURVE"
 
 # The CUDA backend module, when nvcc built one: installed where the packaged
 # pacer-worker finds it (../lib/pacer), which a --device cuda run shows: it

@@ -76,6 +76,21 @@ for (const o of [...byKind("StatefulSet"), ...byKind("Deployment")]) {
   const ann = o.spec.template.metadata.annotations ?? {};
   if (ann["prometheus.io/scrape"] !== "true") problem(what, "pod not annotated for scraping");
   if (!(c.args ?? []).includes("--config")) problem(what, "does not read its --config");
+  // Transport security on: a key from a mounted Secret, and the allowed
+  // keys named in its settings.
+  const args = c.args ?? [];
+  const key = args[args.indexOf("--key") + 1];
+  if (!args.includes("--key") || !key) { problem(what, "runs without --key (transport security)"); continue; }
+  const mount = (c.volumeMounts ?? []).find((m) => key.startsWith(m.mountPath + "/"));
+  const volume = (o.spec.template.spec.volumes ?? []).find((v) => v.name === mount?.name);
+  if (!volume?.secret?.secretName) problem(what, `its --key ${key} is not in a mounted Secret`);
+  else if ((volume.secret.defaultMode ?? 0o644) & 0o037) problem(what, "its key Secret is readable by others");
+  if (!o.spec.template.spec.securityContext?.fsGroup) problem(what, "no fsGroup to read its key Secret");
+  const role = o.spec.template.metadata.labels["app.kubernetes.io/component"];
+  const cm = byKind("ConfigMap").find((m) => m.data?.[`${role}.toml`]);
+  if (!/^allowed-keys\s*=\s*"\/etc\/pacer-keys\/allowed"/m.test(cm?.data?.[`${role}.toml`] ?? "")) {
+    problem(what, `${role}.toml names no allowed-keys in the key Secret`);
+  }
 }
 const server = byKind("StatefulSet").find((s) => s.spec.template.metadata.labels["app.kubernetes.io/component"] === "server");
 const monitor = byKind("StatefulSet").find((s) => s.spec.template.metadata.labels["app.kubernetes.io/component"] === "monitor");
