@@ -51,8 +51,9 @@ packages=(
 # Wanted, not required: where it cannot be installed, the tests that need
 # it skip with a message.
 # iproute2 + iptables: pacer-chaos --netns (network namespaces, partitions
-# made by the kernel).
-optional_packages=(prometheus iproute2 iptables)
+# made by the kernel). clang + libclang-rt-14-dev: the libFuzzer targets
+# (tests/fuzz/run.sh, which skips without them).
+optional_packages=(prometheus iproute2 iptables clang libclang-rt-14-dev)
 
 # Node.js runs the offline Kubernetes manifest checks (tests/deploy/k8s_test.sh);
 # Debian's nodejs + npm only where no node is installed already.

@@ -31,6 +31,9 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& where,
                        const std::set<std::string>& allowed) {
   if (!node.IsMap()) return absl::InvalidArgumentError(where + ": expected a mapping");
   for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(where + ": keys must be plain names");
+    }
     const std::string key = kv.first.as<std::string>();
     if (!allowed.count(key)) {
       std::string list;
@@ -45,7 +48,7 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& where,
 bool ValidProcess(const std::string& t, int shards, int workers, bool monitor_ok) {
   if (t == "monitor") return monitor_ok;
   for (const auto& [role, n] : {std::pair<std::string, int>{"shard:", shards}, {"worker:", workers}}) {
-    if (t.rfind(role, 0) == 0 && t.size() > role.size() &&
+    if (t.rfind(role, 0) == 0 && t.size() > role.size() && t.size() <= role.size() + 6 &&
         t.find_first_not_of("0123456789", role.size()) == std::string::npos) {
       return std::stoi(t.substr(role.size())) < n;
     }
@@ -55,7 +58,24 @@ bool ValidProcess(const std::string& t, int shards, int workers, bool monitor_ok
 
 }  // namespace
 
+namespace {
+absl::StatusOr<Scenario> ParseChecked(const std::string& yaml);
+}  // namespace
+
 absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
+  // Every check below reports what is wrong; this catches what a check
+  // missed (found by tests/fuzz/scenario_fuzz: a YAML conversion that threw).
+  try {
+    return ParseChecked(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError("scenario: " + e.msg);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(std::string("scenario: ") + e.what());
+  }
+}
+
+namespace {
+absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -258,5 +278,6 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
   }
   return s;
 }
+}  // namespace
 
 }  // namespace pacer::chaos

@@ -161,11 +161,28 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
   rocksdb::Status rs = db_->Get(rocksdb::ReadOptions(), kMetaKey, &meta);
   if (rs.IsNotFound()) return std::optional<ShardSnapshot>();
   if (absl::Status st = FromRocks(rs, "checkpoint read"); !st.ok()) return st;
+  absl::Status read_error;
+  auto snapshot = ParseCheckpoint(meta, [&](const std::string& key) -> std::optional<std::string> {
+    std::string value;
+    rocksdb::Status r = db_->Get(rocksdb::ReadOptions(), key, &value);
+    if (!r.ok()) {
+      if (!r.IsNotFound()) read_error = FromRocks(r, "checkpoint read");
+      return std::nullopt;
+    }
+    return value;
+  });
+  if (!read_error.ok()) return read_error;
+  if (!snapshot.ok()) return snapshot.status();
+  return std::optional<ShardSnapshot>(std::move(*snapshot));
+}
+
+absl::StatusOr<ShardSnapshot> ParseCheckpoint(
+    std::string_view meta, const std::function<std::optional<std::string>(const std::string&)>& chunk) {
   auto corrupt = [](const std::string& why) { return absl::DataLossError("checkpoint: " + why); };
   if (meta.size() < sizeof kCheckpointMagic || std::memcmp(meta.data(), kCheckpointMagic, sizeof kCheckpointMagic) != 0) {
     return corrupt("not a Pacer checkpoint (bad magic)");
   }
-  Reader r(std::string_view(meta).substr(sizeof kCheckpointMagic));
+  Reader r(meta.substr(sizeof kCheckpointMagic));
   ShardSnapshot s;
   uint32_t version = 0;
   uint64_t nkeys = 0, nworkers = 0, floats = 0;
@@ -199,7 +216,7 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
     s.workers[worker] = mark;
   }
   if (!r.Get(&floats) || !r.Get(&chunk_floats)) return corrupt("truncated header");
-  if (floats != total || chunk_floats != kChunkFloats) {
+  if (floats != total || chunk_floats != CheckpointStore::kChunkFloats) {
     return corrupt("header does not add up (" + std::to_string(floats) + " floats, keys hold " +
                    std::to_string(total) + ")");
   }
@@ -207,28 +224,29 @@ absl::StatusOr<std::optional<ShardSnapshot>> CheckpointStore::Load() {
   uint32_t stored_crc = 0;
   if (!r.Get(&stored_crc)) return corrupt("truncated header");
   uint32_t crc = Crc32(0, meta.data(), crc_at);
-  auto params = std::make_shared<std::vector<float>>(floats);
-  auto velocity = std::make_shared<std::vector<float>>(floats);
+  // Grown chunk by chunk: the header's count is not trusted with an
+  // allocation before the chunks that hold its values are there.
+  auto params = std::make_shared<std::vector<float>>();
+  auto velocity = std::make_shared<std::vector<float>>();
   const uint64_t chunks = Chunks(floats);
-  std::string value;
   for (char prefix : {'p', 'v'}) {
     std::vector<float>& v = prefix == 'p' ? *params : *velocity;
     for (uint64_t c = 0; c < chunks; ++c) {
       const std::string key = ChunkKey(prefix, c);
-      rs = db_->Get(rocksdb::ReadOptions(), key, &value);
-      if (rs.IsNotFound()) return corrupt("chunk " + key + " is missing");
-      if (absl::Status st = FromRocks(rs, "checkpoint read"); !st.ok()) return st;
-      const size_t begin = c * kChunkFloats;
-      const size_t n = std::min<size_t>(kChunkFloats, floats - begin);
-      if (value.size() != n * sizeof(float)) return corrupt("chunk " + key + " has the wrong size");
-      std::memcpy(v.data() + begin, value.data(), value.size());
-      crc = Crc32(crc, value.data(), value.size());
+      std::optional<std::string> value = chunk(key);
+      if (!value) return corrupt("chunk " + key + " is missing");
+      const size_t begin = c * CheckpointStore::kChunkFloats;
+      const size_t n = std::min<size_t>(CheckpointStore::kChunkFloats, floats - begin);
+      if (value->size() != n * sizeof(float)) return corrupt("chunk " + key + " has the wrong size");
+      v.resize(begin + n);
+      std::memcpy(v.data() + begin, value->data(), value->size());
+      crc = Crc32(crc, value->data(), value->size());
     }
   }
   if (crc != stored_crc) return corrupt("CRC mismatch");
   s.params = std::move(params);
   s.velocity = std::move(velocity);
-  return std::optional<ShardSnapshot>(std::move(s));
+  return s;
 }
 
 absl::StatusOr<std::string> DataDirPath(const std::string& dir, const std::string& name) {

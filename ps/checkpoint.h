@@ -14,6 +14,7 @@
 #define PACER_PS_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +88,13 @@ class CheckpointStore {
   explicit CheckpointStore(std::unique_ptr<rocksdb::DB> db);
   std::unique_ptr<rocksdb::DB> db_;
 };
+
+// Reads a snapshot from the store's records: `meta` (the header record) and
+// `chunk`, which returns the record under a chunk key or nullopt when it is
+// missing. DataLoss on anything that fails its checks. What Load runs; also
+// the fuzz target's entry (tests/fuzz).
+absl::StatusOr<ShardSnapshot> ParseCheckpoint(
+    std::string_view meta, const std::function<std::optional<std::string>(const std::string&)>& chunk);
 
 // DIR/name for a store under a --data-dir, creating DIR (and its parents)
 // first; InvalidArgument when it cannot be created.

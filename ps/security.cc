@@ -90,6 +90,13 @@ absl::StatusOr<CurveKeyPair> ReadKeyFile(const std::string& path) {
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError("cannot read key file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseKeyFile(text.str(), path);
+}
+
+absl::StatusOr<CurveKeyPair> ParseKeyFile(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   CurveKeyPair keys;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
@@ -119,8 +126,16 @@ absl::StatusOr<CurveKeyPair> ReadKeyFile(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<AllowedKey>> ReadAllowedKeys(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read allowed-keys file " + path);
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError("cannot read allowed-keys file " + path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return ParseAllowedKeys(text.str(), path);
+}
+
+absl::StatusOr<std::vector<AllowedKey>> ParseAllowedKeys(const std::string& text,
+                                                         const std::string& path) {
+  std::istringstream in(text);
   std::vector<AllowedKey> keys;
   std::set<std::string> names;
   std::string line;

@@ -50,6 +50,9 @@ absl::Status WriteKeyFiles(const CurveKeyPair& keys, const std::string& prefix,
 // it (or its group may write it).
 absl::StatusOr<CurveKeyPair> ReadKeyFile(const std::string& path);
 
+// The same from the file's text; `path` names it in errors.
+absl::StatusOr<CurveKeyPair> ParseKeyFile(const std::string& text, const std::string& path);
+
 struct AllowedKey {
   std::string name;  // may be empty
   std::string public_key;
@@ -58,6 +61,9 @@ struct AllowedKey {
 // Reads an allowed-keys file; InvalidArgument naming the file and line on a
 // malformed key or a name given twice.
 absl::StatusOr<std::vector<AllowedKey>> ReadAllowedKeys(const std::string& path);
+
+absl::StatusOr<std::vector<AllowedKey>> ParseAllowedKeys(const std::string& text,
+                                                         const std::string& path);
 
 // The key named `name`, or empty.
 std::string FindKey(const std::vector<AllowedKey>& keys, const std::string& name);

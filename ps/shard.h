@@ -72,6 +72,24 @@ struct ShardJob {
   bool staleness_aware_lr = true;
 };
 
+// The parts of one worker's push in several parts (Push.parts > 1) a shard
+// has received so far, held until the last one; not in snapshots (the
+// worker sends them all again when a restarted shard never completes its
+// push). At namespace scope: std::optional of a nested class with default
+// member initializers does not compile with clang.
+struct StagedPush {
+  uint64_t seq = 0;
+  uint32_t parts = 0;
+  uint32_t received = 0;
+  uint64_t clock = 0;
+  uint32_t batch = 0;
+  std::optional<int64_t> read_applied;
+  std::optional<uint64_t> read_steps;
+  std::vector<bool> got;                          // per part
+  std::vector<std::vector<uint64_t>> part_keys;   // per part: the keys it carried
+  std::map<uint64_t, std::vector<float>> values;  // per key
+};
+
 // Single-threaded: one thread calls every method.
 class ShardCore {
  public:
@@ -184,22 +202,8 @@ class ShardCore {
     uint64_t seq = 0;              // highest push seq handled
     // After a restore: the first push with a seq counts the lost ones.
     bool check_gap = false;
-    // The parts of a push in several parts (Push.parts > 1) received so
-    // far, held until the last one; not in snapshots (the worker sends
-    // them all again when a restarted shard never completes its push).
-    struct Staged {
-      uint64_t seq = 0;
-      uint32_t parts = 0;
-      uint32_t received = 0;
-      uint64_t clock = 0;
-      uint32_t batch = 0;
-      std::optional<int64_t> read_applied;
-      std::optional<uint64_t> read_steps;
-      std::vector<bool> got;                         // per part
-      std::vector<std::vector<uint64_t>> part_keys;  // per part: the keys it carried
-      std::map<uint64_t, std::vector<float>> values;  // per key
-    };
-    std::optional<Staged> staged;
+    // The parts of a push in several parts held so far (StagedPush).
+    std::optional<StagedPush> staged;
   };
   // One push as the barrier sees it, whether it came in one message or in
   // parts: keys in ascending order, values laid out in that order.

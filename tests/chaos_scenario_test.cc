@@ -69,6 +69,18 @@ TEST(ChaosScenarioTest, ExpectFailNamesCheckedInvariants) {
   EXPECT_NE(s.status().message().find("not checked"), std::string::npos);
 }
 
+// Found by tests/fuzz/scenario_fuzz: a key that is not a plain name threw
+// out of yaml-cpp and ended pacer-chaos; a huge process index threw from
+// std::stoi.
+TEST(ChaosScenarioTest, HostileYamlIsAnErrorNotACrash) {
+  for (const std::string yaml : {"? : laml", "name: x\n? [a, b]\n: 1\n",
+                                 "name: x\ntimeline: [{at: 1, do: kill, target: \"shard:99999999999999\"}]\n"}) {
+    SCOPED_TRACE(yaml);
+    auto s = ParseScenario(yaml);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  }
+}
+
 TEST(ChaosScenarioTest, ReadsClusterTimelineAndInvariants) {
   auto s = ParseScenario(R"(
 name: t

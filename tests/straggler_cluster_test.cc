@@ -50,9 +50,23 @@ TEST(StragglerClusterTest, FourTimesSlowerWorkerGetsUnderHalfTheBatchAndTraining
   }
   EXPECT_LT(2 * batch[2], batch[0]) << "slow " << batch[2] << ", others " << batch[0];
   EXPECT_LT(2 * batch[2], batch[1]) << "slow " << batch[2] << ", others " << batch[1];
-  // Sizes switch at iteration boundaries, so the last ones may straddle a
-  // round; they still add up to about B.
-  EXPECT_NEAR(batch[0] + batch[1] + batch[2], 192, 192 * 0.15);
+  // The policy's assignments add up to B. (Checked on the monitor's last
+  // round: each worker's last batch may come from different rounds, as
+  // sizes switch at iteration boundaries, and a run that reaches its target
+  // right after a round mixes them; one did, 155 against 192.)
+  const std::string log = c.monitor->Stderr();
+  std::string last;
+  const std::regex round_re(R"(policy round \d+[^:]*: batch sizes \(worker:batch\) ([0-9: ]+))");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), round_re); it != std::sregex_iterator(); ++it) {
+    last = (*it)[1];
+  }
+  ASSERT_FALSE(last.empty()) << c.Logs();
+  long assigned = 0;
+  const std::regex size_re(R"(\d+:(\d+))");
+  for (auto it = std::sregex_iterator(last.begin(), last.end(), size_re); it != std::sregex_iterator(); ++it) {
+    assigned += std::stol((*it)[1]);
+  }
+  EXPECT_NEAR(assigned, 192, 3) << "last round: " << last;
   for (auto& s : c.shards) ASSERT_TRUE(s->Wait(seconds(20)).has_value()) << c.Logs();
 }
 
