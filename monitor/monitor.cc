@@ -232,6 +232,17 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   }
 }
 
+bool MonitorCore::KeyMayClaim(const std::string& bound, const Frame& peer,
+                              const std::string& what, const Decoded& d,
+                              std::vector<Outgoing>* out) {
+  if (bound.empty() || bound == peer.peer_key()) return true;
+  m_key_mismatch_->Increment();
+  spdlog::warn("refused a registration claiming {} from key {} (bound to {})", what,
+               peer.peer_key().empty() ? "none" : peer.peer_key(), bound);
+  ReplyError(peer, d.env, wire::ErrorCode::Refused, what + " belongs to another key", out);
+  return false;
+}
+
 bool MonitorCore::SenderMatchesKey(const Frame& peer, const Decoded& d,
                                    std::vector<Outgoing>* out) {
   const std::string& key = peer.peer_key();
@@ -268,6 +279,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     if (r->shard_id() != 0) return OnShardReturn(peer, d, out);
     for (auto& s : shards_) {
       if (s.address == address) {  // a retried registration, or a restart
+        if (!KeyMayClaim(s.public_key, peer, std::string("shard ").append(std::to_string(s.id)), d, out)) return;
         if (map_built_ && r->incarnation() != s.incarnation) {
           return ReplyError(peer, d.env, wire::ErrorCode::Refused,
                             "shard " + std::to_string(s.id) + " at " + address +
@@ -313,11 +325,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     auto known = worker_tokens_.find(token);
     if (known != worker_tokens_.end()) {  // a retried registration
       const WorkerState& w = workers_.at(known->second);
-      if (w.public_key != peer.peer_key()) {
-        m_key_mismatch_->Increment();
-        return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                          "worker token registered under another key", out);
-      }
+      if (!KeyMayClaim(w.public_key, peer, std::string("worker ").append(std::to_string(w.id)), d, out)) return;
       auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
       out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
       return;
@@ -372,6 +380,10 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
                       out);
   }
   ShardState& s = *it;
+  // Under CURVE a shard id stays with the key it first registered with:
+  // another allowed key claiming it (and so its key range, at an address of
+  // its choosing) is refused.
+  if (!KeyMayClaim(s.public_key, peer, std::string("shard ").append(std::to_string(s.id)), d, out)) return;
   const bool moved = s.address != address;
   // The same process asking again (its reply was lost) changes nothing.
   const bool retry = r->incarnation() != 0 && r->incarnation() == s.incarnation;

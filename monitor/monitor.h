@@ -153,6 +153,7 @@ class MonitorCore {
   std::vector<uint32_t> LiveWorkers() const;
   const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
   size_t num_shards() const { return shards_.size(); }
+  uint32_t shard_id(size_t i) const { return shards_[i].id; }
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
   // The shard's CURVE public key (empty without transport security).
   const std::string& shard_key(size_t i) const { return shards_[i].public_key; }
@@ -228,6 +229,10 @@ class MonitorCore {
   // came with (a worker's or shard's id to the key it registered with);
   // else answers Refused and counts it.
   bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // Whether a registration from `peer` may claim `what`, bound to `bound`
+  // (empty: not bound); else answers Refused, logs and counts it.
+  bool KeyMayClaim(const std::string& bound, const Frame& peer, const std::string& what,
+                   const Decoded& d, std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
   Envelope ReplyEnvelope(const Envelope& to) const;

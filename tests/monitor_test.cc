@@ -289,6 +289,24 @@ TEST_F(MonitorTest, UnderCurveIdsAreBoundToTheKeysTheyRegisteredWith) {
   flatbuffers::FlatBufferBuilder fbb2;
   Only(Send(300, kJob, b, fbb2, wire::CreateHeartbeat(fbb2, wire::Role::Worker, 0, 10.0f)),
        wire::Body::HeartbeatReply);
+  // Worker b's key claiming the shard's id (to take its key range to an
+  // address of its own), or its address: refused; the shard keeps both.
+  const uint32_t shard = core_->shard_id(0);
+  flatbuffers::FlatBufferBuilder fbb3;
+  wire::RegisterBuilder rb(fbb3);
+  auto evil = fbb3.CreateString("mem://evil");
+  rb.add_role(wire::Role::Shard);
+  rb.add_address(evil);
+  rb.add_shard_id(shard);
+  rb.add_checkpoint_job(kJob);
+  rb.add_incarnation(99);
+  auto reg = rb.Finish();
+  EXPECT_EQ(ErrorOf(Send(300, kJob, 0, fbb3, reg)), wire::ErrorCode::Refused);
+  EXPECT_EQ(ErrorOf(Register(300, wire::Role::Shard, "mem://shard0")), wire::ErrorCode::Refused);
+  EXPECT_EQ(core_->shard_address(0), "mem://shard0");
+  EXPECT_EQ(core_->shard_key(0), "K100");
+  // The shard itself, registering again (a retry), is heard.
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
 }
 
 TEST_F(MonitorTest, JobWaitsForEnoughWorkers) {

@@ -85,6 +85,9 @@ for (const o of [...byKind("StatefulSet"), ...byKind("Deployment")]) {
   const volume = (o.spec.template.spec.volumes ?? []).find((v) => v.name === mount?.name);
   if (!volume?.secret?.secretName) problem(what, `its --key ${key} is not in a mounted Secret`);
   else if ((volume.secret.defaultMode ?? 0o644) & 0o037) problem(what, "its key Secret is readable by others");
+  else if (!volume.secret.items || volume.secret.items.some((i) => i.key.endsWith(".key") && !key.endsWith("/" + i.path))) {
+    problem(what, "its key Secret gives it other roles' secret keys (project only its own with items)");
+  }
   if (!o.spec.template.spec.securityContext?.fsGroup) problem(what, "no fsGroup to read its key Secret");
   const role = o.spec.template.metadata.labels["app.kubernetes.io/component"];
   const cm = byKind("ConfigMap").find((m) => m.data?.[`${role}.toml`]);
