@@ -3,11 +3,17 @@
 #   monitor.key, server-I.key (I < N), worker-I.key (I < M): one keypair per
 #   process, mode 0600 (`pacerctl keygen`);
 #   allowed: every public key, one "NAME KEY" line each, the monitor's named
-#   "monitor": give it to every process as --allowed-keys.
+#   "monitor": give it to every process as --allowed-keys;
+#   operator/operator.key: the key pacerctl needs for the commands that change
+#   a job (remove-worker, add-shard, drain-shard, pause, resume, fault set and
+#   clear; any allowed key reads the status). It is in a folder of its own,
+#   so that a Kubernetes Secret made from DIR leaves it out: keep it with the
+#   people who run pacerctl.
 # With --roles: one keypair per role instead (monitor.key, server.key,
 # worker.key), for Kubernetes, where the pods of a StatefulSet or Deployment
 # share one template and so one Secret; then
 #   kubectl -n NAMESPACE create secret generic pacer-keys --from-file=DIR
+# (which takes DIR's files, not operator/).
 # The systemd units read /etc/pacer/keys (make it with this script, as root,
 # then copy allowed and each host's keys there); see README, "Transport
 # security". Existing keys are never overwritten.
@@ -21,7 +27,7 @@ while [ $# -gt 0 ]; do
     --workers) workers=$2; shift 2 ;;
     --pacerctl) pacerctl=$2; shift 2 ;;
     --roles) roles=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "make-keys.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) [ -z "$dir" ] || { echo "make-keys.sh: one DIR only" >&2; exit 2; }; dir=$1; shift ;;
   esac
@@ -34,8 +40,9 @@ if [ -z "$pacerctl" ]; then
   done
 fi
 [ -x "$pacerctl" ] || { echo "make-keys.sh: no pacerctl (build first, or --pacerctl PATH)" >&2; exit 1; }
-mkdir -p "$dir"
+mkdir -p "$dir/operator"
 chmod 755 "$dir"
+chmod 700 "$dir/operator"
 names=(monitor)
 if [ "$roles" -eq 1 ]; then
   names+=(server worker)
@@ -44,8 +51,9 @@ else
   for ((i = 0; i < workers; ++i)); do names+=("worker-$i"); done
 fi
 : > "$dir/allowed.new"
+names+=(operator/operator)
 for n in "${names[@]}"; do
-  "$pacerctl" keygen "$dir/$n" --name "$n" >/dev/null 2>"$dir/.keygen.err" ||
+  "$pacerctl" keygen "$dir/$n" --name "${n##*/}" >/dev/null 2>"$dir/.keygen.err" ||
     { cat "$dir/.keygen.err" >&2; rm -f "$dir/.keygen.err" "$dir/allowed.new"; exit 1; }
   grep -v '^#' "$dir/$n.pub" >> "$dir/allowed.new"
 done

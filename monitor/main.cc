@@ -177,11 +177,12 @@ int main(int argc, char** argv) {
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
-  if (auto secure = pacer::ApplySecurity(security, "monitor", opts.registry.get(), &topts);
-      !secure.ok()) {
+  auto secure = pacer::ApplySecurity(security, "monitor", opts.registry.get(), &topts);
+  if (!secure.ok()) {
     spdlog::error("{}", std::string(secure.status().message()));
     return pacer::kExitUsage;
   }
+  opts.operator_keys = secure->operator_keys;
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;

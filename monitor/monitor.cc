@@ -27,6 +27,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       rejects_(*registry_, "monitor"),
+      guard_(*registry_, "monitor"),
       created_at_(clock->Now()),
       policy_(PolicyFor(options)) {
   m_decisions_ = &prometheus::BuildCounter()
@@ -58,12 +59,6 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
                         .Help("Version of the shard map (0: not built yet)")
                         .Register(*registry_)
                         .Add({});
-  m_key_mismatch_ = &prometheus::BuildCounter()
-                         .Name("pacer_security_refused_messages_total")
-                         .Help("Messages refused under transport security because the sender id "
-                               "they claim belongs to another CURVE key")
-                         .Register(*registry_)
-                         .Add({{"reason", "sender_key_mismatch"}});
   m_shard_restarts_ = &prometheus::BuildCounter()
                            .Name("pacer_monitor_shard_restarts_total")
                            .Help("Shards that registered again from their checkpoint")
@@ -216,6 +211,16 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     return;
   }
   if (!SenderMatchesKey(peer, d, out)) return;
+  // Commands that change the job (all but listing the faults).
+  const bool command = d.type() == wire::Body::RemoveWorker ||
+                       d.type() == wire::Body::ShardControl ||
+                       (d.type() == wire::Body::FaultControl &&
+                        d.As<wire::FaultControl>()->op() != wire::FaultOp::List);
+  if (command) {
+    const std::string why = guard_.CheckOperator(peer.peer_key(), options_.operator_keys,
+                                                 wire::EnumNameBody(d.type()));
+    if (!why.empty()) return ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  }
   switch (d.type()) {
     case wire::Body::Register: return OnRegister(peer, d, out);
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
@@ -235,33 +240,28 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
 bool MonitorCore::KeyMayClaim(const std::string& bound, const Frame& peer,
                               const std::string& what, const Decoded& d,
                               std::vector<Outgoing>* out) {
-  if (bound.empty() || bound == peer.peer_key()) return true;
-  m_key_mismatch_->Increment();
-  spdlog::warn("refused a registration claiming {} from key {} (bound to {})", what,
-               peer.peer_key().empty() ? "none" : peer.peer_key(), bound);
-  ReplyError(peer, d.env, wire::ErrorCode::Refused, what + " belongs to another key", out);
+  const std::string why = guard_.CheckClaim(peer.peer_key(), bound, what);
+  if (why.empty()) return true;
+  ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   return false;
 }
 
 bool MonitorCore::SenderMatchesKey(const Frame& peer, const Decoded& d,
                                    std::vector<Outgoing>* out) {
-  const std::string& key = peer.peer_key();
-  if (key.empty() || d.type() == wire::Body::Register) return true;  // plain, or not bound yet
   const uint32_t sender = d.env.sender;
-  std::string bound;
-  if (auto w = workers_.find(sender); w != workers_.end()) {
+  std::string bound;  // none for tools, and ids nobody holds: the handlers decide
+  if (d.type() == wire::Body::Register) {
+    // Not bound yet: OnRegister checks what the registration claims.
+  } else if (auto w = workers_.find(sender); w != workers_.end()) {
     bound = w->second.public_key;
   } else {
     for (const ShardState& s : shards_) {
       if (s.id == sender) bound = s.public_key;
     }
   }
-  if (bound.empty() || bound == key) return true;  // tools, unknown ids: the handlers decide
-  m_key_mismatch_->Increment();
-  spdlog::warn("refused a message claiming sender {} from key {} (bound to {})", sender, key,
-               bound);
-  ReplyError(peer, d.env, wire::ErrorCode::Refused,
-             "sender " + std::to_string(sender) + " belongs to another key", out);
+  const std::string why = guard_.Check(peer.peer_key(), bound, d);
+  if (why.empty()) return true;
+  ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   return false;
 }
 
@@ -929,7 +929,7 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
     }
     Envelope env;
     env.job_id = options_.job_id;
-    env.request_id = m.request = ++next_shard_request_;
+    env.request_id = m.request = NewRequestId();
     flatbuffers::FlatBufferBuilder fbb(64);
     m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end));
     m.target = m.from;
@@ -966,7 +966,7 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     }
     Envelope env;
     env.job_id = options_.job_id;
-    env.request_id = m.request = ++next_shard_request_;
+    env.request_id = m.request = NewRequestId();
     flatbuffers::FlatBufferBuilder fbb(128 + keys.size() * sizeof(wire::KeyLen));
     auto kv = fbb.CreateVectorOfStructs(keys);
     m.pending = EncodeBody(env, fbb, wire::CreateMoveData(fbb, kv, md->applied_clock(), md->steps()),
@@ -981,7 +981,7 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     // The new owner has the keys: now the old one drops them.
     Envelope env;
     env.job_id = options_.job_id;
-    env.request_id = m.request = ++next_shard_request_;
+    env.request_id = m.request = NewRequestId();
     flatbuffers::FlatBufferBuilder fbb(64);
     m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end, /*drop=*/true));
     m.target = m.from;
@@ -1005,7 +1005,7 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
       shards_[m.from].drained = true;
       Envelope env;
       env.job_id = options_.job_id;
-      env.request_id = ++next_shard_request_;
+      env.request_id = NewRequestId();
       flatbuffers::FlatBufferBuilder fbb(128);
       out->push_back({Frame(), static_cast<int>(m.from),
                       EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
@@ -1127,7 +1127,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
       }
       flatbuffers::FlatBufferBuilder fbb(256);
       auto kv = fbb.CreateVectorOfStructs(owned);
-      env.request_id = s.model_request = ++next_shard_request_;
+      env.request_id = s.model_request = NewRequestId();
       out->push_back({Frame(), static_cast<int>(i),
                       EncodeBody(env, fbb, wire::CreateDeclareModel(fbb, kv, map_version_))});
     }
@@ -1139,7 +1139,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
           fbb, w.id, w.rank, w.batch, w.start_clock, w.staleness, w.staleness_range,
           w.public_key.empty() ? nullptr : w.public_key.c_str()));
     }
-    env.request_id = s.membership_request = ++next_shard_request_;
+    env.request_id = s.membership_request = NewRequestId();
     s.membership_request_version = membership_version_;
     out->push_back({Frame(), static_cast<int>(i),
                     EncodeBody(env, fbb,
@@ -1175,7 +1175,7 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
   env.job_id = options_.job_id;
   for (size_t i = 0; i < shards_.size(); ++i) {
     flatbuffers::FlatBufferBuilder fbb(128);
-    env.request_id = ++next_shard_request_;
+    env.request_id = NewRequestId();
     out->push_back({Frame(), static_cast<int>(i),
                     EncodeBody(env, fbb, wire::CreateStopDirect(fbb, reason.c_str()))});
   }

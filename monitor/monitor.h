@@ -24,6 +24,7 @@
 #include "ps/fault.h"
 #include "ps/metrics.h"
 #include "ps/rpc.h"
+#include "ps/sender_guard.h"
 #include "ps/transport.h"
 #include "ps/wire.h"
 
@@ -82,6 +83,11 @@ struct MonitorOptions {
   // After the job stops, keep answering for this long so every process hears.
   Duration stop_grace = std::chrono::seconds(2);
   size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Under transport security, the keys pacerctl's commands that change the
+  // job (RemoveWorker, ShardControl, FaultControl) are taken from (allowed
+  // keys named "operator..."); a message under another key is refused.
+  // Plain ZeroMQ (no key on a message) checks nothing.
+  std::vector<std::string> operator_keys;
   // Where metrics go; a private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
   // The monitor's state on disk (--data-dir; empty: none): membership, the
@@ -292,6 +298,7 @@ class MonitorCore {
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   RejectCounters rejects_;
+  SenderGuard guard_;
 
   wire::JobState state_ = wire::JobState::Waiting;
   std::string stop_reason_;
@@ -314,7 +321,6 @@ class MonitorCore {
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id
   std::vector<ShardState> shards_;
   uint64_t membership_version_ = 0;
-  uint64_t next_shard_request_ = 0;
 
   std::vector<wire::KeyLen> model_;  // declared by the first worker
   bool map_built_ = false;
@@ -335,7 +341,6 @@ class MonitorCore {
   prometheus::Gauge* m_shards_up_ = nullptr;
   prometheus::Gauge* m_map_version_ = nullptr;
   prometheus::Counter* m_shard_restarts_ = nullptr;
-  prometheus::Counter* m_key_mismatch_ = nullptr;
   prometheus::Gauge* m_membership_ = nullptr;
   prometheus::Gauge* m_accuracy_ = nullptr;
   prometheus::Counter* m_dead_ = nullptr;

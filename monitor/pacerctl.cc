@@ -37,10 +37,10 @@ struct Ctl {
   }
   absl::Status Connect(const std::string& address, const pacer::SecurityFlags& security) {
     pacer::TransportOptions topts;
-    auto monitor_key = pacer::ApplySecurity(security, "pacerctl", nullptr, &topts);
-    if (!monitor_key.ok()) return monitor_key.status();
+    auto keys = pacer::ApplySecurity(security, "pacerctl", nullptr, &topts);
+    if (!keys.ok()) return keys.status();
     transport = pacer::MakeZmqTransport(topts);
-    transport->SetServerKey(address, *monitor_key);
+    transport->SetServerKey(address, keys->monitor_key);
     pacer::RpcOptions ropts;
     ropts.check_job = false;
     ropts.sender = kToolSender;

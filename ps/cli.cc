@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <random>
 
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "prometheus/counter.h"
 #include "ps/security.h"
+#include "ps/sender_guard.h"
 
 namespace pacer {
 
@@ -251,15 +253,15 @@ void AddSecurityFlags(CLI::App& app, SecurityFlags* flags) {
                  "'monitor' is the monitor's");
 }
 
-absl::StatusOr<std::string> ApplySecurity(const SecurityFlags& flags, const std::string& role,
-                                          prometheus::Registry* registry,
-                                          TransportOptions* options) {
+absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std::string& role,
+                                           prometheus::Registry* registry,
+                                           TransportOptions* options) {
   if (flags.key_file.empty() && flags.allowed_keys_file.empty()) {
-    if (role == "pacerctl") return std::string();  // a client of one command: no warning
+    if (role == "pacerctl") return SecurityKeys{};  // a client of one command: no warning
     spdlog::warn("transport security is off (no --key/--allowed-keys): plain ZeroMQ, "
                  "unauthenticated and unencrypted; anyone who reaches this process's ports "
                  "can send it messages");
-    return std::string();
+    return SecurityKeys{};
   }
   if (flags.key_file.empty() || flags.allowed_keys_file.empty()) {
     return absl::InvalidArgumentError("--key and --allowed-keys go together");
@@ -296,17 +298,40 @@ absl::StatusOr<std::string> ApplySecurity(const SecurityFlags& flags, const std:
     refused_key = &family.Add({{"reason", "key_not_allowed"}});
     refused_handshake = &family.Add({{"reason", "handshake_failed"}});
   }
-  options->curve.on_refused = [refused_key, refused_handshake](const std::string& key,
-                                                               const std::string& address,
-                                                               const std::string& why) {
-    spdlog::warn("refused a connection from {}{}: {}", address.empty() ? "a peer" : address,
-                 key.empty() ? "" : " with key " + key, why);
+  // Called from the transport's ZAP and socket-monitor threads; a peer can
+  // cause refusals at will, so the log is throttled per reason.
+  struct Throttle {
+    std::mutex mu;
+    LogThrottle log;
+  };
+  auto throttle = std::make_shared<Throttle>();
+  options->curve.on_refused = [refused_key, refused_handshake, throttle](
+                                  const std::string& key, const std::string& address,
+                                  const std::string& why) {
     prometheus::Counter* c = key.empty() ? refused_handshake : refused_key;
     if (c != nullptr) c->Increment();
+    uint64_t left_out = 0;
+    {
+      std::lock_guard<std::mutex> lock(throttle->mu);
+      if (!throttle->log.Allow(key.empty() ? "handshake" : "key", &left_out)) return;
+    }
+    spdlog::warn("refused a connection from {}{}: {}{}", address.empty() ? "a peer" : address,
+                 key.empty() ? "" : " with key " + key, why,
+                 left_out == 0 ? std::string()
+                               : " (" + std::to_string(left_out) +
+                                     " more refused for the same reason in the last interval)");
   };
-  spdlog::info("transport security: CURVE, public key {}, {} allowed key(s)", keys->public_key,
-               allowed->size());
-  return monitor_key;
+  SecurityKeys out{monitor_key, {}};
+  for (const AllowedKey& k : *allowed) {
+    if (IsOperatorName(k.name)) out.operator_keys.push_back(k.public_key);
+  }
+  spdlog::info("transport security: CURVE, public key {}, {} allowed key(s), {} operator key(s)",
+               keys->public_key, allowed->size(), out.operator_keys.size());
+  if (role == "monitor" && out.operator_keys.empty()) {
+    spdlog::warn("--allowed-keys names no operator key ('operator' or 'operator-...'): "
+                 "pacerctl commands that change the job will be refused");
+  }
+  return out;
 }
 
 namespace {

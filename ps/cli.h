@@ -108,14 +108,19 @@ void AddSecurityFlags(CLI::App& app, SecurityFlags* flags);
 // logged as a warning and counted in
 // pacer_security_refused_peers_total{reason} (in `registry`, when given).
 // Returns the monitor's public key (the allowed key named "monitor"),
-// which the caller gives the transport for the monitor's address; the
-// monitor itself must be that key. With neither: plain ZeroMQ, and a
-// warning that anyone who reaches the ports can send to this process;
-// returns "". InvalidArgument (naming the flag) for one flag without the
-// other, a bad file, or no "monitor" key.
-absl::StatusOr<std::string> ApplySecurity(const SecurityFlags& flags, const std::string& role,
-                                          prometheus::Registry* registry,
-                                          TransportOptions* options);
+// which the caller gives the transport for the monitor's address (the
+// monitor itself must be that key), and the operator keys (IsOperatorName).
+// With neither flag: plain ZeroMQ, and a warning that anyone who reaches the
+// ports can send to this process; returns empty keys. InvalidArgument
+// (naming the flag) for one flag without the other, a bad file, or no
+// "monitor" key.
+struct SecurityKeys {
+  std::string monitor_key;
+  std::vector<std::string> operator_keys;
+};
+absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std::string& role,
+                                           prometheus::Registry* registry,
+                                           TransportOptions* options);
 
 // Makes SIGINT and SIGTERM set the returned flag instead of killing the
 // process, so main() can shut down in order.

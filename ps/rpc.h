@@ -40,15 +40,15 @@ class RpcChannel {
                                                              const std::string& address,
                                                              const RpcOptions& options);
 
-  // Sends a message with body `body` (finished here) and a fresh request id,
-  // which it returns.
+  // Sends a message with body `body` (finished here) and a fresh request id
+  // (NewRequestId), which it returns.
   template <class T>
   absl::StatusOr<uint64_t> Send(flatbuffers::FlatBufferBuilder& fbb, flatbuffers::Offset<T> body,
                                 Frame payload = {}) {
     Envelope env;
     env.job_id = options_.job_id;
     env.sender = options_.sender;
-    env.request_id = ++next_request_;
+    env.request_id = NewRequestId();
     last_sent_ = EncodeBody(env, fbb, body, std::move(payload), options_.check_crc);
     absl::Status s = socket_->Send(Frames(last_sent_));
     if (!s.ok()) return s;
@@ -102,7 +102,6 @@ class RpcChannel {
   std::unique_ptr<Socket> socket_;
   std::string address_;
   RpcOptions options_;
-  uint64_t next_request_ = 0;
   Frames last_sent_;
 };
 

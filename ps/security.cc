@@ -122,6 +122,14 @@ absl::StatusOr<CurveKeyPair> ParseKeyFile(const std::string& text, const std::st
     return absl::InvalidArgumentError("key file " + path +
                                       " needs both public-key and secret-key");
   }
+  // A public key that is not the secret key's would be allowed in by peers
+  // whose handshakes then fail: refuse the file instead.
+  char derived[kZ85KeyChars + 1] = {};
+  if (CurveAvailable() && zmq_curve_public(derived, keys.secret_key.c_str()) == 0 &&
+      keys.public_key != derived) {
+    return absl::InvalidArgumentError("key file " + path +
+                                      ": public-key is not the secret key's public key");
+  }
   return keys;
 }
 
@@ -166,6 +174,10 @@ std::string FindKey(const std::vector<AllowedKey>& keys, const std::string& name
     if (k.name == name) return k.public_key;
   }
   return "";
+}
+
+bool IsOperatorName(const std::string& name) {
+  return name == "operator" || name.rfind("operator-", 0) == 0;
 }
 
 }  // namespace pacer

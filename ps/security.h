@@ -12,7 +12,8 @@
 //   shard-0  <...>
 //
 // The key named "monitor" is the one every process expects the monitor to
-// have; a shard's key reaches workers in the shard map.
+// have; a shard's key reaches workers in the shard map; keys named
+// "operator" or "operator-..." may change the job through pacerctl.
 #ifndef PACER_PS_SECURITY_H_
 #define PACER_PS_SECURITY_H_
 
@@ -67,6 +68,12 @@ absl::StatusOr<std::vector<AllowedKey>> ParseAllowedKeys(const std::string& text
 
 // The key named `name`, or empty.
 std::string FindKey(const std::vector<AllowedKey>& keys, const std::string& name);
+
+// Whether an allowed key's name marks an operator's key: "operator", or
+// "operator-" and more. Under transport security the monitor takes
+// pacerctl's commands that change a job (remove-worker, shard add and drain,
+// faults) only from operator keys; any allowed key may read the status.
+bool IsOperatorName(const std::string& name);
 
 }  // namespace pacer
 

@@ -97,16 +97,16 @@ int main(int argc, char** argv) {
 
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.shard.max_message_bytes * 2;
-  auto monitor_key = pacer::ApplySecurity(security, "server", opts.shard.registry.get(), &topts);
-  if (!monitor_key.ok()) {
-    spdlog::error("{}", std::string(monitor_key.status().message()));
+  auto keys = pacer::ApplySecurity(security, "server", opts.shard.registry.get(), &topts);
+  if (!keys.ok()) {
+    spdlog::error("{}", std::string(keys.status().message()));
     return pacer::kExitUsage;
   }
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.shard.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;
-  transport->SetServerKey(opts.monitor, *monitor_key);
-  opts.shard.monitor_key = *monitor_key;
+  transport->SetServerKey(opts.monitor, keys->monitor_key);
+  opts.shard.monitor_key = keys->monitor_key;
   opts.faults = faults;
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   opts.cancel = &stop_signal;

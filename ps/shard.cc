@@ -55,7 +55,8 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
     : options_(options),
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
-      rejects_(*registry_, "shard") {
+      rejects_(*registry_, "shard"),
+      guard_(*registry_, "shard") {
   auto& reqs = prometheus::BuildCounter()
                    .Name("pacer_shard_requests_total")
                    .Help("Push and pull requests served")
@@ -102,12 +103,6 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
                        .Help("Pushes received again (retries), acknowledged and not applied")
                        .Register(*registry_)
                        .Add({});
-  m_key_mismatch_ = &prometheus::BuildCounter()
-                         .Name("pacer_security_refused_messages_total")
-                         .Help("Messages refused under transport security because the sender id "
-                               "they claim belongs to another CURVE key")
-                         .Register(*registry_)
-                         .Add({{"reason", "sender_key_mismatch"}});
   m_push_parts_ = &prometheus::BuildCounter()
                        .Name("pacer_shard_push_parts_total")
                        .Help("Messages that carried one part of a push sent in parts (layer-wise "
@@ -172,6 +167,7 @@ void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
   job_ = job;
   configured_ = true;
   shard_id_ = shard_id;
+  guard_.set_who("shard " + std::to_string(shard_id));
 }
 
 Envelope ShardCore::ReplyEnvelope(const Envelope& to) const {
@@ -700,23 +696,15 @@ void ShardCore::NotePassed(Member& member, int64_t clock) {
 }
 
 bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const std::string& key = peer.peer_key();
-  if (key.empty()) return true;  // plain ZeroMQ
-  const uint32_t sender = d.env.sender;
-  std::string bound;
-  if (sender == 0) {
+  std::string bound;  // none for ids that are not members: answered NotMember, or a tool's
+  if (d.env.sender == 0) {
     bound = options_.monitor_key;
-  } else if (auto it = live_.find(sender); it != live_.end()) {
+  } else if (auto it = live_.find(d.env.sender); it != live_.end()) {
     bound = it->second.public_key;
-  } else {
-    return true;  // not a member: its request is answered NotMember, or is a tool's
   }
-  if (bound.empty() || bound == key) return true;
-  m_key_mismatch_->Increment();
-  spdlog::warn("shard {}: refused a message claiming sender {} from key {} (bound to {})",
-               shard_id_, sender, key, bound);
-  ReplyError(peer, d.env, wire::ErrorCode::Refused,
-             "sender " + std::to_string(sender) + " belongs to another key", out);
+  const std::string why = guard_.Check(peer.peer_key(), bound, d);
+  if (why.empty()) return true;
+  ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   return false;
 }
 

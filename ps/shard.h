@@ -22,6 +22,7 @@
 #include "ps/clock.h"
 #include "ps/metrics.h"
 #include "ps/optimizer.h"
+#include "ps/sender_guard.h"
 #include "ps/wire.h"
 
 namespace pacer {
@@ -283,6 +284,7 @@ class ShardCore {
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   RejectCounters rejects_;
+  SenderGuard guard_;
 
   ShardJob job_;
   uint32_t shard_id_ = 0;  // set by Configure
@@ -352,7 +354,6 @@ class ShardCore {
   prometheus::Counter* m_dropped_ = nullptr;
   prometheus::Counter* m_duplicates_ = nullptr;
   prometheus::Counter* m_push_parts_ = nullptr;
-  prometheus::Counter* m_key_mismatch_ = nullptr;
   prometheus::Counter* m_grants_ = nullptr;
   prometheus::Counter* m_lost_ = nullptr;
   prometheus::Histogram* m_staleness_ = nullptr;

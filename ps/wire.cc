@@ -1,10 +1,11 @@
 #include "ps/wire.h"
 
-#include <cctype>
-
 #include <isa-l/crc.h>
 
+#include <atomic>
+#include <cctype>
 #include <cstring>
+#include <random>
 
 namespace pacer {
 namespace {
@@ -37,6 +38,15 @@ bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
 }
 
 }  // namespace
+
+uint64_t NewRequestId() {
+  static std::atomic<uint64_t> next{[] {
+    std::random_device rd;
+    const uint64_t r = (uint64_t{rd()} << 32) ^ rd();
+    return (r >> 2) | 1;  // below 2^62: counting up never wraps to 0
+  }()};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);

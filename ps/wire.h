@@ -46,6 +46,15 @@ struct Envelope {
 // Chain calls by passing the previous result as `crc` (0 to start).
 uint32_t Crc32(uint32_t crc, const void* data, size_t size);
 
+// A request id that this process has not used before (every request it
+// sends takes one: RpcChannel::Send, the monitor's requests to shards).
+// Each process starts at a random point of a 2^62 range and counts up, so
+// ids do not repeat across channels, nor, but by chance, across a restart
+// under the same key; a retry sends the same frames with the same id, and a
+// receiver under transport security refuses an id seen before with other
+// contents (SenderGuard). Never 0.
+uint64_t NewRequestId();
+
 // Why a received message was refused. The names are the `reason` label of the
 // rejected-message counters.
 const char* ErrorCodeName(wire::ErrorCode code);

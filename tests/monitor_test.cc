@@ -309,6 +309,44 @@ TEST_F(MonitorTest, UnderCurveIdsAreBoundToTheKeysTheyRegisteredWith) {
   Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
 }
 
+TEST_F(MonitorTest, UnderCurveCommandsThatChangeTheJobNeedAnOperatorKey) {
+  curve_ = true;
+  options_.operator_keys = {"K900"};
+  core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  worker_a_ = RegisterWorker(200);
+  worker_b_ = RegisterWorker(201);
+  ASSERT_EQ(core_->LiveWorkers().size(), 2u);
+  constexpr uint32_t kToolSender = 0xFFFFFFFFu;  // pacerctl's
+  const auto remove = [&](uint64_t peer) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(peer, kJob, kToolSender, fbb, wire::CreateRemoveWorker(fbb, worker_a_));
+  };
+  // A worker's key (allowed to connect, but no operator) cannot remove a
+  // worker, or set faults; it may list them.
+  EXPECT_EQ(ErrorOf(remove(201)), wire::ErrorCode::Refused);
+  EXPECT_EQ(core_->LiveWorkers().size(), 2u);
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    EXPECT_EQ(ErrorOf(Send(201, kJob, kToolSender, fbb,
+                           wire::CreateFaultControlDirect(fbb, wire::FaultOp::Set, "all",
+                                                          "drop:p=1"))),
+              wire::ErrorCode::Refused);
+  }
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(201, kJob, kToolSender, fbb,
+              wire::CreateFaultControlDirect(fbb, wire::FaultOp::List, "", "")),
+         wire::Body::FaultControlReply);
+  }
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_security_refused_messages_total",
+                       {{"reason", "not_operator"}}),
+            2);
+  // The operator's key can.
+  Only(remove(900), wire::Body::Ack);
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_b_}));
+}
+
 TEST_F(MonitorTest, JobWaitsForEnoughWorkers) {
   Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
   uint32_t a = RegisterWorker(200);

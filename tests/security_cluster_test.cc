@@ -22,14 +22,14 @@ using std::chrono::seconds;
 // Keys for each role, and the allowed list of the cluster (not the intruder).
 struct Keys {
   Keys() {
-    for (const char* role : {"monitor", "shard", "worker", "intruder"}) {
+    for (const char* role : {"monitor", "shard", "worker", "operator", "intruder"}) {
       auto k = GenerateKeyPair();
       EXPECT_TRUE(k.ok()) << k.status();
       EXPECT_TRUE(WriteKeyFiles(*k, Path(role), role).ok());
       pairs[role] = *k;
     }
     std::ofstream allowed(dir.path() + "/allowed");
-    for (const char* role : {"monitor", "shard", "worker"}) {
+    for (const char* role : {"monitor", "shard", "worker", "operator"}) {
       allowed << role << " " << pairs[role].public_key << "\n";
     }
   }
@@ -117,16 +117,29 @@ TEST(SecurityClusterTest, AllowedKeysTrainAndEveryOtherPeerIsRefused) {
   EXPECT_GE(Refused(cluster.shard_metrics[0], "key_not_allowed"), 1);
   EXPECT_GE(Refused(cluster.shard_metrics[0], "handshake_failed"), 1);
 
-  // pacerctl with an allowed key reads the job's status.
-  std::vector<std::string> ctl = {PACERCTL_BIN, "--monitor", cluster.monitor_address};
-  auto wflags = keys.Flags("worker");
-  ctl.insert(ctl.end(), wflags.begin(), wflags.end());
-  ctl.push_back("status");
-  auto status = Process::Start(ctl, cluster.dir.path(), "pacerctl");
+  // pacerctl with any allowed key reads the job's status; only an operator's
+  // key changes the job.
+  const auto pacerctl = [&](const std::string& role, std::vector<std::string> args) {
+    std::vector<std::string> ctl = {PACERCTL_BIN, "--monitor", cluster.monitor_address};
+    auto flags = keys.Flags(role);
+    ctl.insert(ctl.end(), flags.begin(), flags.end());
+    ctl.insert(ctl.end(), args.begin(), args.end());
+    return Process::Start(ctl, cluster.dir.path(), "pacerctl-" + role);
+  };
+  auto status = pacerctl("worker", {"status"});
   code = status->Wait(milliseconds(20000));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 0) << status->Stderr();
   EXPECT_NE(status->Stdout().find("shard"), std::string::npos) << status->Stdout();
+  auto set = pacerctl("worker", {"fault", "set", "all", "drop:p=1"});
+  code = set->Wait(milliseconds(20000));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_NE(*code, 0) << "a worker's key set faults";
+  EXPECT_NE(set->Stderr().find("operator key"), std::string::npos) << set->Stderr();
+  auto clear = pacerctl("operator", {"fault", "clear"});
+  code = clear->Wait(milliseconds(20000));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << clear->Stderr();
 }
 
 }  // namespace

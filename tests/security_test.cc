@@ -72,6 +72,16 @@ TEST(KeyFilesTest, BadFilesAreClearErrors) {
   WriteFile(dir.path() + "/half.key", "public-key = \"" + keys->public_key + "\"\n");
   EXPECT_FALSE(ReadKeyFile(dir.path() + "/half.key").ok());
   EXPECT_EQ(ReadKeyFile(dir.path() + "/none.key").status().code(), absl::StatusCode::kNotFound);
+  // A public key from another keypair: peers would allow it, then every
+  // handshake would fail.
+  auto other = GenerateKeyPair();
+  ASSERT_TRUE(other.ok());
+  WriteFile(dir.path() + "/mixed.key", "public-key = \"" + other->public_key +
+                                           "\"\nsecret-key = \"" + keys->secret_key + "\"\n");
+  auto mixed = ReadKeyFile(dir.path() + "/mixed.key");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("not the secret key's"), std::string::npos)
+      << mixed.status();
 
   // Allowed keys: comments, names, a key that starts with '#'.
   const std::string hash_key = std::string("#").append(keys->public_key, 1);

@@ -522,6 +522,7 @@ TEST_F(ShardTest, UnderCurveASenderIdIsBoundToItsKey) {
                           {kWorkerB, 1, 3, 0, 0, 0, KeyOf(kWorkerB)}});
   const std::vector<float> g = {1, 1, 1};
   ExpectPushReply(Push(kWorkerA, 0, 1, g).at(0), 0);
+  const uint64_t a_request = next_request_;
   // Worker B replays worker A's push (A's id, B's connection and key).
   flatbuffers::FlatBufferBuilder fbb;
   Envelope env;
@@ -550,6 +551,26 @@ TEST_F(ShardTest, UnderCurveASenderIdIsBoundToItsKey) {
   // B under its own id and key is heard.
   ExpectPushReply(Push(kWorkerB, 0, 3, g).at(0), 0);
   EXPECT_EQ(shard_->applied_clock(), 0);
+  const auto refused = [&](const char* reason) {
+    return ReadMetric(shard_->registry(), "pacer_security_refused_messages_total",
+                      {{"reason", reason}});
+  };
+  EXPECT_EQ(refused("sender_key_mismatch"), 2);
+  // A's own request id again with other contents is not a retry: refused.
+  next_request_ = a_request - 1;
+  EXPECT_EQ(ErrorOf(Push(kWorkerA, 1, 1, {5, 5, 5})), wire::ErrorCode::Refused);
+  EXPECT_EQ(refused("request_id_reused"), 1);
+  EXPECT_EQ(shard_->updates_applied(), 2u);
+  // The very same request again is a retry, answered as before.
+  next_request_ = a_request - 1;
+  auto again = Push(kWorkerA, 0, 1, g);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(ErrorOf(again), wire::ErrorCode::Refused);
+  EXPECT_EQ(refused("request_id_reused"), 1);
+  // Plain ZeroMQ authenticates nothing, so nothing is checked there.
+  curve_ = false;
+  next_request_ = a_request - 1;
+  EXPECT_NE(ErrorOf(Push(kWorkerA, 1, 1, {5, 5, 5})), wire::ErrorCode::Refused);
 }
 
 TEST_F(ShardTest, ResentPullWaitsOnceAndIsAnsweredOnce) {

@@ -197,15 +197,15 @@ int main(int argc, char** argv) {
   }
   pacer::TransportOptions topts;
   topts.max_message_bytes = opts.max_message_bytes * 2;
-  auto monitor_key = pacer::ApplySecurity(security, "worker", opts.registry.get(), &topts);
-  if (!monitor_key.ok()) {
-    spdlog::error("{}", std::string(monitor_key.status().message()));
+  auto keys = pacer::ApplySecurity(security, "worker", opts.registry.get(), &topts);
+  if (!keys.ok()) {
+    spdlog::error("{}", std::string(keys.status().message()));
     return pacer::kExitUsage;
   }
   std::shared_ptr<pacer::FaultInjector> faults;
   auto transport = pacer::MakeProcessTransport(topts, fault_flags, opts.registry.get(), &faults);
   if (transport == nullptr) return pacer::kExitUsage;
-  transport->SetServerKey(opts.monitor, *monitor_key);
+  transport->SetServerKey(opts.monitor, keys->monitor_key);
   opts.faults = faults;
   pacer::worker::Worker worker(transport.get(), opts);
   if (metrics) metrics->SetReadiness([&worker] { return worker.NotReadyReason(); });

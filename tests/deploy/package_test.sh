@@ -72,13 +72,17 @@ grep -q '^LoadCredential=pacer.key:/etc/pacer/keys/server-%i.key' \
 "$tmp/root/usr/share/pacer/make-keys.sh" "$tmp/keys" --shards 1 --workers 1 \
   --pacerctl "$tmp/root/usr/bin/pacerctl" > "$tmp/keys.log" 2>&1 || { cat "$tmp/keys.log"; fail "make-keys.sh"; }
 [ "$(stat -c %a "$tmp/keys/monitor.key")" = 600 ] || fail "monitor.key is not mode 600"
-[ "$(grep -c . "$tmp/keys/allowed")" = 3 ] && grep -q '^monitor ' "$tmp/keys/allowed" ||
-  { cat "$tmp/keys/allowed"; fail "make-keys.sh wrote no allowed list of 3 named keys"; }
+[ "$(grep -c . "$tmp/keys/allowed")" = 4 ] && grep -q '^monitor ' "$tmp/keys/allowed" &&
+  grep -q '^operator ' "$tmp/keys/allowed" ||
+  { cat "$tmp/keys/allowed"; fail "make-keys.sh wrote no allowed list of 4 named keys"; }
+[ -f "$tmp/keys/operator/operator.key" ] && [ ! -e "$tmp/keys/operator.key" ] ||
+  fail "the operator key is not kept apart from the cluster's keys"
 set +e
 timeout 3 "$tmp/root/usr/bin/pacer-monitor" --listen tcp://127.0.0.1:0 --metrics-addr off \
   --key "$tmp/keys/monitor.key" --allowed-keys "$tmp/keys/allowed" > "$tmp/monitor.log" 2>&1
 set -e
-grep -q "transport security: CURVE" "$tmp/monitor.log" || { cat "$tmp/monitor.log"; fail "the monitor did not run under CURVE"; }
+grep -q "transport security: CURVE.*1 operator key" "$tmp/monitor.log" ||
+  { cat "$tmp/monitor.log"; fail "the monitor did not run under CURVE with the operator key"; }
 echo "security: keys made by the packaged make-keys.sh, the monitor runs under CURVE"
 
 # The CUDA backend module, when nvcc built one: installed where the packaged
