@@ -390,6 +390,14 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "init must carry every key of the shard", out);
   }
+  // The first Init sets the model. Under transport security only a member
+  // (whose key SenderGuard checked) may send it, not any allowed key.
+  if (!peer.peer_key().empty() && !live_.contains(d.env.sender)) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
+                      "worker " + std::to_string(d.env.sender) + " is not in membership v" +
+                          std::to_string(membership_version_),
+                      out);
+  }
   if (!initialized_) {
     const float* src = d.floats().data();
     for (const wire::KeyLen* k : *m->keys()) {

@@ -144,7 +144,10 @@ class ZapHandler {
 
   // Reports the failed handshakes of `bound` (a peer without CURVE, or with
   // a mismatched mechanism, never reaches ZAP) through on_refused. Called
-  // by the thread that owns `bound`, before anything connects.
+  // by the thread that owns `bound`, before anything connects. The event
+  // socket is connected here, before `bound` can see a peer (a monitor drops
+  // the events that come before it is connected), then handed to the ZAP
+  // thread under the mutex (a full memory barrier, as ZeroMQ requires).
   void Watch(zmq::socket_t& bound) {
     const std::string name = "inproc://pacer-handshakes-" + std::to_string(++watched_);
     if (zmq_socket_monitor(bound.handle(), name.c_str(),
@@ -152,8 +155,11 @@ class ZapHandler {
                                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
       return;  // not watched: ZAP refusals are still reported
     }
+    zmq::socket_t events(*context_, zmq::socket_type::pair);
+    events.set(zmq::sockopt::linger, 0);
+    events.connect(name);
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(name);
+    pending_.push_back(std::move(events));
   }
 
  private:
@@ -163,11 +169,7 @@ class ZapHandler {
       try {
         {
           std::lock_guard<std::mutex> lock(mu_);
-          for (const std::string& name : pending_) {
-            monitors.emplace_back(*context_, zmq::socket_type::pair);
-            monitors.back().set(zmq::sockopt::linger, 0);
-            monitors.back().connect(name);
-          }
+          for (zmq::socket_t& events : pending_) monitors.push_back(std::move(events));
           pending_.clear();
         }
         std::vector<zmq::pollitem_t> items{{socket_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -186,11 +188,14 @@ class ZapHandler {
           }
           uint16_t id = 0;
           std::memcpy(&id, event[0].data(), sizeof(id));
+          // ZeroMQ names the endpoint that was bound, not the peer's address.
           if (on_refused_) {
-            on_refused_("", event[1].to_string(),
-                        id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
-                            ? "handshake failed: no CURVE, or another mechanism"
-                            : "handshake failed");
+            on_refused_("", "",
+                        (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                             ? std::string("handshake failed (no CURVE, or another mechanism)")
+                             : std::string("handshake failed"))
+                            .append(" on ")
+                            .append(event[1].to_string()));
           }
         }
       } catch (const zmq::error_t&) {
@@ -235,7 +240,7 @@ class ZapHandler {
   std::atomic<bool> stop_{false};
   std::atomic<int> watched_{0};
   std::mutex mu_;
-  std::vector<std::string> pending_;  // monitor endpoints to connect to
+  std::vector<zmq::socket_t> pending_;  // event sockets for Run to take over
   std::thread thread_;
 };
 

@@ -132,10 +132,12 @@ struct Server {
       std::this_thread::sleep_for(milliseconds(20));
     }
   }
-  std::unique_ptr<Transport> transport;
-  std::unique_ptr<Socket> socket;
+  // Declared first, so destroyed last: the transport's ZAP thread reports
+  // into them until the transport is gone (a race ThreadSanitizer found).
   std::mutex mu;
   std::vector<std::pair<std::string, std::string>> refused;  // key, why
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Socket> socket;
 };
 
 std::unique_ptr<Socket> Client(Transport& t, const std::string& address) {
@@ -200,6 +202,24 @@ TEST(CurveTransportTest, AnAllowedKeyIsHeardAndNamedAndOthersAreRefused) {
     EXPECT_EQ(server.refused[1].first, "");
   }
   EXPECT_TRUE(server.Receive(milliseconds(300)).empty());
+}
+
+// A plain peer that connects the moment the socket is bound is reported too
+// (the handshake events are watched from the bind on), naming the endpoint.
+TEST(CurveTransportTest, AHandshakeFailureRightAfterTheBindIsReported) {
+  auto server_keys = GenerateKeyPair();
+  ASSERT_TRUE(server_keys.ok());
+  Server server(*server_keys, {});
+  auto pt = MakeZmqTransport({});
+  auto plain = Client(*pt, server.socket->address());
+  ASSERT_NE(plain, nullptr);
+  (void)plain->Send({Frame::Copy("plain")});
+  ASSERT_GE(server.Refusals(milliseconds(5000)), 1u);
+  std::lock_guard<std::mutex> lock(server.mu);
+  EXPECT_EQ(server.refused[0].first, "");
+  EXPECT_NE(server.refused[0].second.find("handshake failed"), std::string::npos);
+  EXPECT_NE(server.refused[0].second.find(server.socket->address()), std::string::npos)
+      << server.refused[0].second;
 }
 
 }  // namespace

@@ -147,15 +147,7 @@ class ShardTest : public ::testing::Test {
   // (a resend of the same message).
   std::vector<ShardCore::Outgoing> PushSeq(uint32_t sender, uint64_t clock, uint32_t batch,
                                            const std::vector<float>& grads, uint64_t seq) {
-    flatbuffers::FlatBufferBuilder fbb;
-    auto kv = fbb.CreateVectorOfStructs(kKeys);
-    wire::PushBuilder pb(fbb);
-    pb.add_clock(clock);
-    pb.add_batch(batch);
-    pb.add_keys(kv);
-    pb.add_seq(seq);
-    auto body = pb.Finish();
-    return Send(sender, fbb, body, Floats(grads));
+    return PushPart(sender, clock, batch, seq, 0, 1, kKeys, grads);  // a push in one part
   }
   // Part `part` of `parts` of push `seq`: `keys` (a subset) and their values.
   std::vector<ShardCore::Outgoing> PushPart(uint32_t sender, uint64_t clock, uint32_t batch,
@@ -556,6 +548,8 @@ TEST_F(ShardTest, UnderCurveASenderIdIsBoundToItsKey) {
                       {{"reason", reason}});
   };
   EXPECT_EQ(refused("sender_key_mismatch"), 2);
+  // Under CURVE only a member may set the model (Init): not any allowed key.
+  EXPECT_EQ(ErrorOf(Init(77, {9, 9, 9})), wire::ErrorCode::NotMember);
   // A's own request id again with other contents is not a retry: refused.
   next_request_ = a_request - 1;
   EXPECT_EQ(ErrorOf(Push(kWorkerA, 1, 1, {5, 5, 5})), wire::ErrorCode::Refused);
