@@ -5,8 +5,11 @@
 #   deploy/setup.sh             Release build into build/
 #   deploy/setup.sh --debug     Debug build into build-debug/
 #   deploy/setup.sh --sanitize  ASan + UBSan build into build-sanitize/
+#   deploy/setup.sh --tsan      ThreadSanitizer build into build-tsan/
+#                               (sanitizer builds: no CUDA, no benchmarks)
 #   deploy/setup.sh --no-cuda   never build the CUDA backend
 #   deploy/setup.sh --deps-only install packages, do not build
+#   deploy/setup.sh --target T  build only target T (repeatable)
 #
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
@@ -15,15 +18,23 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_type=Release
 build_dir="$root/build"
 sanitize=OFF
+tsan=OFF
+bench=ON
 cuda=ON
 deps_only=0
-for arg in "$@"; do
+targets=()
+while [ $# -gt 0 ]; do
+  arg=$1
+  shift
   case "$arg" in
+    --target) [ $# -gt 0 ] || { echo "setup.sh: --target needs a name" >&2; exit 2; }
+              targets+=(--target "$1"); shift ;;
     --debug) build_type=Debug; build_dir="$root/build-debug" ;;
     --sanitize) build_type=RelWithDebInfo; sanitize=ON; build_dir="$root/build-sanitize" ;;
+    --tsan) build_type=RelWithDebInfo; tsan=ON; build_dir="$root/build-tsan" ;;
     --no-cuda) cuda=OFF ;;
     --deps-only) deps_only=1 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -110,12 +121,16 @@ fi
 
 werror=OFF
 [ "${CI:-}" = "true" ] && werror=ON
+# The sanitizers watch host code; CUDA's device memory is compute-sanitizer's.
+if [ "$sanitize" = ON ] || [ "$tsan" = ON ]; then cuda=OFF bench=OFF; fi
 
 jobs=${PACER_BUILD_JOBS:-$(nproc)}
 cmake -S "$root" -B "$build_dir" -G Ninja \
   -DCMAKE_BUILD_TYPE="$build_type" \
   -DPACER_SANITIZE="$sanitize" \
+  -DPACER_TSAN="$tsan" \
+  -DPACER_BUILD_BENCH="$bench" \
   -DPACER_WERROR="$werror" \
   -DPACER_ENABLE_CUDA="$cuda" >&2
-cmake --build "$build_dir" -j "$jobs" >&2
+cmake --build "$build_dir" -j "$jobs" ${targets[@]+"${targets[@]}"} >&2
 echo "setup: built into $build_dir" >&2

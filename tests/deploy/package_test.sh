@@ -11,6 +11,12 @@ for tool in cpack dpkg-deb; do
     exit 77
   fi
 done
+# A sanitizer build is for finding bugs, not for shipping: its static
+# libraries need the sanitizer runtime that the example's link would lack.
+if grep -qE '^PACER_(SANITIZE|TSAN):BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "SKIP: $build is a sanitizer build (packages come from a plain one)"
+  exit 77
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -1,18 +1,23 @@
 // libFuzzer target: the frame decoder and verifier (ps/wire.h Decode), then
-// a configured shard's handler (ShardCore::Handle) on what decodes. Input:
-// the frames of one message, each as a 2-byte little-endian length and its
-// bytes (the last one takes what is left). Decoded twice: with the CRC
-// check, as a shard runs, and without it, so that the fuzzer gets past the
-// CRC to the Flatbuffers verifier and the handlers.
+// a configured shard's handler (ShardCore::Handle) and the monitor's
+// (MonitorCore::Handle) on the same message. Input: the frames of one
+// message, each as a 2-byte little-endian length and its bytes (the last one
+// takes what is left). Decoded twice: with the CRC check, as a shard runs,
+// and without it, so that the fuzzer gets past the CRC to the Flatbuffers
+// verifier and the handlers. The handlers get it once as plain ZeroMQ and
+// once under CURVE, from worker 11's key (SenderGuard: the sender-id binding
+// and the request-id check).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "monitor/monitor.h"
 #include "ps/clock.h"
 #include "ps/shard.h"
 #include "ps/wire.h"
+#include "spdlog/spdlog.h"
 
 namespace {
 
@@ -33,11 +38,19 @@ pacer::Frames Split(const uint8_t* data, size_t size) {
   return frames;
 }
 
-// A shard that owns keys 1 (2 values) and 2 (1 value), with two workers.
-pacer::ShardCore* Shard() {
+pacer::FakeClock& Clock() {
   static pacer::FakeClock clock(pacer::TimePoint{} + std::chrono::hours(1));
+  return clock;
+}
+
+// A shard that owns keys 1 (2 values) and 2 (1 value), with two workers
+// whose keys are "K11" and "K12"; the monitor's key is "K0".
+pacer::ShardCore* Shard() {
   static std::unique_ptr<pacer::ShardCore> shard = [] {
+    spdlog::set_level(spdlog::level::off);  // refusals are logged: not what is fuzzed
+    pacer::FakeClock& clock = Clock();
     pacer::ShardOptions options;
+    options.monitor_key = "K0";
     auto s = std::make_unique<pacer::ShardCore>(options, &clock);
     pacer::ShardJob job;
     job.job_id = 7;
@@ -59,7 +72,8 @@ pacer::ShardCore* Shard() {
     });
     send([&](flatbuffers::FlatBufferBuilder& fbb, pacer::Envelope& env) {
       std::vector<flatbuffers::Offset<pacer::wire::WorkerInfo>> w = {
-          pacer::wire::CreateWorkerInfo(fbb, 11, 0, 1), pacer::wire::CreateWorkerInfo(fbb, 12, 1, 3)};
+          pacer::wire::CreateWorkerInfoDirect(fbb, 11, 0, 1, 0, 0, 0, "K11"),
+          pacer::wire::CreateWorkerInfoDirect(fbb, 12, 1, 3, 0, 0, 0, "K12")};
       return pacer::EncodeBody(env, fbb, pacer::wire::CreateMembershipDirect(fbb, 1, &w));
     });
     send([&](flatbuffers::FlatBufferBuilder& fbb, pacer::Envelope& env) {
@@ -71,6 +85,17 @@ pacer::ShardCore* Shard() {
     return s;
   }();
   return shard.get();
+}
+
+// A monitor of job 7 waiting for its members.
+pacer::MonitorCore* Monitor() {
+  static std::unique_ptr<pacer::MonitorCore> monitor = [] {
+    pacer::MonitorOptions options;
+    options.job_id = 7;
+    options.operator_keys = {"K99"};
+    return std::make_unique<pacer::MonitorCore>(options, &Clock());
+  }();
+  return monitor.get();
 }
 
 }  // namespace
@@ -85,11 +110,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pacer::DecodeError error;
     (void)pacer::Decode(frames, options, &decoded, &error);
   }
-  // The shard verifies everything itself: a routed message, peer id first.
-  pacer::Frames routed = frames;
-  uint64_t peer = 2;
-  routed.insert(routed.begin(), pacer::Frame::Copy(&peer, sizeof(peer)));
-  std::vector<pacer::ShardCore::Outgoing> out;
-  Shard()->Handle(std::move(routed), &out);
+  // The shard and the monitor verify everything themselves: a routed
+  // message, peer id first.
+  for (bool curve : {false, true}) {
+    uint64_t peer = 2;
+    pacer::Frames routed = frames;
+    routed.insert(routed.begin(), pacer::Frame::Copy(&peer, sizeof(peer)));
+    if (curve) routed[0].set_peer_key("K11");
+    pacer::Frames to_monitor = routed;
+    std::vector<pacer::ShardCore::Outgoing> out;
+    Shard()->Handle(std::move(routed), &out);
+    std::vector<pacer::MonitorCore::Outgoing> monitor_out;
+    Monitor()->Handle(std::move(to_monitor), &monitor_out);
+  }
   return 0;
 }
