@@ -16,7 +16,8 @@
 # (which takes DIR's files, not operator/).
 # The systemd units read /etc/pacer/keys (make it with this script, as root,
 # then copy allowed and each host's keys there); see README, "Transport
-# security". Existing keys are never overwritten.
+# security". Existing keys are never overwritten: a second run keeps them,
+# makes the missing ones and rewrites `allowed`.
 #
 #   deploy/make-keys.sh DIR [--shards N] [--workers M] [--roles] [--pacerctl PATH]
 set -euo pipefail
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --workers) workers=$2; shift 2 ;;
     --pacerctl) pacerctl=$2; shift 2 ;;
     --roles) roles=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "make-keys.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) [ -z "$dir" ] || { echo "make-keys.sh: one DIR only" >&2; exit 2; }; dir=$1; shift ;;
   esac
@@ -52,12 +53,20 @@ else
 fi
 : > "$dir/allowed.new"
 names+=(operator/operator)
+made=0 kept=0
 for n in "${names[@]}"; do
-  "$pacerctl" keygen "$dir/$n" --name "${n##*/}" >/dev/null 2>"$dir/.keygen.err" ||
-    { cat "$dir/.keygen.err" >&2; rm -f "$dir/.keygen.err" "$dir/allowed.new"; exit 1; }
+  # A keypair that exists is kept (run again to add keys, such as the
+  # operator's to a folder made before it existed); `allowed` is rewritten.
+  if [ -f "$dir/$n.key" ] && [ -f "$dir/$n.pub" ]; then
+    kept=$((kept + 1))
+  else
+    "$pacerctl" keygen "$dir/$n" --name "${n##*/}" >/dev/null 2>"$dir/.keygen.err" ||
+      { cat "$dir/.keygen.err" >&2; rm -f "$dir/.keygen.err" "$dir/allowed.new"; exit 1; }
+    made=$((made + 1))
+  fi
   grep -v '^#' "$dir/$n.pub" >> "$dir/allowed.new"
 done
 rm -f "$dir/.keygen.err"
 mv "$dir/allowed.new" "$dir/allowed"
 chmod 644 "$dir/allowed"
-echo "wrote ${#names[@]} keypairs and $dir/allowed"
+echo "wrote $made keypair(s), kept $kept, and $dir/allowed"

@@ -319,7 +319,7 @@ absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std
                  key.empty() ? "" : " with key " + key, why,
                  left_out == 0 ? std::string()
                                : " (" + std::to_string(left_out) +
-                                     " more refused for the same reason in the last interval)");
+                                     " more refused for the same reason since the last line)");
   };
   SecurityKeys out{monitor_key, {}};
   for (const AllowedKey& k : *allowed) {

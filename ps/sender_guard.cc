@@ -40,7 +40,7 @@ void SenderGuard::Refuse(prometheus::Counter* counter, const std::string& reason
   uint64_t left_out = 0;
   if (!log_.Allow(reason, &left_out)) return;
   if (left_out > 0) {
-    spdlog::warn("{}: {} ({} more refused for the same reason in the last interval)", who_, line,
+    spdlog::warn("{}: {} ({} more refused for the same reason since the last line)", who_, line,
                  left_out);
   } else {
     spdlog::warn("{}: {}", who_, line);
@@ -63,9 +63,15 @@ std::string SenderGuard::Check(const std::string& key, const std::string& bound,
     return why;
   }
   const std::string_view header(reinterpret_cast<const char*>(d.header.data()), d.header.size());
-  const uint64_t digest = std::hash<std::string_view>{}(header) ^
-                          (uint64_t{d.env.crc} << 32 | static_cast<uint64_t>(d.env.type)) ^
-                          d.env.payload_bytes * 0x9E3779B97F4A7C15ull;
+  uint64_t digest = std::hash<std::string_view>{}(header) ^
+                    (uint64_t{d.env.crc} << 32 | static_cast<uint64_t>(d.env.type)) ^
+                    d.env.payload_bytes * 0x9E3779B97F4A7C15ull;
+  if (d.env.crc == 0 && !d.payload.empty()) {
+    // No CRC (--no-crc-check) to tell payloads apart: hash it instead.
+    digest ^= std::hash<std::string_view>{}(std::string_view(
+                  reinterpret_cast<const char*>(d.payload.data()), d.payload.size())) *
+              0xC2B2AE3D27D4EB4Full;
+  }
   const std::pair<uint64_t, uint64_t> id{std::hash<std::string>{}(key), d.env.request_id};
   auto [it, fresh] = seen_.emplace(id, digest);
   if (fresh) {

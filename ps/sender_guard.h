@@ -26,8 +26,9 @@
 
 namespace pacer {
 
-// Logs at most one line per `what` every `every`; the next line says how
-// many were left out. For refusals a hostile peer can cause at will.
+// Logs at most one line per `what` every `every`; the next line logged says
+// how many were left out since the one before. For refusals a hostile peer
+// can cause at will.
 class LogThrottle {
  public:
   explicit LogThrottle(std::chrono::steady_clock::duration every = std::chrono::seconds(10))
@@ -47,7 +48,8 @@ class LogThrottle {
 class SenderGuard {
  public:
   // `who` names this process in logs ("monitor", "shard 3"). The request ids
-  // of the last `window` requests are remembered (about 24 bytes each).
+  // of the last `window` requests are remembered (about 100 bytes each:
+  // some 6 MB for the default window).
   SenderGuard(prometheus::Registry& registry, std::string who, size_t window = 1 << 16);
 
   // Empty when `d`, which came with CURVE key `key` (empty: plain ZeroMQ),

@@ -307,6 +307,20 @@ TEST_F(MonitorTest, UnderCurveIdsAreBoundToTheKeysTheyRegisteredWith) {
   EXPECT_EQ(core_->shard_key(0), "K100");
   // The shard itself, registering again (a retry), is heard.
   Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  // Worker a's request again (the same frames, a retry) is answered; its
+  // request id again with other contents is refused.
+  const uint64_t id = next_request_ + 1;
+  const auto heartbeat = [&](float speed) {
+    next_request_ = id - 1;
+    flatbuffers::FlatBufferBuilder f;
+    return Send(200, kJob, a, f, wire::CreateHeartbeat(f, wire::Role::Worker, 0, speed));
+  };
+  Only(heartbeat(10.0f), wire::Body::HeartbeatReply);
+  Only(heartbeat(10.0f), wire::Body::HeartbeatReply);
+  EXPECT_EQ(ErrorOf(heartbeat(99.0f)), wire::ErrorCode::Refused);
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_security_refused_messages_total",
+                       {{"reason", "request_id_reused"}}),
+            1);
 }
 
 TEST_F(MonitorTest, UnderCurveCommandsThatChangeTheJobNeedAnOperatorKey) {
@@ -339,9 +353,15 @@ TEST_F(MonitorTest, UnderCurveCommandsThatChangeTheJobNeedAnOperatorKey) {
               wire::CreateFaultControlDirect(fbb, wire::FaultOp::List, "", "")),
          wire::Body::FaultControlReply);
   }
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    EXPECT_EQ(ErrorOf(Send(201, kJob, kToolSender, fbb,
+                           wire::CreateShardControl(fbb, wire::ShardOp::Pause, 0))),
+              wire::ErrorCode::Refused);
+  }
   EXPECT_EQ(ReadMetric(core_->registry(), "pacer_security_refused_messages_total",
                        {{"reason", "not_operator"}}),
-            2);
+            3);
   // The operator's key can.
   Only(remove(900), wire::Body::Ack);
   EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{worker_b_}));

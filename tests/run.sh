@@ -62,9 +62,12 @@ ctest --output-on-failure --no-tests=error ${jobs[@]+"${jobs[@]}"} ${ctest_args[
 
 # The whole suite also runs the fuzz targets for a bounded time.
 seconds=${PACER_FUZZ_SECONDS:-10}
-if [ "$mode" = release ] && [ ${#ctest_args[@]} -eq 0 ] && [ "$seconds" != 0 ]; then
+case "$seconds" in
+  ''|*[!0-9]*) echo "run.sh: PACER_FUZZ_SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;;
+esac
+if [ "$mode" = release ] && [ ${#ctest_args[@]} -eq 0 ] && [ "$((10#$seconds))" -gt 0 ]; then
   status=0
-  "$root/tests/fuzz/run.sh" --seconds "$seconds" || status=$?
+  "$root/tests/fuzz/run.sh" --seconds "$((10#$seconds))" || status=$?
   if [ "$status" -eq 77 ]; then
     echo "fuzz: skipped (no clang or libFuzzer)"
   elif [ "$status" -ne 0 ]; then

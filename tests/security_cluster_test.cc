@@ -56,9 +56,14 @@ TEST(SecurityClusterTest, AllowedKeysTrainAndEveryOtherPeerIsRefused) {
   spec.monitor_flags = keys.Flags("monitor");
   spec.monitor_flags.insert(spec.monitor_flags.end(),
                             {"--time-cap", "120", "--eval-interval", "1", "--global-batch", "128"});
+  // Retries must pass the request-id check: the shard receives some
+  // messages twice, and some of its replies never reach the workers, who
+  // then send the same request again.
   spec.shard_flags = keys.Flags("shard");
+  spec.shard_flags.insert(spec.shard_flags.end(), {"--faults", "duplicate:p=0.05"});
   spec.worker_flags = keys.Flags("worker");
-  spec.worker_flags.insert(spec.worker_flags.end(), {"--train-limit", "12000", "--test-limit", "1000"});
+  spec.worker_flags.insert(spec.worker_flags.end(), {"--train-limit", "12000", "--test-limit", "1000",
+                                                     "--faults", "drop:p=0.02,type=PushReply"});
   Cluster cluster(spec);
   ASSERT_TRUE(cluster.Start());
 
@@ -75,6 +80,16 @@ TEST(SecurityClusterTest, AllowedKeysTrainAndEveryOtherPeerIsRefused) {
   ASSERT_GE(accuracy, 0.7) << cluster.Logs();
   EXPECT_EQ(Refused(cluster.monitor_metrics, "key_not_allowed"), 0);
   EXPECT_EQ(Refused(cluster.shard_metrics[0], "key_not_allowed"), 0);
+  const std::string shard_page = FetchMetrics(cluster.shard_metrics[0]);
+  EXPECT_GT(MetricValue(shard_page, "pacer_faults_injected_total", {"kind=\"duplicate\""})
+                .value_or(0),
+            0)
+      << "no message was duplicated: the retries below were not tried";
+  EXPECT_EQ(MetricValue(shard_page, "pacer_security_refused_messages_total",
+                        {"reason=\"request_id_reused\""})
+                .value_or(-1),
+            0)
+      << "a retry was taken for a forged request";
 
   // A worker whose key is not allowed cannot register with the monitor.
   std::vector<std::string> intruder = {PACER_WORKER_BIN, "--monitor", cluster.monitor_address,

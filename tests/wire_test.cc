@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace pacer {
@@ -77,6 +79,30 @@ DecodeError MustFail(const Frames& frames, const DecodeOptions& options = JobOpt
   DecodeError err;
   EXPECT_FALSE(Decode(frames, options, &d, &err)) << "message was accepted";
   return err;
+}
+
+// Request ids never repeat in a process, also when threads (each with its
+// own channels) take them at once, and are never 0.
+TEST(WireTest, RequestIdsDoNotRepeat) {
+  constexpr int kThreads = 4, kEach = 20000;
+  std::vector<std::vector<uint64_t>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&ids, t] {
+      for (int i = 0; i < kEach; ++i) ids[t].push_back(NewRequestId());
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<uint64_t> seen;
+  for (const auto& v : ids) {
+    for (uint64_t id : v) {
+      EXPECT_NE(id, 0u);
+      EXPECT_TRUE(seen.insert(id).second) << "request id " << id << " repeated";
+    }
+  }
+  EXPECT_EQ(seen.size(), size_t{kThreads} * kEach);
+  // Counting up from a random point below 2^62: far from wrapping.
+  EXPECT_LT(*seen.rbegin(), uint64_t{1} << 63);
 }
 
 TEST(WireTest, PushRoundTripsWithPayload) {

@@ -6,7 +6,10 @@
 // and without it, so that the fuzzer gets past the CRC to the Flatbuffers
 // verifier and the handlers. The handlers get it once as plain ZeroMQ and
 // once under CURVE, from worker 11's key (SenderGuard: the sender-id binding
-// and the request-id check).
+// and the request-id check). The shard and the monitor live across inputs,
+// as they do in a process: state an input leaves (a registration, a held
+// push part) meets the next one. A crash input that does not crash alone
+// needs the inputs before it (libFuzzer keeps them in its corpus).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -21,21 +21,27 @@ while [ $# -gt 0 ]; do
     *) echo "fuzz: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$seconds" in
+  ''|*[!0-9]*|0*) echo "fuzz: --seconds needs a whole number above 0, not '$seconds'" >&2; exit 2 ;;
+esac
+# Skipped unless this clang++ links a fuzzer (its own libclang-rt).
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
 if ! command -v clang++ >/dev/null 2>&1 ||
-   ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
-  echo "SKIP: clang or libFuzzer missing (Debian: clang, libclang-rt-14-dev; deploy/setup.sh installs them)"
+   ! echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' |
+     clang++ -x c++ -fsanitize=fuzzer - -o "$probe/probe" >/dev/null 2>&1; then
+  echo "SKIP: clang++ cannot build a libFuzzer target (Debian: clang, libclang-rt-14-dev; deploy/setup.sh installs them)"
   exit 77
 fi
 build="$root/build-fuzz"
-if [ ! -f "$build/build.ninja" ]; then
-  # -O1 and line tables only: the usual flags for fuzzing, and half the
-  # compile time of -O2 -g.
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPACER_FUZZ=ON \
-    -DPACER_BUILD_TESTS=OFF -DPACER_BUILD_BENCH=OFF -DPACER_ENABLE_CUDA=OFF > "$build.cmake.log" 2>&1 ||
-    { cat "$build.cmake.log"; echo "fuzz: configuring build-fuzz failed" >&2; exit 1; }
-fi
+# Configured every time (cheap when nothing changed), so changed flags apply.
+# -O1 and line tables only: the usual flags for fuzzing, and half the
+# compile time of -O2 -g.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPACER_FUZZ=ON \
+  -DPACER_BUILD_TESTS=OFF -DPACER_BUILD_BENCH=OFF -DPACER_ENABLE_CUDA=OFF > "$build.cmake.log" 2>&1 ||
+  { cat "$build.cmake.log"; echo "fuzz: configuring build-fuzz failed" >&2; exit 1; }
 # shellcheck disable=SC2086  # the target list is word-split on purpose
 cmake --build "$build" -j 2 --target $targets $([ "$seeds" -eq 1 ] && echo make_seeds) > "$build/fuzz-build.log" 2>&1 ||
   { tail -40 "$build/fuzz-build.log"; echo "fuzz: building the targets failed" >&2; exit 1; }
