@@ -66,6 +66,51 @@ class SpeedTrace {
   std::vector<std::vector<std::pair<double, double>>> bursts_;
 };
 
+// The noise of a shared node (SimOptions::noise, colocated_*), per worker.
+// Multiplier(i, t) must be asked at non-decreasing t for each worker.
+class NoiseTrace {
+ public:
+  explicit NoiseTrace(const SimOptions& o)
+      : o_(o), rng_(o.seed * 0x9E3779B97F4A7C15ull + 17), state_(static_cast<size_t>(o.workers)),
+        jobs_(static_cast<size_t>(o.workers)) {
+    std::normal_distribution<double> start(0, o.noise / 2);
+    for (auto& st : state_) st.x = o.noise > 0 ? start(rng_) : 0;
+    if (o.colocated_rate > 0) {
+      std::exponential_distribution<double> gap(o.colocated_rate);
+      std::exponential_distribution<double> length(1 / std::max(1e-9, o.colocated_seconds));
+      for (auto& j : jobs_) {
+        for (double t = gap(rng_); t < o.seconds; t += gap(rng_)) j.emplace_back(t, t + length(rng_));
+      }
+    }
+  }
+
+  double Multiplier(int worker, double t) {
+    double m = 1;
+    if (o_.noise > 0) {
+      State& st = state_[static_cast<size_t>(worker)];
+      const double dt = std::max(0.0, t - st.t);
+      const double keep = std::exp(-dt / std::max(1e-9, o_.noise_seconds));
+      st.x = st.x * keep + (o_.noise / 2) * std::sqrt(std::max(0.0, 1 - keep * keep)) * normal_(rng_);
+      st.t = t;
+      m *= 1 + std::clamp(st.x, -o_.noise, o_.noise);
+    }
+    for (const auto& [from, to] : jobs_[static_cast<size_t>(worker)]) {
+      if (from <= t && t < to) m *= 1 + o_.colocated_load;
+    }
+    return m;
+  }
+
+ private:
+  struct State {
+    double t = 0, x = 0;
+  };
+  const SimOptions& o_;
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> normal_{0, 1};
+  std::vector<State> state_;
+  std::vector<std::vector<std::pair<double, double>>> jobs_;
+};
+
 struct SimWorker {
   uint64_t clock = 0;  // the clock it reads next
   uint32_t batch = 0;  // of the iteration in flight
@@ -76,7 +121,12 @@ struct SimWorker {
   int64_t pushed = -1;
   std::deque<double> push_times;
   double compute = 0, wait = 0;  // of the iteration in flight
+  double started = 0;            // when the iteration in flight started
   double wait_total = 0;
+  // Straggler grading (SimResult::slow_*): -1 until first within 25% of
+  // its fair share; then iterations counted from there.
+  double reached = -1;
+  uint64_t graded = 0, in_band = 0;
 };
 
 enum class EventKind { kRead, kPush, kHeartbeat };
@@ -93,6 +143,41 @@ TimePoint At(double seconds) { return TimePoint{} + FromSeconds(seconds); }
 
 }  // namespace
 
+std::vector<double> FairShares(const std::vector<double>& factor, double global_batch,
+                               double seconds_per_sample, double overhead) {
+  // Equal compute X = (overhead + b_i c) f_i for the unclamped workers:
+  //   b_i = (X / f_i - overhead) / c,  sum b_i = B_free
+  //   => X = (B_free c + n_free overhead) / sum 1 / f_i;
+  // a worker whose b_i would be below 1 is fixed at 1 and X recomputed.
+  const size_t n = factor.size();
+  std::vector<double> b(n, 0);
+  std::vector<bool> fixed(n, false);
+  for (;;) {
+    double inv = 0, free_batch = global_batch, free_n = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) {
+        free_batch -= 1;
+      } else {
+        inv += 1 / factor[i];
+        free_n += 1;
+      }
+    }
+    if (free_n == 0) break;
+    const double x = (free_batch * seconds_per_sample + free_n * overhead) / inv;
+    bool changed = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) continue;
+      b[i] = (x / factor[i] - overhead) / seconds_per_sample;
+      if (b[i] < 1) b[i] = 1, fixed[i] = true, changed = true;
+    }
+    if (!changed) break;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (fixed[i]) b[i] = 1;
+  }
+  return b;
+}
+
 absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   if (o.workers < 1) return absl::InvalidArgumentError("at least one worker");
   if (o.batch < 1 || o.seconds <= 0 || o.seconds_per_sample <= 0 || o.communication < 0) {
@@ -103,7 +188,11 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   }
   const int n = o.workers;
   const SpeedTrace trace(o);
+  NoiseTrace noise(o);
   policy::PolicyOptions popts;
+  popts.fit_seconds = o.fit_seconds;
+  popts.damping = o.damping;
+  popts.probe = o.probe;
   popts.kind = o.policy;
   popts.mode = o.mode;
   popts.batch.global_batch = o.batch * static_cast<uint32_t>(n);
@@ -127,11 +216,37 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   struct Open {
     int count = 0;
     double samples = 0;
+    uint32_t min_batch = UINT32_MAX, max_batch = 0;
   };
   std::map<uint64_t, Open> open;
   std::vector<int> blocked;
   SimResult r;
   double decision_total = 0;
+  const double even = static_cast<double>(o.batch);  // B / n
+  double stable_samples = 0;
+  double min_ratio = 1e300, max_ratio = 0;
+  auto stable = [&](uint32_t lo, uint32_t hi) { return lo >= 0.5 * even && hi <= 1.5 * even; };
+  auto note_batch = [&](uint32_t b) {
+    min_ratio = std::min(min_ratio, b / even);
+    max_ratio = std::max(max_ratio, b / even);
+  };
+  // Straggler grading needs speeds that do not move (none, static, hetero).
+  const bool grade = o.scenario == Scenario::kNone || o.scenario == Scenario::kStatic ||
+                     o.scenario == Scenario::kHetero;
+  std::vector<double> factor(static_cast<size_t>(n)), fair;
+  for (int i = 0; i < n; ++i) factor[static_cast<size_t>(i)] = trace.Factor(i, 0);
+  if (grade) fair = FairShares(factor, even * n, o.seconds_per_sample, o.iteration_overhead);
+  auto grade_push = [&](int i) {
+    if (!grade || factor[static_cast<size_t>(i)] <= 1) return;
+    SimWorker& me = w[static_cast<size_t>(i)];
+    const double f = fair[static_cast<size_t>(i)];
+    const bool ok = std::abs(me.batch - f) <= 0.25 * f;
+    if (me.reached < 0 && ok) me.reached = me.started;
+    if (me.reached >= 0) {
+      ++me.graded;
+      if (ok) ++me.in_band;
+    }
+  };
   const double half_comm = o.communication / 2;
   const size_t needed =
       o.mode == wire::Mode::Backup && o.backup_workers < static_cast<uint32_t>(n)
@@ -167,7 +282,9 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     }
     me.batch = std::max<uint32_t>(
         1, o.report_interval > 0 ? me.assigned : policy.assignment(static_cast<uint32_t>(i)).batch);
-    me.compute = (me.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t);
+    me.compute = (me.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t) *
+                 noise.Multiplier(i, t);
+    me.started = t;
     events.push({t + half_comm + me.compute + half_comm, seq++, i, EventKind::kPush});
   };
   auto try_read = [&](int i, double t) {
@@ -247,9 +364,14 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       me.push_times.push_back(e.time);
       if (me.push_times.size() > 8) me.push_times.pop_front();
     };
+    if (static_cast<int64_t>(c) > applied || o.mode == wire::Mode::Asp) {
+      note_batch(me.batch);
+      grade_push(e.worker);
+    }
     if (o.mode == wire::Mode::Asp) {
       record_push();
       r.samples += me.batch;
+      if (stable(me.batch, me.batch)) stable_samples += me.batch;
       applied = std::max(applied, static_cast<int64_t>(c));
       ++r.clocks;
       me.clock = c + 1;
@@ -265,6 +387,8 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       Open& oc = open[c];
       ++oc.count;
       oc.samples += me.batch;
+      oc.min_batch = std::min(oc.min_batch, me.batch);
+      oc.max_batch = std::max(oc.max_batch, me.batch);
       bool closed = false;
       for (auto it = open.begin();
            it != open.end() && static_cast<int64_t>(it->first) == applied + 1 &&
@@ -272,6 +396,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
            it = open.erase(it)) {
         applied = static_cast<int64_t>(it->first);
         r.samples += it->second.samples;
+        if (stable(it->second.min_batch, it->second.max_batch)) stable_samples += it->second.samples;
         ++r.clocks;
         closed = true;
       }
@@ -315,6 +440,27 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   r.fraction = r.ideal_throughput > 0 ? r.throughput / r.ideal_throughput : 0;
   r.wait_fraction = waited / (o.seconds * n);
   r.decision_mean_seconds = r.rounds ? decision_total / static_cast<double>(r.rounds) : 0;
+  r.fixed_cost_samples = policy.fixed_cost_samples();
+  r.stable_fraction = r.samples > 0 ? stable_samples / r.samples : 0;
+  r.min_batch_ratio = min_ratio > 1e299 ? 0 : min_ratio;
+  r.max_batch_ratio = max_ratio;
+  if (grade) {
+    r.slow_reach_seconds = 0;
+    for (int i = 0; i < n; ++i) {
+      const SimWorker& me = w[static_cast<size_t>(i)];
+      if (factor[static_cast<size_t>(i)] <= 1) continue;
+      ++r.slow_workers;
+      if (me.reached < 0 || r.slow_reach_seconds < 0) {
+        r.slow_reach_seconds = -1;
+      } else {
+        r.slow_reach_seconds = std::max(r.slow_reach_seconds, me.reached);
+      }
+      r.slow_in_band_fraction =
+          std::min(r.slow_in_band_fraction,
+                   me.graded ? static_cast<double>(me.in_band) / static_cast<double>(me.graded) : 0);
+    }
+    if (r.slow_workers == 0) r.slow_reach_seconds = -1;
+  }
   r.min_batch = UINT32_MAX;
   for (const auto& [id, a] : policy.assignments()) {
     r.min_batch = std::min(r.min_batch, a.batch);

@@ -65,6 +65,22 @@ struct SimOptions {
   double communication = 5e-3;        // seconds per iteration (pull + push)
   double seconds = 60;                // simulated time
   uint64_t seed = 1;
+  // Noise of a shared node, on every worker and on top of the scenario:
+  // each worker's compute is multiplied by 1 + x(t), x an Ornstein-Uhlenbeck
+  // (continuous AR(1)) process with standard deviation noise / 2 and
+  // correlation time noise_seconds, clipped to [-noise, +noise]. 0: none.
+  double noise = 0;
+  double noise_seconds = 0.5;
+  // Co-located jobs that come and go: on each worker they arrive at
+  // colocated_rate per second and last an exponential colocated_seconds on
+  // average; each one running multiplies its compute by 1 + colocated_load.
+  double colocated_rate = 0;
+  double colocated_seconds = 5;
+  double colocated_load = 0.3;
+  // Policy settings (PolicyOptions) the simulator passes through.
+  double fit_seconds = 5.0;
+  double damping = 0.5;
+  double probe = 0.2;
 };
 
 struct SimResult {
@@ -81,7 +97,30 @@ struct SimResult {
   double decision_mean_seconds = 0;  // real time per policy round
   double decision_max_seconds = 0;
   uint32_t min_batch = 0, max_batch = 0;  // final assignment
+  // Stability: the share of samples applied in steps where every push had a
+  // batch within [0.5, 1.5] x B/n, and the smallest and largest batch any
+  // push had, over B/n.
+  double stable_fraction = 0;
+  double min_batch_ratio = 0, max_batch_ratio = 0;
+  // Stragglers, graded against the true speeds (the scenario's factors,
+  // without noise): each worker slower than the base is "slow"; its fair
+  // share is its batch when B is split so that every worker's true
+  // iteration time is equal (with b >= 1). reach: the first simulated time
+  // one of its iterations ran with a batch within 25% of its fair share
+  // (the latest over the slow workers; -1: some never got there); in_band:
+  // the share of its iterations from then on that stayed within 25% (the
+  // least over the slow workers; 1 when there are none).
+  double fixed_cost_samples = 0;  // the policy's pooled fit at the end
+  int slow_workers = 0;
+  double slow_reach_seconds = -1;
+  double slow_in_band_fraction = 1;
 };
+
+// The true fair shares of B over workers whose compute per iteration is
+// (overhead + b * seconds_per_sample) * factor[i] plus `communication`:
+// equal iteration times, b_i >= 1, adding up to B (not rounded).
+std::vector<double> FairShares(const std::vector<double>& factor, double global_batch,
+                               double seconds_per_sample, double overhead);
 
 absl::StatusOr<SimResult> Simulate(const SimOptions& options);
 

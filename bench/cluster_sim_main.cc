@@ -65,13 +65,36 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seconds", o.seconds, "Simulated seconds")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.seed, "Seed of the burst trace")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the burst, noise and co-located job traces")
+      ->capture_default_str();
+  app.add_option("--noise", o.noise,
+                 "Shared-node noise: compute x (1 + x(t)), x an Ornstein-Uhlenbeck process "
+                 "with standard deviation NOISE/2, clipped to +-NOISE (0.3: +-30%); 0: none")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.9));
+  app.add_option("--noise-seconds", o.noise_seconds, "Correlation time of the noise")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--colocated-rate", o.colocated_rate,
+                 "Co-located jobs arriving per worker per second; 0: none")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--colocated-seconds", o.colocated_seconds, "Mean length of a co-located job")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--colocated-load", o.colocated_load,
+                 "Each co-located job running multiplies compute by 1 + this")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--fit-seconds", o.fit_seconds, "The policy's cost-model memory")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--damping", o.damping, "The policy's step towards its target per round")
+      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  app.add_option("--probe", o.probe,
+                 "The policy's probing of sizes (relative) to learn the fixed cost; 0: off")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.5));
   app.add_flag("--csv", csv, "Print one CSV row");
   app.add_flag("--csv-header", header, "Print the CSV header and exit");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   const char* kHeader =
       "workers,mode,policy,scenario,throughput,ideal,fraction,wait_fraction,clocks,dropped,"
-      "rounds,decision_mean_ms,decision_max_ms,min_batch,max_batch";
+      "rounds,decision_mean_ms,decision_max_ms,min_batch,max_batch,stable_fraction,"
+      "min_batch_ratio,max_batch_ratio,slow_workers,slow_reach_s,slow_in_band";
   if (header) {
     std::printf("%s\n", kHeader);
     return 0;
@@ -91,21 +114,34 @@ int main(int argc, char** argv) {
     return pacer::kExitUsage;
   }
   if (csv) {
-    std::printf("%d,%s,%s,%s,%.1f,%.1f,%.4f,%.4f,%lu,%lu,%lu,%.4f,%.4f,%u,%u\n", o.workers,
+    std::printf("%d,%s,%s,%s,%.1f,%.1f,%.4f,%.4f,%lu,%lu,%lu,%.4f,%.4f,%u,%u,%.4f,%.3f,%.3f,%d,"
+                "%.2f,%.4f\n", o.workers,
                 mode.c_str(), policy.c_str(), scenario.c_str(), r->throughput,
                 r->ideal_throughput, r->fraction, r->wait_fraction,
                 static_cast<unsigned long>(r->clocks), static_cast<unsigned long>(r->dropped),
                 static_cast<unsigned long>(r->rounds), r->decision_mean_seconds * 1e3,
-                r->decision_max_seconds * 1e3, r->min_batch, r->max_batch);
+                r->decision_max_seconds * 1e3, r->min_batch, r->max_batch, r->stable_fraction,
+                r->min_batch_ratio, r->max_batch_ratio, r->slow_workers, r->slow_reach_seconds,
+                r->slow_in_band_fraction);
   } else {
     std::printf("workers %d  %s/%s  %s: throughput %.0f samples/s of ideal %.0f (%.3f), "
                 "waiting %.1f%%, %lu clocks, %lu dropped, %lu policy rounds "
-                "(decision mean %.3f ms, max %.3f ms), batches %u..%u\n",
+                "(decision mean %.3f ms, max %.3f ms), batches %u..%u; %.1f%% of samples in "
+                "steps with every batch within [0.5, 1.5] x B/n, batches %.2f..%.2f x B/n; "
+                "fitted fixed cost %.1f samples",
                 o.workers, mode.c_str(), policy.c_str(), scenario.c_str(), r->throughput,
                 r->ideal_throughput, r->fraction, 100 * r->wait_fraction,
                 static_cast<unsigned long>(r->clocks), static_cast<unsigned long>(r->dropped),
                 static_cast<unsigned long>(r->rounds), r->decision_mean_seconds * 1e3,
-                r->decision_max_seconds * 1e3, r->min_batch, r->max_batch);
+                r->decision_max_seconds * 1e3, r->min_batch, r->max_batch,
+                100 * r->stable_fraction, r->min_batch_ratio, r->max_batch_ratio,
+                r->fixed_cost_samples);
+    if (r->slow_workers > 0) {
+      std::printf("; %d slow workers: within 25%% of their fair share from %.2f s, then in %.1f%% "
+                  "of their steps", r->slow_workers, r->slow_reach_seconds,
+                  100 * r->slow_in_band_fraction);
+    }
+    std::printf("\n");
   }
   return 0;
 }

@@ -47,6 +47,7 @@ done
 #  reference libblas3); CLI11 (flags); spdlog (logs); abseil (Status/StatusOr);
 #  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set;
 #  gnuplot-nox (bench/stragglers draws its accuracy-over-time plot with it);
+#  stress-ng (bench/stragglers/stability.sh: the co-located load);
 #  nlohmann-json3-dev (pacerctl's stable JSON output); libyaml-cpp-dev
 #  (pacer-chaos's scenario files); prometheus (tests: its
 #  promtool checks every process's /metrics and the rules, and a real server
@@ -57,7 +58,7 @@ packages=(
   librocksdb-dev prometheus-cpp-dev zlib1g-dev libisal-dev
   libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libyaml-cpp-dev
-  dataset-fashion-mnist gnuplot-nox
+  dataset-fashion-mnist gnuplot-nox stress-ng
 )
 # Wanted, not required: where it cannot be installed, the tests that need
 # it skip with a message.

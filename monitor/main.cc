@@ -60,12 +60,29 @@ int main(int argc, char** argv) {
                  "Seconds between rounds of the batch-size rule")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--level-shift", opts.policy.level_shift,
-                 "A worker whose reported speed is off its prediction by more than this "
-                 "(relative) triggers a policy round at once; 0 turns that off")
+                 "A worker report whose compute time is off the cost model by more than this "
+                 "(relative) and by more than --shift-spreads times the worker's own spread is "
+                 "suspect; --shift-reports suspect reports in a row, off the same way, are a "
+                 "level shift, which resizes that worker at once; 0 turns that off")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--shift-spreads", opts.policy.shift_spreads,
+                 "How many times a worker's own spread a report must be off to be suspect")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--shift-reports", opts.policy.shift_reports,
+                 "Suspect reports in a row that confirm a level shift")
+      ->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--fit-seconds", opts.policy.fit_seconds,
+                 "Memory of the per-worker cost model (fixed + per-sample compute): reports "
+                 "this many seconds old weigh 1/e of a fresh one")
+      ->capture_default_str()->check(CLI::Range(0.05, 3600.0));
+  app.add_option("--damping", opts.policy.damping,
+                 "Fraction of the way to its target a batch size moves in one round (1: all "
+                 "the way; a confirmed level shift always moves all the way)")
+      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
   app.add_option("--catch-up", opts.policy.catch_up_iterations,
-                 "pacer over dssp: a worker lag clocks behind the median one takes "
-                 "max(0.5, 1 - lag/N) of the common iteration time until it catches up; 0: off")
+                 "pacer over dssp: a worker more than max(2, r_max) clocks behind the median "
+                 "one takes max(0.5, 1 - lag/N) of the common iteration time, but never less "
+                 "than 3/4 of its batch, until it catches up; 0: off")
       ->capture_default_str();
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
       ->capture_default_str()->check(CLI::PositiveNumber);

@@ -93,9 +93,30 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
   m_state_["waiting"]->Set(1);
   m_straggler_ = &prometheus::BuildGauge()
                       .Name("pacer_monitor_worker_straggler_score")
-                      .Help("A worker's predicted compute time per sample over the median of the "
-                            "live workers' (1: typical; 2: twice as slow)")
+                      .Help("A worker's fitted compute time for an even share of the global "
+                            "batch over the median of the live workers' (1: typical; 2: twice "
+                            "as slow)")
                       .Register(*registry_);
+  m_fixed_cost_ = &prometheus::BuildGauge()
+                       .Name("pacer_monitor_worker_fixed_cost_seconds")
+                       .Help("The policy's fitted fixed compute cost of one iteration of a "
+                             "worker, whatever its batch")
+                       .Register(*registry_);
+  m_sample_cost_ = &prometheus::BuildGauge()
+                        .Name("pacer_monitor_worker_sample_cost_seconds")
+                        .Help("The policy's fitted compute cost of one more sample in a "
+                              "worker's batch")
+                        .Register(*registry_);
+  auto& rounds = prometheus::BuildCounter()
+                     .Name("pacer_monitor_policy_rounds_total")
+                     .Help("Rounds of the batch-size policy, by why they ran (interval, "
+                           "level_shift: a confirmed change of a worker's speed, membership, "
+                           "memory_limit)")
+                     .Register(*registry_);
+  for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
+    m_rounds_[r] = &rounds.Add(
+        {{"reason", policy::RoundReasonName(static_cast<policy::RoundReason>(r))}});
+  }
   m_lag_ = &prometheus::BuildGauge()
                 .Name("pacer_monitor_worker_clock_lag")
                 .Help("Clocks a live worker is behind the most advanced live worker")
@@ -643,6 +664,12 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     r.iterations = hb->iterations();
     r.samples = uint64_t{hb->iterations()} * hb->batch();
     r.compute_seconds = double{hb->compute_seconds_per_sample()} * static_cast<double>(r.samples);
+    if (hb->samples() > 0 && hb->iterations() > 0) {
+      r.samples = hb->samples();
+      r.compute_seconds = hb->compute_seconds();
+      r.batch_squares = hb->batch_squares();
+      r.batch_compute = hb->batch_compute();
+    }
     r.communication_seconds = double{hb->communication_seconds()} * hb->iterations();
     r.wait_seconds = double{hb->wait_seconds()} * hb->iterations();
     r.memory_limit_batch = hb->memory_limit_batch();
@@ -1191,12 +1218,33 @@ void MonitorCore::RunPolicy(TimePoint now) {
   }
   m_decisions_->Increment();
   dirty_ = true;
-  std::string sizes;
+  SyncPolicyCounters();
+  // Routine rounds (sizes moved within the deadband) go to debug: a calm
+  // policy on a noisy node would otherwise log a line every 250 ms.
+  const bool notable = urgent || policy_.last_change() > options_.policy.batch.deadband;
+  if (!notable && !spdlog::should_log(spdlog::level::debug)) return;
+  std::string sizes, costs;
   for (const auto& [id, a] : policy_.assignments()) {
     sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
+    if (auto c = policy_.cost(id)) {
+      costs += fmt::format("{}{}:{:.2f}+{:.1f}", costs.empty() ? "" : " ", id,
+                           1e3 * c->fixed_seconds, 1e6 * c->per_sample_seconds);
+    }
   }
-  spdlog::info("policy round {}{}: batch sizes (worker:batch) {}", policy_.rounds(),
-               urgent ? " (a worker's speed shifted)" : "", sizes);
+  spdlog::log(notable ? spdlog::level::info : spdlog::level::debug,
+              "policy round {} ({}; largest change {:.0f}%): batch sizes (worker:batch) {}; "
+              "fitted compute (worker:fixed ms+us per sample) {}",
+              policy_.rounds(),
+              urgent ? "a worker's speed shift was confirmed" : "interval",
+              100 * policy_.last_change(), sizes, costs.empty() ? "none yet" : costs);
+}
+
+void MonitorCore::SyncPolicyCounters() {
+  for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
+    const uint64_t now = policy_.rounds(static_cast<policy::RoundReason>(r));
+    if (now > rounds_counted_[r]) m_rounds_[r]->Increment(static_cast<double>(now - rounds_counted_[r]));
+    rounds_counted_[r] = now;
+  }
 }
 
 void MonitorCore::UpdateWorkerGauges() {
@@ -1207,8 +1255,14 @@ void MonitorCore::UpdateWorkerGauges() {
   const std::vector<uint32_t> live = LiveWorkers();
   std::vector<double> speeds;
   uint64_t newest = 0;
+  const double even = static_cast<double>(policy_.global_batch()) /
+                      static_cast<double>(std::max<size_t>(1, live.size()));
+  auto compute_at_even = [&](uint32_t id) -> std::optional<double> {
+    if (auto c = policy_.cost(id); c && c->per_sample_seconds > 0) return c->Compute(even);
+    return std::nullopt;
+  };
   for (uint32_t id : live) {
-    if (auto p = policy_.predicted_seconds_per_sample(id); p && *p > 0) speeds.push_back(*p);
+    if (auto p = compute_at_even(id)) speeds.push_back(*p);
     newest = std::max(newest, workers_.at(id).clock);
   }
   double median = 0;
@@ -1222,8 +1276,12 @@ void MonitorCore::UpdateWorkerGauges() {
     const WorkerState& w = workers_.at(id);
     const prometheus::Labels labels{{"worker_rank", std::to_string(w.rank)}};
     ranks.insert(w.rank);
-    auto p = policy_.predicted_seconds_per_sample(id);
+    auto p = compute_at_even(id);
     m_straggler_->Add(labels).Set(p && median > 0 ? *p / median : 1.0);
+    if (auto c = policy_.cost(id)) {
+      m_fixed_cost_->Add(labels).Set(c->fixed_seconds);
+      m_sample_cost_->Add(labels).Set(c->per_sample_seconds);
+    }
     m_lag_->Add(labels).Set(static_cast<double>(newest - w.clock));
     m_worker_sps_->Add(labels).Set(w.samples_per_second);
     m_worker_clock_->Add(labels).Set(static_cast<double>(w.clock));
@@ -1232,11 +1290,13 @@ void MonitorCore::UpdateWorkerGauges() {
   for (uint32_t rank : gauged_ranks_) {
     if (ranks.count(rank)) continue;
     const prometheus::Labels labels{{"worker_rank", std::to_string(rank)}};
-    for (auto* family : {m_straggler_, m_lag_, m_worker_sps_, m_worker_clock_, m_batch_}) {
+    for (auto* family : {m_straggler_, m_lag_, m_worker_sps_, m_worker_clock_, m_batch_,
+                         m_fixed_cost_, m_sample_cost_}) {
       family->Remove(&family->Add(labels));
     }
   }
   gauged_ranks_ = std::move(ranks);
+  SyncPolicyCounters();
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
     const prometheus::Labels labels{{"shard", std::to_string(sh.id)}};

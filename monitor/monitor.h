@@ -287,6 +287,8 @@ class MonitorCore {
   bool ApplyAssignments();
   // Runs a policy round when one is due and applies what it decides.
   void RunPolicy(TimePoint now);
+  // Brings pacer_monitor_policy_rounds_total up to the policy's own counts.
+  void SyncPolicyCounters();
   void SendToShards(bool force, std::vector<Outgoing>* out);
   void StopJob(const std::string& reason, std::vector<Outgoing>* out);
   uint64_t MinAckedMembership() const;
@@ -347,6 +349,10 @@ class MonitorCore {
   prometheus::Counter* m_decisions_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_batch_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_straggler_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_fixed_cost_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* m_sample_cost_ = nullptr;
+  prometheus::Counter* m_rounds_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
+  uint64_t rounds_counted_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
   prometheus::Family<prometheus::Gauge>* m_lag_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_worker_sps_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_worker_clock_ = nullptr;

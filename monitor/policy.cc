@@ -10,26 +10,33 @@
 
 namespace pacer::policy {
 
-void EwmaTrendPredictor::Observe(uint32_t worker, double x, TimePoint /*at*/) {
-  State& s = state_[worker];
-  if (s.observations == 0 || IsLevelShift(x, s.Prediction(), shift_)) {
-    s.level = x;
-    s.trend = 0;
-  } else {
-    const double previous = s.level;
-    s.level = alpha_ * x + (1 - alpha_) * (s.level + s.trend);
-    s.trend = beta_ * (s.level - previous) + (1 - beta_) * s.trend;
-  }
-  ++s.observations;
+std::optional<double> FitFixedSamples(const CostSums& s, double max_samples) {
+  if (s.n < 4 || s.relative_batch_variance() < 0.1 * 0.1) return std::nullopt;
+  const double mb = s.b / s.n, mt = s.t / s.n;
+  const double var = s.bb / s.n - mb * mb;
+  const double cov = s.bt / s.n - mb * mt;
+  if (var <= 0 || cov <= 0) return std::nullopt;
+  const double slope = cov / var;
+  const double intercept = mt - slope * mb;
+  return std::clamp(intercept / slope, 0.0, std::max(0.0, max_samples));
 }
 
-std::optional<double> EwmaTrendPredictor::Predict(uint32_t worker) const {
-  auto it = state_.find(worker);
-  if (it == state_.end() || it->second.observations == 0) return std::nullopt;
-  return it->second.Prediction();
+const char* RoundReasonName(RoundReason reason) {
+  switch (reason) {
+    case RoundReason::kInterval: return "interval";
+    case RoundReason::kLevelShift: return "level_shift";
+    case RoundReason::kMembership: return "membership";
+    case RoundReason::kMemoryLimit: return "memory_limit";
+    case RoundReason::kCount: break;
+  }
+  return "?";
 }
 
 namespace {
+
+// The fit weight (RefitFixedCost) that ends probing: about 40 iterations'
+// worth at a 20% spread.
+constexpr double kProbedWeight = 1.0;
 
 struct Entry {
   uint32_t id;
@@ -114,25 +121,26 @@ absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> wo
     lo_sum += lo;
     hi_sum += hi;
     e.push_back({id, lo, hi, 0, 0});
-    mean_time += w.batch * w.seconds_per_sample + w.communication_seconds;
+    mean_time += w.fixed_seconds + w.batch * w.seconds_per_sample + w.communication_seconds;
   }
   if (lo_sum > options.global_batch || hi_sum < options.global_batch) {
     return absl::InvalidArgumentError("the clamps cannot add up to the global batch " +
                                       std::to_string(options.global_batch));
   }
   mean_time /= static_cast<double>(workers.size());
-  // The rule b_i' = b_i * tbar / t_i settles where every t_i = b_i * spp_i +
-  // comm_i is the same T. With the sizes adding up to B, that fixed point is
-  //   T = (B + sum comm_i / spp_i) / sum 1 / spp_i,  b_i = (T - comm_i) / spp_i,
-  // so we go there in one round rather than iterate towards it (comm does
-  // not shrink with the batch, so plain iteration only creeps up on it).
+  // The rule b_i' = b_i * tbar / t_i settles where every t_i = a_i + b_i *
+  // spp_i + comm_i is the same T. With the sizes adding up to B, and f_i =
+  // a_i + comm_i, that fixed point is
+  //   T = (B + sum f_i / spp_i) / sum 1 / spp_i,  b_i = (T - f_i) / spp_i,
+  // so we aim there directly rather than iterate towards it (f does not
+  // shrink with the batch, so plain iteration only creeps up on it).
   double inv_sum = 0, comm_sum = 0;
   bool measured = true;
   for (const auto& [id, w] : workers) {
     if (w.seconds_per_sample <= 0 || w.batch == 0) measured = false;
     if (w.seconds_per_sample > 0) {
       inv_sum += 1 / w.seconds_per_sample;
-      comm_sum += w.communication_seconds / w.seconds_per_sample;
+      comm_sum += (w.fixed_seconds + w.communication_seconds) / w.seconds_per_sample;
     }
   }
   const double time = measured ? (options.global_batch + comm_sum) / inv_sum : 0;
@@ -142,11 +150,22 @@ absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> wo
     if (w.batch == 0) {
       target = static_cast<double>(options.global_batch) / workers.size();
     } else if (measured) {
-      target = std::max(0.0, time * w.time_share - w.communication_seconds) / w.seconds_per_sample;
+      const double f = w.fixed_seconds + w.communication_seconds;
+      target = std::max(0.0, time * w.time_share - f) / w.seconds_per_sample;
+      if (w.time_share < 1) {
+        target = std::max(target, w.min_share_of_target * std::max(0.0, time - f) /
+                                      w.seconds_per_sample);
+      }
     } else {
-      const double t = w.batch * w.seconds_per_sample + w.communication_seconds;
+      const double t = w.fixed_seconds + w.batch * w.seconds_per_sample + w.communication_seconds;
       target = t > 0 ? w.batch * mean_time / t : w.batch;
     }
+    // Damped, unless the target is more than twice or less than half the
+    // size: no noise the cost model averages moves it that far.
+    if (w.batch > 0 && target < 2.0 * w.batch && 2.0 * target > w.batch) {
+      target = w.batch + std::clamp(w.step, 0.0, 1.0) * (target - w.batch);
+    }
+    target *= w.probe;
     // Deadband: small changes keep the current size.
     if (w.batch > 0 && std::abs(target - w.batch) <= options.deadband * w.batch) target = w.batch;
     e[i++].target = std::max(target, 1e-9);
@@ -183,12 +202,8 @@ const char* KindName(Kind kind) {
   return "?";
 }
 
-StragglerPolicy::StragglerPolicy(const PolicyOptions& options,
-                                 std::unique_ptr<SpeedPredictor> predictor)
-    : options_(options),
-      batch_(options.batch),
-      predictor_(predictor ? std::move(predictor)
-                           : std::make_unique<EwmaTrendPredictor>(0.5, 0.3, options.level_shift)) {}
+StragglerPolicy::StragglerPolicy(const PolicyOptions& options)
+    : options_(options), batch_(options.batch), fixed_samples_(std::max(0.0, options.fixed_cost_samples)) {}
 
 Assignment StragglerPolicy::Default() const {
   Assignment a;
@@ -254,9 +269,9 @@ void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
     }
   }
   if (!changed) return;
+  ++by_reason_[static_cast<size_t>(RoundReason::kMembership)];
   for (auto it = assignments_.begin(); it != assignments_.end();) {
     if (!targets.count(it->first)) {
-      predictor_->Forget(it->first);
       slots_.erase(it->first);
       it = assignments_.erase(it);
     } else {
@@ -272,42 +287,146 @@ void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
   Redistribute(targets);
 }
 
-void StragglerPolicy::Report(uint32_t worker, const TimingReport& r) {
+void StragglerPolicy::Absorb(Slot& slot, const TimingReport& r) {
+  // Reports without a time (tests, old callers) count as a heartbeat apart.
+  double dt = 0.1;
+  if (r.at != TimePoint{} && slot.last_report != TimePoint{}) {
+    dt = std::max(0.0, ToSeconds(r.at - slot.last_report));
+  }
+  if (slot.reported) slot.sums.Decay(std::exp(-dt / std::max(1e-3, options_.fit_seconds)));
+  CostSums add;
+  add.n = r.iterations;
+  add.b = static_cast<double>(r.samples);
+  add.t = r.compute_seconds;
+  add.bb = r.batch_squares;
+  add.bt = r.batch_compute;
+  add.comm = r.communication_seconds;
+  slot.sums += add;
+  if (r.at != TimePoint{}) slot.last_report = r.at;
+  slot.reported = true;
+}
+
+WorkerCost StragglerPolicy::CostOf(const Slot& slot) const {
+  WorkerCost c;
+  const CostSums& s = slot.sums;
+  c.spread = slot.spread;
+  if (s.n <= 0) return c;
+  // t = c * (k + b) with the pooled k: one parameter per worker, which
+  // needs no spread in the worker's own batches, and never divides by a
+  // small batch's time alone.
+  const double per = s.b / s.n + fixed_samples_;
+  c.per_sample_seconds = per > 0 ? (s.t / s.n) / per : 0;
+  c.fixed_seconds = fixed_samples_ * c.per_sample_seconds;
+  c.communication_seconds = s.comm / s.n;
+  return c;
+}
+
+std::optional<WorkerCost> StragglerPolicy::cost(uint32_t worker) const {
+  auto it = slots_.find(worker);
+  if (it == slots_.end() || !it->second.reported) return std::nullopt;
+  return CostOf(it->second);
+}
+
+void StragglerPolicy::RefitFixedCost() {
+  // Each worker's own fit, weighted by what it rests on: the spread of its
+  // batches against the size of its (multiplicative) noise, n var(b) /
+  // (k + mean b)^2. The pooled value is their weighted median.
+  std::vector<std::pair<double, double>> fits;  // (k, weight)
+  double total = 0;
+  const double max_k = 4.0 * batch_.global_batch / static_cast<double>(std::max<size_t>(1, slots_.size()));
+  for (const auto& [id, slot] : slots_) {
+    if (auto k = FitFixedSamples(slot.sums, max_k)) {
+      const double mb = slot.sums.mean_batch();
+      const double w = slot.sums.n * slot.sums.relative_batch_variance() * mb * mb /
+                       ((fixed_samples_ + mb) * (fixed_samples_ + mb));
+      fits.emplace_back(*k, w);
+      total += w;
+    }
+  }
+  if (fits.empty() || total <= 0) return;
+  std::sort(fits.begin(), fits.end());
+  double acc = 0, median = fits.back().first;
+  for (const auto& [k, w] : fits) {
+    acc += w;
+    if (acc >= total / 2) {
+      median = k;
+      break;
+    }
+  }
+  // The fixed cost is the model's, not the moment's: a running mean over
+  // every round's fit, weighted by what each rests on, with a long memory
+  // (a round's weight halves in about 70 rounds). Noise moves a single
+  // round's fit a long way; it does not move this.
+  fit_weight_ = 0.99 * fit_weight_ + total;
+  fixed_samples_ += (total / fit_weight_) * (median - fixed_samples_);
+}
+
+void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
   auto it = slots_.find(worker);
   if (it == slots_.end()) return;
   Slot& slot = it->second;
-  if (r.memory_limit_batch > 0 && r.memory_limit_batch != slot.memory_limit) {
-    slot.memory_limit = r.memory_limit_batch;
+  if (report.memory_limit_batch > 0 && report.memory_limit_batch != slot.memory_limit) {
+    slot.memory_limit = report.memory_limit_batch;
     // A worker whose batch no longer fits is cut down at once, whatever the
     // policy; the others take up the difference.
     if (assignments_.at(worker).batch > slot.memory_limit) {
       std::map<uint32_t, double> targets;
       for (const auto& [id, a] : assignments_) targets[id] = a.batch;
       Redistribute(targets);
+      ++by_reason_[static_cast<size_t>(RoundReason::kMemoryLimit)];
     }
   }
-  if (r.at != TimePoint{} && r.clock >= slot.clock) {
-    slot.clock = r.clock;
-    slot.clock_at = r.at;
+  if (report.at != TimePoint{} && report.clock >= slot.clock) {
+    slot.clock = report.clock;
+    slot.clock_at = report.at;
   }
-  if (r.iterations == 0) return;
-  TimingReport& p = slot.pending;
-  if (options_.kind != Kind::kFixed && r.samples > 0) {
-    const std::optional<double> predicted = predictor_->Predict(worker);
-    const double x = r.compute_seconds / static_cast<double>(r.samples);
-    // Per-sample time moves with the batch when part of an iteration's
-    // compute is fixed: right after a resize, a jump is not news.
-    const double batch = static_cast<double>(r.samples) / r.iterations;
-    const bool same_batch =
-        slot.observed_batch <= 0 || std::abs(batch / slot.observed_batch - 1) <= 0.25;
-    if (predicted && same_batch && IsLevelShift(x, *predicted, options_.level_shift)) {
-      urgent_ = true;
-      // What came before the shift would water it down: the round acts on
-      // this report alone.
-      p = TimingReport{};
+  if (report.iterations == 0) return;
+  const TimingReport r = report.Completed();
+  slot.pending += r;
+  auto flush_suspects = [&] {
+    for (const TimingReport& s : slot.suspect) Absorb(slot, s);
+    slot.suspect.clear();
+    slot.suspect_sign = 0;
+  };
+  if (options_.kind != Kind::kFixed && options_.level_shift > 0 && slot.reported &&
+      r.samples > 0 && r.compute_seconds > 0) {
+    const WorkerCost c = CostOf(slot);
+    const double predicted = c.fixed_seconds * r.iterations +
+                             c.per_sample_seconds * static_cast<double>(r.samples);
+    if (predicted > 0) {
+      const double off = std::log(r.compute_seconds / predicted);
+      const double threshold =
+          std::max(std::log1p(options_.level_shift), options_.shift_spreads * slot.spread);
+      // The spread learns from every report, suspects too: on a noisy node
+      // big deviations are the norm, and the bar rises with them.
+      slot.spread += 0.05 * (std::min(std::abs(off), 1.0) - slot.spread);
+      if (std::abs(off) > threshold) {
+        const int sign = off > 0 ? 1 : -1;
+        if (sign != slot.suspect_sign) flush_suspects();  // those were noise
+        slot.suspect_sign = sign;
+        slot.suspect.push_back(r);
+        const bool at_once =
+            std::abs(off) > std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
+        if (at_once || slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports)) {
+          // Confirmed: the worker's model restarts from the latest report
+          // (the first may have straddled the shift); what came before
+          // would water it down.
+          slot.sums = CostSums{};
+          slot.reported = false;
+          const TimingReport latest = slot.suspect.back();
+          slot.suspect.clear();
+          slot.suspect_sign = 0;
+          Absorb(slot, latest);
+          slot.shifted = true;
+          urgent_ = true;
+          ++level_shifts_;
+        }
+        return;
+      }
     }
   }
-  p += r;
+  flush_suspects();
+  Absorb(slot, r);
 }
 
 bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range) {
@@ -322,10 +441,10 @@ bool StragglerPolicy::SetBounds(uint32_t worker, uint32_t staleness, uint32_t st
 bool StragglerPolicy::Round(TimePoint now) {
   if (options_.kind == Kind::kFixed || assignments_.empty()) return false;
   bool urgent = urgent_;
-  // A worker with no prediction and nothing fresh (one that just joined)
-  // cannot be sized yet: the urgent round waits for it like a normal one.
+  // A worker that never reported (one that just joined) cannot be sized
+  // yet: the urgent round waits for it like a normal one.
   for (const auto& [id, slot] : slots_) {
-    if (urgent && slot.pending.iterations == 0 && !predictor_->Predict(id)) urgent = false;
+    if (urgent && !slot.reported) urgent = false;
   }
   if (!urgent) {
     if (last_round_ && now - *last_round_ < options_.interval) return false;
@@ -337,6 +456,9 @@ bool StragglerPolicy::Round(TimePoint now) {
   last_round_ = now;
   urgent_ = false;
   ++rounds_;
+  last_reason_ = urgent ? RoundReason::kLevelShift : RoundReason::kInterval;
+  ++by_reason_[static_cast<size_t>(last_reason_)];
+  RefitFixedCost();
   // slots_ and assignments_ hold the same keys: walk them together.
   timings_.clear();
   timings_.reserve(slots_.size());
@@ -345,30 +467,47 @@ bool StragglerPolicy::Round(TimePoint now) {
   auto a = assignments_.begin();
   for (auto& [id, slot] : slots_) {
     TimingReport& p = slot.pending;
-    // In an urgent round a worker with nothing new keeps its prediction.
     if (p.iterations > 0) {
-      predictor_->Observe(
-          id, p.compute_seconds / static_cast<double>(std::max<uint64_t>(1, p.samples)), now);
-      slot.communication = p.communication_seconds / p.iterations;
-      slot.observed_batch = static_cast<double>(p.samples) / p.iterations;
-      slot.measured = (p.compute_seconds + p.communication_seconds) / p.iterations;
       slot.period = (p.compute_seconds + p.communication_seconds + p.wait_seconds) / p.iterations;
-    }
-    // The imbalance counts every worker's latest measurement (in an urgent
-    // round most are from earlier).
-    if (slot.measured > 0) {
-      max_time = std::max(max_time, slot.measured);
-      sum_time += slot.measured;
-      ++measured;
     }
     WorkerTiming t;
     t.batch = a->second.batch;
-    t.seconds_per_sample = predictor_->Predict(id).value_or(0);
-    t.communication_seconds = slot.communication;
     t.memory_limit_batch = slot.memory_limit;
+    // The even share a worker starts with is no decision to hold on to:
+    // its first sizing, like a confirmed shift, goes all the way.
+    t.step = slot.shifted || !slot.sized ? 1.0 : options_.damping;
+    if (slot.reported) {
+      slot.sized = true;
+      const WorkerCost c = CostOf(slot);
+      t.seconds_per_sample = c.per_sample_seconds;
+      t.fixed_seconds = c.fixed_seconds;
+      t.communication_seconds = c.communication_seconds;
+      // The imbalance is the model's (smoothed) time at the batch the
+      // worker ran, not one window's noisy measurement.
+      const double batch = p.iterations > 0 ? static_cast<double>(p.samples) / p.iterations
+                                            : static_cast<double>(t.batch);
+      const double time = c.Compute(batch) + c.communication_seconds;
+      if (time > 0) {
+        max_time = std::max(max_time, time);
+        sum_time += time;
+        ++measured;
+      }
+    }
     timings_.emplace_back(id, t);
     p = TimingReport{};
+    slot.shifted = false;
     ++a;
+  }
+  // Probing: until the fixed cost rests on enough spread, sizes go a
+  // little above and below their targets, alternating, uncorrelated with
+  // any worker's noise (a fit on the policy's own moves is not).
+  probing_ = options_.probe > 0 && probe_round_ < 4 * std::max<uint32_t>(1, options_.probe_rounds) &&
+             (probe_round_ < options_.probe_rounds || fit_weight_ < kProbedWeight);
+  if (probing_ && timings_.size() >= 2) {
+    for (size_t k = 0; k < timings_.size(); ++k) {
+      timings_[k].second.probe = 1 + ((k + probe_round_) % 2 ? options_.probe : -options_.probe);
+    }
+    ++probe_round_;
   }
   if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp &&
       options_.catch_up_iterations > 0) {
@@ -393,21 +532,31 @@ bool StragglerPolicy::Round(TimePoint now) {
                        median_.end());
     }
     const double ahead = median_.size() >= 2 ? median_[mid] : -1;
+    // Lags DSSP's slack covers are left to it: noise makes small lags, and
+    // sizing them away turns noise into batch swings.
+    const double free_lag = std::max<double>(2, options_.staleness_range);
     for (size_t k = 0; k < timings_.size() && ahead >= 0; ++k) {
       if (lags_[k] < 0) continue;
       const double lag = ahead - lags_[k];
-      if (lag >= 2) {
+      if (lag > free_lag) {
         timings_[k].second.time_share =
             std::max(0.5, 1 - lag / static_cast<double>(options_.catch_up_iterations));
+        timings_[k].second.min_share_of_target = options_.catch_up_floor;
       }
     }
   }
   bool changed = false;
+  last_change_ = 0;
   if (absl::Status s = RebalanceInto(timings_, batch_, &sizes_); s.ok()) {
     size_t k = 0;
     for (auto& [id, assignment] : assignments_) {
-      changed |= assignment.batch != sizes_[k];
-      assignment.batch = sizes_[k++];
+      const uint32_t next = sizes_[k++];
+      if (assignment.batch != next) {
+        changed = true;
+        last_change_ = std::max(last_change_, std::abs(static_cast<double>(next) - assignment.batch) /
+                                                  std::max<uint32_t>(1, assignment.batch));
+      }
+      assignment.batch = next;
     }
   } else if (rounds_ == 1 || rounds_ % 100 == 0) {
     spdlog::warn("policy round {}: sizes kept: {}", rounds_, s.ToString());
@@ -418,8 +567,7 @@ bool StragglerPolicy::Round(TimePoint now) {
     const bool open = slack_open_ ? last_imbalance_ >= options_.imbalance_close
                                   : last_imbalance_ > options_.imbalance_open;
     // A level-shift round may open the slack (the worker that slowed down is
-    // already behind) but not close it: it sees most workers' times from
-    // before earlier resizes.
+    // already behind) but not close it.
     if (open != slack_open_ && (open || !urgent)) {
       slack_open_ = open;
       for (auto& [id, assignment] : assignments_) {

@@ -5,13 +5,22 @@
 // worker's batch is re-sized so that all workers finish together,
 //   b_i' = b_i * tbar / t_i,
 // with t_i worker i's predicted time per iteration and tbar their mean. As
-// t_i = b_i * spp_i + comm_i, the rule's fixed point (all t_i equal, sizes
-// adding up to B) is solved for directly, so one round gets there;
-// changes inside a deadband are skipped, sizes are clamped to
+// t_i = a_i + b_i * c_i + comm_i (a fixed compute cost, a per-sample one
+// and communication), the rule's fixed point (all t_i equal, sizes adding
+// up to B) is solved for directly; each round moves part of the way there
+// (damping), changes inside a deadband are skipped, sizes are clamped to
 // [b_min, min(b_max, the worker's memory limit)], and the sizes are rescaled
 // so that sum(b_i) == B exactly: the global batch stays fixed.
 //
-// StragglerPolicy below wraps the rule, a speed predictor and the staleness
+// The costs a_i and c_i are fitted per worker from decayed sums of its
+// per-iteration (batch, compute time) pairs; the ratio a / c (the fixed cost
+// in samples) is pooled across workers, since they run the same model and
+// a calm policy gives each worker's own fit too little spread in b. A
+// report off the model by more than the noise is acted on only when the
+// next one confirms it (a level shift), so that a noisy node's single slow
+// heartbeat moves nothing.
+//
+// StragglerPolicy below wraps the rule, the cost model and the staleness
 // bounds into the three policies the monitor runs: `fixed`, `adaptive-batch`
 // and `pacer` (adaptive batch + DSSP), fed by the workers' timing reports.
 #ifndef PACER_MONITOR_POLICY_H_
@@ -33,55 +42,46 @@
 
 namespace pacer::policy {
 
-// Whether a measured time x is off a predicted one by more than a factor
-// (1 + shift), either way: a level shift (a burst of load starting or
-// ending) rather than noise. Never with shift <= 0.
-inline bool IsLevelShift(double x, double predicted, double shift) {
-  return shift > 0 && (x > predicted * (1 + shift) || x * (1 + shift) < predicted);
-}
-
-// Predicts a worker's next time per sample from what it reported. Implement
-// this to plug in a better predictor.
-class SpeedPredictor {
- public:
-  virtual ~SpeedPredictor() = default;
-  // One measurement: seconds of compute per sample, taken at `at`.
-  virtual void Observe(uint32_t worker, double seconds_per_sample, TimePoint at) = 0;
-  // The predicted seconds per sample for the next iteration; nullopt before
-  // the first observation.
-  virtual std::optional<double> Predict(uint32_t worker) const = 0;
-  // Drops what is known of a worker that left.
-  virtual void Forget(uint32_t worker) = 0;
+// What the policy knows of one worker's compute: an iteration at batch b
+// takes fixed_seconds + b * per_sample_seconds of compute, plus
+// communication_seconds of push and pull that do not depend on b.
+struct WorkerCost {
+  double fixed_seconds = 0;
+  double per_sample_seconds = 0;
+  double communication_seconds = 0;
+  // The worker's own spread: the mean absolute log ratio of its recent
+  // reports to what the model predicted for them.
+  double spread = 0;
+  // Predicted compute of one iteration at batch b.
+  double Compute(double b) const { return fixed_seconds + b * per_sample_seconds; }
 };
 
-// Holt's linear (EWMA with trend) smoothing per worker:
-//   level' = a*x + (1-a)*(level + trend),  trend' = b*(level' - level) + (1-b)*trend,
-// prediction = level + trend (never below half the level).
-// Holt's trend follows drift; a step (a burst of load starting or ending)
-// would take it several observations to follow and then overshoot. So an
-// observation off the prediction by more than a factor (1 + shift) is taken
-// as a level shift: level = x, trend = 0. shift <= 0 turns that off.
-class EwmaTrendPredictor final : public SpeedPredictor {
- public:
-  explicit EwmaTrendPredictor(double alpha = 0.5, double beta = 0.3, double shift = 1.0)
-      : alpha_(alpha), beta_(beta), shift_(shift) {}
-  void Observe(uint32_t worker, double seconds_per_sample, TimePoint at) override;
-  std::optional<double> Predict(uint32_t worker) const override;
-  void Forget(uint32_t worker) override { state_.erase(worker); }
-
- private:
-  struct State {
-    double level = 0;
-    double trend = 0;
-    int observations = 0;
-    // A falling trend must not predict zero or negative time.
-    double Prediction() const { return std::max(level + trend, 0.5 * level); }
-  };
-  const double alpha_;
-  const double beta_;
-  const double shift_;
-  std::map<uint32_t, State> state_;
+// Exponentially decayed sums of one worker's per-iteration (batch b,
+// compute seconds t) pairs: what a least-squares fit of t = a + b c needs.
+struct CostSums {
+  double n = 0, b = 0, t = 0, bb = 0, bt = 0, comm = 0;
+  void Decay(double factor) {
+    n *= factor, b *= factor, t *= factor, bb *= factor, bt *= factor, comm *= factor;
+  }
+  CostSums& operator+=(const CostSums& o) {
+    n += o.n, b += o.b, t += o.t, bb += o.bb, bt += o.bt, comm += o.comm;
+    return *this;
+  }
+  double mean_batch() const { return n > 0 ? b / n : 0; }
+  // Variance of b over its mean squared (0 when every batch was the same).
+  double relative_batch_variance() const {
+    if (n <= 0 || b <= 0) return 0;
+    const double m = b / n;
+    return std::max(0.0, bb / n - m * m) / (m * m);
+  }
 };
+
+// The fixed cost of a worker in samples (a / c), fitted by least squares
+// from its sums; nullopt when its batches did not vary enough (relative
+// standard deviation under 10%: a calm policy's noise-sized moves are
+// correlated with the noise itself) or the slope is not positive. Clamped to
+// [0, max_samples].
+std::optional<double> FitFixedSamples(const CostSums& s, double max_samples);
 
 struct BatchOptions {
   // B: the global batch; the sizes always add up to it.
@@ -103,6 +103,16 @@ struct WorkerTiming {
   // The share of the common iteration time this worker should take: below
   // 1 for one that fell behind (DSSP lets it) and has to catch up.
   double time_share = 1;
+  // Compute per iteration that does not grow with the batch: the rule
+  // equalises fixed + b * seconds_per_sample + communication.
+  double fixed_seconds = 0;
+  // How far to move towards the target in one round (1: all the way).
+  double step = 1;
+  // The target is multiplied by this after damping (probing the cost).
+  double probe = 1;
+  // Catch-up (time_share < 1) leaves at least this share of the batch the
+  // worker would get at time_share 1.
+  double min_share_of_target = 0;
 };
 
 // The next batch sizes. Sizes respect the clamps and add up to
@@ -131,7 +141,7 @@ struct Assignment {
 // One worker's timing report: totals over `iterations` iterations.
 struct TimingReport {
   uint32_t iterations = 0;
-  uint64_t samples = 0;
+  uint64_t samples = 0;  // sum of the iterations' batches
   double compute_seconds = 0;
   double communication_seconds = 0;
   double wait_seconds = 0;
@@ -140,14 +150,33 @@ struct TimingReport {
   // when (0 / epoch: not known). Lets the policy see who fell behind.
   uint64_t clock = 0;
   TimePoint at{};
+  // Over the same iterations: the sum of batch^2 and of batch x compute
+  // seconds, so that a window that spans a resize is fitted right. 0 (an
+  // older worker): taken as if every iteration had the mean batch.
+  double batch_squares = 0;
+  double batch_compute = 0;
   // Adds another report's totals (clock, at and memory limit untouched).
   TimingReport& operator+=(const TimingReport& r) {
+    const TimingReport a = Completed(), b = r.Completed();
     iterations += r.iterations;
     samples += r.samples;
     compute_seconds += r.compute_seconds;
     communication_seconds += r.communication_seconds;
     wait_seconds += r.wait_seconds;
+    batch_squares = a.batch_squares + b.batch_squares;
+    batch_compute = a.batch_compute + b.batch_compute;
     return *this;
+  }
+  // This report with batch_squares and batch_compute filled in where they
+  // were left 0.
+  TimingReport Completed() const {
+    TimingReport c = *this;
+    if (iterations > 0 && samples > 0 && (batch_squares <= 0 || batch_compute <= 0)) {
+      const double mean = static_cast<double>(samples) / iterations;
+      c.batch_squares = mean * static_cast<double>(samples);
+      c.batch_compute = mean * compute_seconds;
+    }
+    return c;
   }
 };
 
@@ -174,27 +203,59 @@ struct PolicyOptions {
   Duration interval = std::chrono::milliseconds(250);
   // A round needs at least this many fresh iterations from every worker.
   uint32_t min_iterations = 2;
-  // A report whose compute time per sample is off the worker's prediction
-  // by more than a factor (1 + level_shift) (a straggler starting or
-  // ending) makes the next Round run at once, interval and min_iterations
-  // notwithstanding; workers with nothing fresh keep their prediction.
-  // Waiting out the interval would leave the others blocked on it (bsp) or
-  // let it fall behind by more than DSSP's slack. <= 0: off.
-  double level_shift = 1.0;
+  // The cost model's memory: reports older by this many seconds weigh 1/e
+  // of a fresh one. Longer averages more of a noisy node's ups and downs
+  // away; a confirmed level shift (below) starts the worker afresh.
+  double fit_seconds = 5.0;
+  // A report whose compute is off the model's prediction for it by more
+  // than a factor (1 + level_shift), and by more than `shift_spreads` times
+  // the worker's own spread, either way, is suspect; `shift_reports` such
+  // reports in a row, off the same way, are a confirmed level shift (a
+  // straggler starting or ending): the worker's model restarts from them
+  // and a round runs at once, interval and min_iterations notwithstanding,
+  // which moves that worker all the way to its new size. A single suspect
+  // report changes nothing, unless it is off by more than a factor
+  // (1 + level_shift_at_once) and by twice the suspect bar: more than
+  // the worker's noise can explain. level_shift <= 0: off.
+  double level_shift = 0.3;
+  double shift_spreads = 3.0;
+  uint32_t shift_reports = 2;
+  double level_shift_at_once = 1.0;
+  // Each round moves a size this fraction of the way to its target (1: all
+  // the way), so that noise the model did not average away is damped; a
+  // worker with a confirmed shift moves all the way.
+  double damping = 0.5;
+  // The fixed cost of an iteration in samples (fixed seconds over seconds
+  // per sample) assumed until the workers' own batches have varied enough
+  // to fit it (it is pooled across workers, who run the same model).
+  double fixed_cost_samples = 0;
+  // Probing, to learn that fixed cost: from the first round on, sizes are
+  // set `probe` (relative) above and below their targets, alternating
+  // between workers and rounds, for at least `probe_rounds` rounds and
+  // until the workers' fits rest on enough spread (at most 4 x
+  // probe_rounds). A calm policy gives the fit no spread of its own. 0: off.
+  double probe = 0.2;
+  uint32_t probe_rounds = 8;
   // pacer over dssp: a worker `lag` clocks behind the median worker
   // (clocks extrapolated from their reports) is sized to take
-  // max(0.5, 1 - lag / catch_up_iterations) of the common iteration time,
-  // so that it closes the gap rather than trailing by it until the others
-  // block on DSSP's bound. Lags under 2 clocks are left alone. 0: off.
+  // max(catch_up_floor, 1 - lag / catch_up_iterations) of the common
+  // iteration time's batch, so that it closes the gap rather than trailing
+  // by it until the others block on DSSP's bound. Lags up to
+  // max(2, staleness_range) clocks are left to DSSP's slack. 0: off.
   uint32_t catch_up_iterations = 16;
+  // The least share of its own target batch catch-up may leave a worker.
+  double catch_up_floor = 0.75;
 };
+
+// Why a round of the policy ran (pacer_monitor_policy_rounds_total{reason}).
+enum class RoundReason { kInterval, kLevelShift, kMembership, kMemoryLimit, kCount };
+const char* RoundReasonName(RoundReason reason);
 
 // The straggler policy of one job. Single-threaded; time comes from the
 // caller (`now`), so tests drive it with a fake clock.
 class StragglerPolicy {
  public:
-  StragglerPolicy(const PolicyOptions& options,
-                  std::unique_ptr<SpeedPredictor> predictor = nullptr);
+  explicit StragglerPolicy(const PolicyOptions& options);
 
   // Sets the live workers. New ones get an even share, departed ones are
   // forgotten, and the sizes are redistributed so that they add up to B.
@@ -203,12 +264,23 @@ class StragglerPolicy {
   void Report(uint32_t worker, const TimingReport& report);
   // Runs a round of the batch rule when one is due (adaptive-batch, pacer)
   // and every worker reported enough since the last one, or at once after
-  // a level shift (see PolicyOptions::level_shift). Returns true when some
-  // assignment changed.
+  // a confirmed level shift (see PolicyOptions::level_shift). Returns true
+  // when some assignment changed.
   bool Round(TimePoint now);
-  // Whether a report since the last round was a level shift: the next
+  // Whether a level shift was confirmed since the last round: the next
   // Round runs whatever the time.
   bool urgent() const { return urgent_; }
+  // Why the last Round that ran did (kInterval or kLevelShift).
+  RoundReason last_reason() const { return last_reason_; }
+  // Rounds run, by reason: Round's, and the redistributions of SetWorkers
+  // (kMembership) and of a lowered memory limit (kMemoryLimit).
+  uint64_t rounds(RoundReason reason) const { return by_reason_[static_cast<size_t>(reason)]; }
+  // The largest change of one worker's batch in the last Round, relative
+  // to its previous size (0: nothing moved). The monitor logs a round only
+  // when this is above the deadband.
+  double last_change() const { return last_change_; }
+  // Level shifts confirmed so far.
+  uint64_t level_shifts() const { return level_shifts_; }
   // Overrides one worker's bounds (an operator's decision; pacer's slack
   // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
@@ -225,10 +297,12 @@ class StragglerPolicy {
 
   const std::map<uint32_t, Assignment>& assignments() const { return assignments_; }
   Assignment assignment(uint32_t worker) const;
-  // The last predicted seconds per sample of a worker (nullopt: none yet).
-  std::optional<double> predicted_seconds_per_sample(uint32_t worker) const {
-    return predictor_->Predict(worker);
-  }
+  // A worker's fitted cost (nullopt: it has not reported yet).
+  std::optional<WorkerCost> cost(uint32_t worker) const;
+  // The pooled fixed cost of an iteration, in samples.
+  double fixed_cost_samples() const { return fixed_samples_; }
+  // Whether the policy is still probing sizes to learn it.
+  bool probing() const { return probing_; }
   // pacer: whether DSSP's slack is open (see PolicyOptions::imbalance), and
   // the imbalance measured in the last round.
   bool slack_open() const { return slack_open_; }
@@ -244,30 +318,47 @@ class StragglerPolicy {
   void Redistribute(const std::map<uint32_t, double>& targets);
 
   struct Slot {
-    TimingReport pending;       // since the last round
-    double communication = 0;   // per iteration, as last measured
-    double observed_batch = 0;  // mean batch of the last window observed
-    double measured = 0;        // time per iteration, waiting excluded, as last measured
+    CostSums sums;              // decayed, what the cost model is fitted from
+    TimingReport pending;       // since the last round (iterations counted)
+    std::vector<TimingReport> suspect;  // reports off the model, not yet confirmed
+    int suspect_sign = 0;
+    double spread = 0.1;        // EWMA of |log(reported / predicted)|
+    bool reported = false;      // has any report in its sums
+    bool shifted = false;       // a confirmed shift since the last round
+    bool sized = false;         // a round has sized it from its own model
+    TimePoint last_report{};
     double period = 0;          // time per iteration, waiting included, as last measured
     uint64_t clock = 0;         // from the latest report with a time
     TimePoint clock_at{};
     uint32_t memory_limit = 0;  // 0: none reported
     bool pinned_bounds = false; // set by SetBounds
   };
+  WorkerCost CostOf(const Slot& slot) const;
+  // Adds a report to a worker's sums, decayed to the report's time.
+  void Absorb(Slot& slot, const TimingReport& r);
+  // Refits the pooled fixed cost from every worker's sums.
+  void RefitFixedCost();
 
   const PolicyOptions options_;
   BatchOptions batch_;  // options_.batch, with B changed by SetGlobalBatch
-  std::unique_ptr<SpeedPredictor> predictor_;
   // The same keys in both: the live workers.
   std::map<uint32_t, Assignment> assignments_;
   std::map<uint32_t, Slot> slots_;
   // Scratch of Round, kept to avoid allocations.
   std::vector<std::pair<uint32_t, WorkerTiming>> timings_;
   std::vector<uint32_t> sizes_;
-  std::vector<double> lags_, median_;
+  std::vector<double> lags_, median_, targets_;
   std::optional<TimePoint> last_round_;
+  double fixed_samples_ = 0;
+  double fit_weight_ = 0;  // what the best recent fit of fixed_samples_ rested on
+  uint32_t probe_round_ = 0;  // rounds probed so far
+  bool probing_ = true;
   double last_decision_seconds_ = 0;
+  double last_change_ = 0;
   uint64_t rounds_ = 0;
+  uint64_t level_shifts_ = 0;
+  uint64_t by_reason_[static_cast<size_t>(RoundReason::kCount)] = {};
+  RoundReason last_reason_ = RoundReason::kInterval;
   bool urgent_ = false;
   bool slack_open_ = true;
   double last_imbalance_ = 0;

@@ -248,7 +248,8 @@ const std::map<std::string, std::vector<std::string>> kRequired = {
     {"monitor",
      {"pacer_monitor_live_workers", "pacer_monitor_shards_up",
       "pacer_monitor_worker_straggler_score", "pacer_monitor_policy_decisions_total",
-      "pacer_monitor_shard_map_version", "pacer_training_test_accuracy_ratio",
+      "pacer_monitor_policy_rounds_total", "pacer_monitor_worker_fixed_cost_seconds",
+      "pacer_monitor_worker_sample_cost_seconds", "pacer_monitor_shard_map_version", "pacer_training_test_accuracy_ratio",
       "pacer_monitor_state"}}};
 
 TEST_F(ObservabilityTest, EveryProcessServesHealthAndItsMetrics) {

@@ -126,41 +126,36 @@ TEST(PolicyTest, ImpossibleClampsAreAnError) {
   EXPECT_EQ(RebalanceBatches({}, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(EwmaTrendPredictorTest, TracksLevelAndTrend) {
-  EwmaTrendPredictor p(0.5, 0.3);
-  TimePoint t{};
-  EXPECT_FALSE(p.Predict(1).has_value());
-  for (int i = 0; i < 30; ++i) p.Observe(1, 0.002, t);
-  EXPECT_NEAR(*p.Predict(1), 0.002, 1e-9);
-  // A worker slowing down steadily: the prediction runs ahead of the last
-  // observation rather than lagging behind it.
-  for (int i = 0; i < 30; ++i) p.Observe(2, 0.001 * (1 + i), t);
-  EXPECT_GT(*p.Predict(2), 0.030);
-  p.Forget(2);
-  EXPECT_FALSE(p.Predict(2).has_value());
-  EXPECT_TRUE(p.Predict(1).has_value());
+// Sums of per-iteration (batch, compute) pairs from t = 3 ms + b x 50 us.
+CostSums SumsOf(const std::vector<double>& batches) {
+  CostSums s;
+  for (double b : batches) {
+    const double t = 3e-3 + b * 50e-6;
+    s.n += 1, s.b += b, s.t += t, s.bb += b * b, s.bt += b * t;
+  }
+  return s;
 }
 
-TEST(EwmaTrendPredictorTest, AStepIsALevelShiftNotATrend) {
-  TimePoint t{};
-  EwmaTrendPredictor p(0.5, 0.3, 0.5);
-  for (int i = 0; i < 10; ++i) p.Observe(1, 0.001, t);
-  // A burst of load: 4x slower at once. Taken as the new level, not averaged
-  // in over several observations.
-  p.Observe(1, 0.004, t);
-  EXPECT_NEAR(*p.Predict(1), 0.004, 1e-12);
-  // And back: no downward trend carried below the true speed.
-  p.Observe(1, 0.001, t);
-  EXPECT_NEAR(*p.Predict(1), 0.001, 1e-12);
-  // Noise inside the factor is smoothed as before.
-  p.Observe(1, 0.0013, t);
-  EXPECT_GT(*p.Predict(1), 0.001);
-  EXPECT_LT(*p.Predict(1), 0.0013);
-  // With shift detection off, Holt's smoothing lags behind the step.
-  EwmaTrendPredictor q(0.5, 0.3, 0);
-  for (int i = 0; i < 10; ++i) q.Observe(1, 0.001, t);
-  q.Observe(1, 0.004, t);
-  EXPECT_LT(*q.Predict(1), 0.0035);
+TEST(CostFitTest, FitsTheFixedCostFromBatchesThatVaried) {
+  // a / c = 3 ms / 50 us = 60 samples.
+  auto k = FitFixedSamples(SumsOf({80, 120, 100, 90, 110, 100}), 400);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_NEAR(*k, 60, 1e-6);
+  // Every batch the same: nothing to fit an intercept from.
+  EXPECT_FALSE(FitFixedSamples(SumsOf({100, 100, 100, 100, 100}), 400).has_value());
+  EXPECT_FALSE(FitFixedSamples(SumsOf({100, 101, 100}), 400).has_value()) << "too few";
+}
+
+TEST(CostFitTest, AReportWithoutSquaresIsTakenAtItsMeanBatch) {
+  TimingReport r{4, 400, 0.032, 0.008, 0, 0};
+  const TimingReport c = r.Completed();
+  EXPECT_DOUBLE_EQ(c.batch_squares, 4 * 100.0 * 100);
+  EXPECT_DOUBLE_EQ(c.batch_compute, 100 * 0.032);
+  // Two windows at different batches add up to what a fit needs.
+  TimingReport a{2, 100, 2 * (3e-3 + 50 * 50e-6), 0, 0, 0};
+  TimingReport b{2, 300, 2 * (3e-3 + 150 * 50e-6), 0, 0, 0};
+  a += b;
+  EXPECT_DOUBLE_EQ(a.batch_squares, 2 * 50.0 * 50 + 2 * 150.0 * 150);
 }
 
 // ---------------------------------------------------------------------------
@@ -175,6 +170,7 @@ class StragglerPolicyTest : public ::testing::Test {
     o.batch.global_batch = 192;
     o.interval = std::chrono::milliseconds(500);
     o.min_iterations = 2;
+    o.probe = 0;  // on where a test is about probing
     return o;
   }
   // Every worker reports `iterations` iterations at its current batch with
@@ -203,17 +199,23 @@ TEST_F(StragglerPolicyTest, AdaptiveBatchConvergesToSpeedShareWithinAFewRounds) 
   EXPECT_EQ(p.assignment(1).batch, 64u);
   EXPECT_EQ(Total(p), 192u);
   const std::map<uint32_t, double> spp = {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}};  // 3 is 4x slow
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < 8; ++round) {
     ReportAll(p, spp);
     p.Round(clock_.Now());
     EXPECT_EQ(Total(p), 192u) << "round " << round;
+    // The first sizing goes all the way: the even start is no decision.
+    if (round == 0) {
+      EXPECT_NEAR(p.assignment(3).batch, 21.3, 2.0) << "first sizing";
+    }
     clock_.Advance(std::chrono::milliseconds(500));
   }
   // Equal iteration times b_i * spp_i + comm: 4:4:1 -> about 85, 85, 21.
-  EXPECT_NEAR(p.assignment(3).batch, 21.3, 2.0);
-  EXPECT_NEAR(p.assignment(1).batch, 85.3, 2.0);
+  EXPECT_NEAR(p.assignment(3).batch, 21.3, 3.0);
+  EXPECT_NEAR(p.assignment(1).batch, 85.3, 3.0);
   EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
-  EXPECT_EQ(p.rounds(), 4u);
+  EXPECT_EQ(p.rounds(), 8u);
+  EXPECT_EQ(p.rounds(RoundReason::kInterval), 8u);
+  EXPECT_EQ(p.rounds(RoundReason::kMembership), 1u);
   EXPECT_LT(p.last_decision_seconds(), 0.01);
 }
 
@@ -239,7 +241,7 @@ TEST_F(StragglerPolicyTest, RoundsWaitForTheIntervalAndForEveryWorkersReport) {
   EXPECT_EQ(p.rounds(), 2u);
 }
 
-TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
+TEST_F(StragglerPolicyTest, ALevelShiftIsConfirmedByASecondReportThenActedOnAtOnce) {
   StragglerPolicy p(Options(Kind::kAdaptiveBatch));
   p.SetWorkers({1, 2, 3});
   const std::map<uint32_t, double> even = {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}};
@@ -255,20 +257,35 @@ TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
     r.communication_seconds = 0.002;
     p.Report(id, r);
   };
-  // 30% slower: noise, not a shift; the round waits for its interval.
-  report(3, 1.3e-4);
+  // 20% slower: noise, not a shift; the round waits for its interval.
+  report(3, 1.2e-4);
   EXPECT_FALSE(p.urgent());
   EXPECT_FALSE(p.Round(clock_.Now()));
-  // 4x slower: the round runs now, 10 ms after the last one, with only
-  // worker 3 having reported; the others keep their predictions.
-  report(3, 4e-4);
+  // 1.8x slower once: past the bar (1.3x, and 3x its spread), so suspect,
+  // but nothing happens yet.
+  report(3, 1.8e-4);
+  EXPECT_FALSE(p.urgent());
+  EXPECT_FALSE(p.Round(clock_.Now()));
+  EXPECT_EQ(p.level_shifts(), 0u);
+  // The next report confirms it: the round runs now, 10 ms after the last
+  // one, with only worker 3 having reported, and worker 3 moves all the way.
+  report(3, 1.8e-4);
   EXPECT_TRUE(p.urgent());
   EXPECT_TRUE(p.Round(clock_.Now()));
   EXPECT_FALSE(p.urgent());
   EXPECT_EQ(p.rounds(), 2u);
+  EXPECT_EQ(p.rounds(RoundReason::kLevelShift), 1u);
+  EXPECT_EQ(p.last_reason(), RoundReason::kLevelShift);
   EXPECT_EQ(Total(p), 192u);
-  EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
-  // With the shift rule off, the same report waits for the interval.
+  // Equal b spp + 2 ms adding up to 192: T = 9.5 ms, worker 3 at
+  // (T - 2 ms) / 180 us = 42.
+  EXPECT_NEAR(p.assignment(3).batch, 42, 3);
+  // 4x slower, more than the noise could ever make: confirmed at once.
+  clock_.Advance(std::chrono::milliseconds(10));
+  report(3, 4 * 1.8e-4);
+  EXPECT_TRUE(p.urgent());
+  EXPECT_EQ(p.level_shifts(), 2u);
+  // With the shift rule off, the same reports wait for the interval.
   PolicyOptions o = Options(Kind::kAdaptiveBatch);
   o.level_shift = 0;
   StragglerPolicy q(o);
@@ -278,8 +295,31 @@ TEST_F(StragglerPolicyTest, ASpeedShiftRunsARoundAtOnce) {
   clock_.Advance(std::chrono::milliseconds(10));
   TimingReport r{1, 64, 64 * 4e-4, 0.002, 0, 0};
   q.Report(3, r);
+  q.Report(3, r);
   EXPECT_FALSE(q.urgent());
   EXPECT_FALSE(q.Round(clock_.Now()));
+}
+
+// Noise is not a level shift: one slow heartbeat among ordinary ones moves
+// nobody (the old policy resized on it at once).
+TEST_F(StragglerPolicyTest, ASingleSlowReportMovesNothing) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  const std::map<uint32_t, double> even = {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}};
+  for (int round = 0; round < 4; ++round) {
+    ReportAll(p, even);
+    p.Round(clock_.Now());
+    clock_.Advance(std::chrono::milliseconds(500));
+  }
+  const auto before = p.assignments();
+  // One window 1.8x slow, then back to normal.
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1.8e-4}});
+  EXPECT_FALSE(p.urgent());
+  ReportAll(p, even);
+  EXPECT_FALSE(p.urgent());
+  p.Round(clock_.Now());
+  EXPECT_EQ(p.assignments(), before);
+  EXPECT_EQ(p.level_shifts(), 0u);
 }
 
 TEST_F(StragglerPolicyTest, AShiftIsNotWateredDownByReportsFromBeforeIt) {
@@ -292,13 +332,14 @@ TEST_F(StragglerPolicyTest, AShiftIsNotWateredDownByReportsFromBeforeIt) {
   TimingReport before{20, 20 * 64, 20 * 64 * 1e-4, 20 * 0.002, 0, 0};
   p.Report(3, before);
   EXPECT_FALSE(p.urgent());
-  // ...then two at 4x. Averaged together they would look 1.3x slow: noise.
+  // ...then two reports at 4x. Averaged in they would look 1.3x slow.
   TimingReport after{2, 2 * 64, 2 * 64 * 4e-4, 2 * 0.002, 0, 0};
+  p.Report(3, after);
   p.Report(3, after);
   ASSERT_TRUE(p.urgent());
   EXPECT_TRUE(p.Round(clock_.Now()));
   EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
-  EXPECT_NEAR(*p.predicted_seconds_per_sample(3), 4e-4, 1e-9);
+  EXPECT_NEAR(p.cost(3)->per_sample_seconds, 4e-4, 1e-9);
 }
 
 TEST_F(StragglerPolicyTest, AWorkerThatJustJoinedHoldsBackAnUrgentRound) {
@@ -306,12 +347,13 @@ TEST_F(StragglerPolicyTest, AWorkerThatJustJoinedHoldsBackAnUrgentRound) {
   p.SetWorkers({1, 2});
   ReportAll(p, {{1, 1e-4}, {2, 1e-4}});
   p.Round(clock_.Now());
-  p.SetWorkers({1, 2, 3});  // 3 has no prediction and no report yet
+  p.SetWorkers({1, 2, 3});  // 3 has no model and no report yet
   clock_.Advance(std::chrono::milliseconds(10));
   auto report = [&](uint32_t id, double spp) {
     const uint64_t samples = 2 * uint64_t{p.assignment(id).batch};
     p.Report(id, TimingReport{2, samples, spp * static_cast<double>(samples), 2 * 0.002, 0, 0});
   };
+  report(2, 4e-4);
   report(2, 4e-4);
   EXPECT_TRUE(p.urgent());
   EXPECT_FALSE(p.Round(clock_.Now())) << "3 cannot be sized yet";
@@ -321,6 +363,41 @@ TEST_F(StragglerPolicyTest, AWorkerThatJustJoinedHoldsBackAnUrgentRound) {
   EXPECT_TRUE(p.Round(clock_.Now()));
   EXPECT_EQ(Total(p), 192u);
   EXPECT_LT(p.assignment(2).batch * 2, p.assignment(3).batch);
+}
+
+// The positive feedback loop of a per-sample-only model: with a fixed cost
+// per iteration, a worker given a smaller batch looks slower per sample,
+// gets smaller still, and so on. Identical workers with a 3 ms fixed cost
+// (30% of the iteration), one noisy window: the sizes come back to even and
+// the pooled fixed cost is learnt.
+TEST_F(StragglerPolicyTest, AFixedCostDoesNotFeedBackIntoSmallerBatches) {
+  PolicyOptions o = Options(Kind::kAdaptiveBatch);
+  o.probe = 0.2;
+  StragglerPolicy p(o);
+  p.SetWorkers({1, 2, 3});
+  auto report_all = [&](double slow3) {
+    for (const auto& [id, a] : p.assignments()) {
+      TimingReport r;
+      r.iterations = 4;
+      r.samples = uint64_t{a.batch} * 4;
+      r.compute_seconds = 4 * (3e-3 + a.batch * 50e-6) * (id == 3 ? slow3 : 1);
+      r.communication_seconds = 4 * 4e-3;
+      p.Report(id, r);
+    }
+  };
+  report_all(1.25);  // one window 25% slow: noise the rule acts on a little
+  p.Round(clock_.Now());
+  EXPECT_LT(p.assignment(3).batch, 64u);
+  for (int round = 0; round < 60; ++round) {
+    clock_.Advance(std::chrono::milliseconds(500));
+    report_all(1);
+    p.Round(clock_.Now());
+    for (const auto& [id, a] : p.assignments()) {
+      EXPECT_GE(a.batch, 32u) << "round " << round << " worker " << id;
+    }
+  }
+  EXPECT_NEAR(p.assignment(3).batch, 64, 64 * 0.1);
+  EXPECT_NEAR(p.fixed_cost_samples(), 60, 20) << "3 ms / 50 us";
 }
 
 TEST_F(StragglerPolicyTest, PacerSizesAWorkerThatFellBehindToCatchUp) {
@@ -347,9 +424,40 @@ TEST_F(StragglerPolicyTest, PacerSizesAWorkerThatFellBehindToCatchUp) {
     if (catch_up == 0) {
       EXPECT_NEAR(p.assignment(3).batch, 64, 1) << "no catch-up: speed shares only";
     } else {
-      // Half the common iteration time (1 - 8/16): it gains a clock every
-      // two iterations until level.
-      EXPECT_LT(p.assignment(3).batch + 20, p.assignment(1).batch);
+      // Half the common iteration time (1 - 8/16) would leave it 16 of 64
+      // samples; catch-up never takes more than a quarter: 48, damped to 56.
+      EXPECT_LT(p.assignment(3).batch + 8, p.assignment(1).batch);
+      EXPECT_GE(p.assignment(3).batch, 48u);
+    }
+  }
+}
+
+// Lags that DSSP's slack covers (up to r_max clocks) are left to it: noise
+// makes such lags all the time, and sizing them away swings the batches.
+TEST_F(StragglerPolicyTest, CatchUpLeavesSmallLagsToTheSlackAndNeverStarves) {
+  for (uint64_t lag : {3u, 40u}) {
+    PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+    o.staleness_range = 4;
+    o.damping = 1;
+    StragglerPolicy p(o);
+    p.SetWorkers({1, 2, 3});
+    for (const auto& [id, a] : p.assignments()) {
+      TimingReport r;
+      r.iterations = 4;
+      r.samples = uint64_t{a.batch} * 4;
+      r.compute_seconds = 1e-4 * static_cast<double>(r.samples);
+      r.communication_seconds = 0.008;
+      r.clock = id == 3 ? 100 - lag : 100;
+      r.at = clock_.Now();
+      p.Report(id, r);
+    }
+    p.Round(clock_.Now());
+    if (lag == 3) {
+      EXPECT_EQ(p.assignment(3).batch, 64u);
+    } else {
+      // 3/4 of its 64 (48, not the 16 of half the time), then all three
+      // scaled up together to add up to B: 48 x 192 / 176.
+      EXPECT_NEAR(p.assignment(3).batch, 52, 1);
     }
   }
 }
@@ -378,7 +486,8 @@ TEST_F(StragglerPolicyTest, JoinsAndLeavesKeepTheGlobalBatch) {
   p.SetWorkers({1, 4});  // two leave: their share goes to the rest
   EXPECT_EQ(Total(p), 192u);
   EXPECT_EQ(p.assignments().size(), 2u);
-  EXPECT_FALSE(p.predicted_seconds_per_sample(3).has_value());
+  EXPECT_FALSE(p.cost(3).has_value());
+  EXPECT_EQ(p.rounds(RoundReason::kMembership), 3u);
 }
 
 TEST_F(StragglerPolicyTest, BoundsFollowTheModeAndCanBeChanged) {

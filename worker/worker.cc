@@ -266,6 +266,8 @@ struct Worker::Impl {
     uint32_t iterations = 0;
     uint64_t samples = 0;
     double compute = 0, communication = 0, wait = 0;
+    // Sums of batch^2 and batch x compute seconds, for the policy's fit.
+    double batch_squares = 0, batch_compute = 0;
   } window;
 
   Dataset train;
@@ -378,7 +380,8 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         t.iterations, static_cast<uint32_t>(std::lround(t.samples / iters)),
         static_cast<float>(t.compute / std::max<double>(1, t.samples)),
         static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
-        options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now);
+        options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now, t.samples, t.compute,
+        t.batch_squares, t.batch_compute);
     auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
                                                                   Duration(std::chrono::seconds(1))));
     {
@@ -390,6 +393,8 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         window.compute += t.compute;
         window.communication += t.communication;
         window.wait += t.wait;
+        window.batch_squares += t.batch_squares;
+        window.batch_compute += t.batch_compute;
       }
       monitor_up = reply.ok();
       if (reply.ok()) reported = std::max(reported, sending);
@@ -906,6 +911,9 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       w.window.compute += compute_seconds;
       w.window.communication += communication;
       w.window.wait += waited;
+      const double b = static_cast<double>(this_batch);
+      w.window.batch_squares += b * b;
+      w.window.batch_compute += b * compute_seconds;
     }
     if (!pushed.ok()) {
       if (w.stop || cancel_) break;
