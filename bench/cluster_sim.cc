@@ -193,6 +193,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   popts.fit_seconds = o.fit_seconds;
   popts.damping = o.damping;
   popts.probe = o.probe;
+  popts.shift_seconds = o.shift_seconds;
   popts.kind = o.policy;
   popts.mode = o.mode;
   popts.batch.global_batch = o.batch * static_cast<uint32_t>(n);
@@ -348,6 +349,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     rep.iterations = 1;
     rep.samples = me.batch;
     rep.compute_seconds = me.compute;
+    rep.min_compute = rep.max_compute = me.compute;
     rep.communication_seconds = o.communication;
     rep.wait_seconds = me.wait;
     if (o.report_interval > 0) {
@@ -441,6 +443,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   r.wait_fraction = waited / (o.seconds * n);
   r.decision_mean_seconds = r.rounds ? decision_total / static_cast<double>(r.rounds) : 0;
   r.fixed_cost_samples = policy.fixed_cost_samples();
+  r.level_shifts = policy.level_shifts();
   r.stable_fraction = r.samples > 0 ? stable_samples / r.samples : 0;
   r.min_batch_ratio = min_ratio > 1e299 ? 0 : min_ratio;
   r.max_batch_ratio = max_ratio;

@@ -53,7 +53,7 @@ struct SimOptions {
   double policy_interval = 0.5;       // seconds of simulated time
   double report_interval = 0.1;       // heartbeat period; 0: report with every push
   double deadband = 0.05;
-  double level_shift = 1.0;           // PolicyOptions::level_shift
+  double level_shift = 0.5;           // PolicyOptions::level_shift
   uint32_t catch_up = 16;             // PolicyOptions::catch_up_iterations
   Scenario scenario = Scenario::kNone;
   double slow_factor = 4;
@@ -81,6 +81,7 @@ struct SimOptions {
   double fit_seconds = 5.0;
   double damping = 0.5;
   double probe = 0.2;
+  double shift_seconds = 0.3;         // PolicyOptions::shift_seconds
 };
 
 struct SimResult {
@@ -111,6 +112,7 @@ struct SimResult {
   // the share of its iterations from then on that stayed within 25% (the
   // least over the slow workers; 1 when there are none).
   double fixed_cost_samples = 0;  // the policy's pooled fit at the end
+  uint64_t level_shifts = 0;      // level shifts the policy confirmed
   int slow_workers = 0;
   double slow_reach_seconds = -1;
   double slow_in_band_fraction = 1;

@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--damping", o.damping, "The policy's step towards its target per round")
       ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  app.add_option("--shift-seconds", o.shift_seconds,
+                 "How long a streak of reports off the model must last to be a level shift")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--probe", o.probe,
                  "The policy's probing of sizes (relative) to learn the fixed cost; 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
@@ -128,14 +131,14 @@ int main(int argc, char** argv) {
                 "waiting %.1f%%, %lu clocks, %lu dropped, %lu policy rounds "
                 "(decision mean %.3f ms, max %.3f ms), batches %u..%u; %.1f%% of samples in "
                 "steps with every batch within [0.5, 1.5] x B/n, batches %.2f..%.2f x B/n; "
-                "fitted fixed cost %.1f samples",
+                "fitted fixed cost %.1f samples; %lu level shifts confirmed",
                 o.workers, mode.c_str(), policy.c_str(), scenario.c_str(), r->throughput,
                 r->ideal_throughput, r->fraction, 100 * r->wait_fraction,
                 static_cast<unsigned long>(r->clocks), static_cast<unsigned long>(r->dropped),
                 static_cast<unsigned long>(r->rounds), r->decision_mean_seconds * 1e3,
                 r->decision_max_seconds * 1e3, r->min_batch, r->max_batch,
                 100 * r->stable_fraction, r->min_batch_ratio, r->max_batch_ratio,
-                r->fixed_cost_samples);
+                r->fixed_cost_samples, static_cast<unsigned long>(r->level_shifts));
     if (r->slow_workers > 0) {
       std::printf("; %d slow workers: within 25%% of their fair share from %.2f s, then in %.1f%% "
                   "of their steps", r->slow_workers, r->slow_reach_seconds,

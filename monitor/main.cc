@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--shift-reports", opts.policy.shift_reports,
                  "Suspect reports in a row that confirm a level shift")
       ->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--shift-seconds", opts.policy.shift_seconds,
+                 "How long the suspect reports must have lasted to confirm a level shift")
+      ->capture_default_str()->check(CLI::Range(0.0, 60.0));
   app.add_option("--fit-seconds", opts.policy.fit_seconds,
                  "Memory of the per-worker cost model (fixed + per-sample compute): reports "
                  "this many seconds old weigh 1/e of a fresh one")

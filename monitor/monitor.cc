@@ -669,6 +669,8 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
       r.compute_seconds = hb->compute_seconds();
       r.batch_squares = hb->batch_squares();
       r.batch_compute = hb->batch_compute();
+      r.min_compute = hb->compute_min_seconds();
+      r.max_compute = hb->compute_max_seconds();
     }
     r.communication_seconds = double{hb->communication_seconds()} * hb->iterations();
     r.wait_seconds = double{hb->wait_seconds()} * hb->iterations();

@@ -282,6 +282,7 @@ void StragglerPolicy::SetWorkers(const std::vector<uint32_t>& ids) {
     if (!assignments_.count(id)) {
       assignments_[id] = Default();
       slots_[id] = Slot{};
+      slots_[id].warmup_left = options_.warmup_reports;
     }
   }
   Redistribute(targets);
@@ -382,32 +383,61 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
   }
   if (report.iterations == 0) return;
   const TimingReport r = report.Completed();
+  if (slot.warmup_left > 0) {
+    --slot.warmup_left;
+    return;
+  }
   slot.pending += r;
   auto flush_suspects = [&] {
+    // Not confirmed: they were noise, data for the model and the spread.
     for (const TimingReport& s : slot.suspect) Absorb(slot, s);
+    for (double learn : slot.suspect_learn) slot.spread += learn;
     slot.suspect.clear();
+    slot.suspect_learn.clear();
     slot.suspect_sign = 0;
   };
+  // Judged only where the iterations had much the same batch (the model's
+  // prediction is for one batch; right after a resize, a jump is not news;
+  // a sample or two more from the others' rounding is no resize).
+  const double mean_batch = r.samples > 0 ? static_cast<double>(r.samples) / r.iterations : 0;
+  const bool one_batch =
+      mean_batch > 0 &&
+      r.batch_squares / r.iterations - mean_batch * mean_batch <= 0.05 * 0.05 * mean_batch * mean_batch;
   if (options_.kind != Kind::kFixed && options_.level_shift > 0 && slot.reported &&
-      r.samples > 0 && r.compute_seconds > 0) {
-    const WorkerCost c = CostOf(slot);
-    const double predicted = c.fixed_seconds * r.iterations +
-                             c.per_sample_seconds * static_cast<double>(r.samples);
+      slot.sums.n >= options_.shift_min_iterations && one_batch && r.compute_seconds > 0) {
+    const double predicted = CostOf(slot).Compute(mean_batch) * r.iterations;
     if (predicted > 0) {
       const double off = std::log(r.compute_seconds / predicted);
       const double threshold =
           std::max(std::log1p(options_.level_shift), options_.shift_spreads * slot.spread);
-      // The spread learns from every report, suspects too: on a noisy node
-      // big deviations are the norm, and the bar rises with them.
-      slot.spread += 0.05 * (std::min(std::abs(off), 1.0) - slot.spread);
+      // The spread learns from every report but those of a confirmed
+      // shift: on a noisy node big deviations are the norm, and the bar
+      // rises with them; a shift is not noise.
+      const double learn = 0.05 * (std::min(std::abs(off), 1.0) - slot.spread);
       if (std::abs(off) > threshold) {
         const int sign = off > 0 ? 1 : -1;
         if (sign != slot.suspect_sign) flush_suspects();  // those were noise
+        if (slot.suspect.empty()) slot.suspect_since = r.at;
+        slot.suspect_learn.push_back(learn);
         slot.suspect_sign = sign;
         slot.suspect.push_back(r);
+        // How long the streak has lasted: from the first suspect's report
+        // to this one (reports without a time count 0.1 s each).
+        const double lasted =
+            r.at != TimePoint{} && slot.suspect_since != TimePoint{}
+                ? ToSeconds(r.at - slot.suspect_since)
+                : 0.1 * static_cast<double>(slot.suspect.size() - 1);
+        spdlog::debug("policy: worker {} report off its model by {:+.0f}% (bar {:.0f}%, spread "
+                      "{:.2f}), {} in a row over {:.2f} s", worker, 100 * std::expm1(off),
+                      100 * std::expm1(threshold), slot.spread, slot.suspect.size(), lasted);
+        const double per_iteration = predicted / r.iterations;
+        const double every = sign > 0 ? std::log(r.min_compute / per_iteration)
+                                      : std::log(r.max_compute / per_iteration);
         const bool at_once =
-            std::abs(off) > std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
-        if (at_once || slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports)) {
+            r.iterations >= 2 && r.min_compute > 0 && sign * every > 0 &&
+            std::abs(every) > std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
+        if (at_once || (slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports) &&
+                        lasted >= options_.shift_seconds - 1e-9)) {
           // Confirmed: the worker's model restarts from the latest report
           // (the first may have straddled the shift); what came before
           // would water it down.
@@ -415,6 +445,7 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
           slot.reported = false;
           const TimingReport latest = slot.suspect.back();
           slot.suspect.clear();
+          slot.suspect_learn.clear();
           slot.suspect_sign = 0;
           Absorb(slot, latest);
           slot.shifted = true;
@@ -423,6 +454,7 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
         }
         return;
       }
+      slot.spread += learn;
     }
   }
   flush_suspects();
@@ -458,7 +490,12 @@ bool StragglerPolicy::Round(TimePoint now) {
   ++rounds_;
   last_reason_ = urgent ? RoundReason::kLevelShift : RoundReason::kInterval;
   ++by_reason_[static_cast<size_t>(last_reason_)];
-  RefitFixedCost();
+  // The fixed cost is fitted only from probed rounds: there the sizes moved
+  // for reasons of the policy's own, uncorrelated with any worker's noise.
+  // Sizes that follow a worker's measured speed move with its noise, and a
+  // fit on them confuses the two (a slow spell, then a smaller batch, reads
+  // as a fixed cost).
+  if (probing_) RefitFixedCost();
   // slots_ and assignments_ hold the same keys: walk them together.
   timings_.clear();
   timings_.reserve(slots_.size());

@@ -155,6 +155,11 @@ struct TimingReport {
   // older worker): taken as if every iteration had the mean batch.
   double batch_squares = 0;
   double batch_compute = 0;
+  // The quickest and the slowest of these iterations' compute (seconds; 0:
+  // not known). A straggler slows even the quickest; a descheduled
+  // iteration, a noisy node's usual spike, only itself.
+  double min_compute = 0;
+  double max_compute = 0;
   // Adds another report's totals (clock, at and memory limit untouched).
   TimingReport& operator+=(const TimingReport& r) {
     const TimingReport a = Completed(), b = r.Completed();
@@ -165,6 +170,15 @@ struct TimingReport {
     wait_seconds += r.wait_seconds;
     batch_squares = a.batch_squares + b.batch_squares;
     batch_compute = a.batch_compute + b.batch_compute;
+    if (a.iterations == 0 || b.iterations == 0) {
+      min_compute = a.iterations ? a.min_compute : b.min_compute;
+      max_compute = a.iterations ? a.max_compute : b.max_compute;
+    } else if (a.min_compute > 0 && b.min_compute > 0) {
+      min_compute = std::min(a.min_compute, b.min_compute);
+      max_compute = std::max(a.max_compute, b.max_compute);
+    } else {
+      min_compute = max_compute = 0;  // one side did not say
+    }
     return *this;
   }
   // This report with batch_squares and batch_compute filled in where they
@@ -214,13 +228,23 @@ struct PolicyOptions {
   // straggler starting or ending): the worker's model restarts from them
   // and a round runs at once, interval and min_iterations notwithstanding,
   // which moves that worker all the way to its new size. A single suspect
-  // report changes nothing, unless it is off by more than a factor
-  // (1 + level_shift_at_once) and by twice the suspect bar: more than
-  // the worker's noise can explain. level_shift <= 0: off.
-  double level_shift = 0.3;
+  // report changes nothing, and neither does a streak shorter than
+  // `shift_seconds` (a noisy node's bursts: a descheduled iteration, a
+  // co-located job's busy slice). Only a report of at least two iterations
+  // of which even the quickest (slowest) was off by more than a factor
+  // (1 + level_shift_at_once) and by twice the bar is confirmed at once:
+  // every iteration moved, not one. level_shift <= 0: off.
+  double level_shift = 0.5;
   double shift_spreads = 3.0;
   uint32_t shift_reports = 2;
+  double shift_seconds = 0.3;
   double level_shift_at_once = 1.0;
+  // A worker's first `warmup_reports` reports with iterations (its first
+  // iterations: allocation, caches, threads starting) are not used, and no
+  // report is judged against its model before that model holds
+  // `shift_min_iterations` iterations.
+  uint32_t warmup_reports = 2;
+  uint32_t shift_min_iterations = 16;
   // Each round moves a size this fraction of the way to its target (1: all
   // the way), so that noise the model did not average away is damped; a
   // worker with a confirmed shift moves all the way.
@@ -322,10 +346,13 @@ class StragglerPolicy {
     TimingReport pending;       // since the last round (iterations counted)
     std::vector<TimingReport> suspect;  // reports off the model, not yet confirmed
     int suspect_sign = 0;
+    TimePoint suspect_since{};  // the first suspect's report time
+    std::vector<double> suspect_learn;  // their spread updates, held back
     double spread = 0.1;        // EWMA of |log(reported / predicted)|
     bool reported = false;      // has any report in its sums
     bool shifted = false;       // a confirmed shift since the last round
     bool sized = false;         // a round has sized it from its own model
+    uint32_t warmup_left = 0;   // reports still to skip (set by SetWorkers)
     TimePoint last_report{};
     double period = 0;          // time per iteration, waiting included, as last measured
     uint64_t clock = 0;         // from the latest report with a time

@@ -149,6 +149,14 @@ class MonitorTest : public ::testing::Test {
     hb.add_batch(batch);
     hb.add_compute_seconds_per_sample(static_cast<float>(spp));
     hb.add_communication_seconds(0.002f);
+    // The exact sums a worker sends too: 5 iterations, each batch x spp.
+    const double per_iteration = spp * batch;
+    hb.add_samples(5 * uint64_t{batch});
+    hb.add_compute_seconds(5 * per_iteration);
+    hb.add_batch_squares(5.0 * batch * batch);
+    hb.add_batch_compute(5.0 * batch * per_iteration);
+    hb.add_compute_min_seconds(per_iteration);
+    hb.add_compute_max_seconds(per_iteration);
     auto body = hb.Finish();
     return Only(Send(id, kJob, id, fbb, body), wire::Body::HeartbeatReply);
   }
@@ -592,6 +600,7 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
   options_.policy.kind = policy::Kind::kPacer;
   options_.policy.staleness = 1;
   options_.policy.staleness_range = 3;
+  options_.policy.warmup_reports = 0;  // every report here counts
   core_ = std::make_unique<MonitorCore>(options_, &clock_);
   StartJob();
   // The membership the shard got at the start carried each worker's bounds;
@@ -640,6 +649,9 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
 TEST_F(MonitorTest, AWorkerWhoseSpeedJumpsGetsItsNewSizeInTheSameReply) {
   options_.policy.kind = policy::Kind::kAdaptiveBatch;
   options_.policy.probe = 0;  // sizes stay even until a speed moves
+  options_.policy.warmup_reports = 0;
+  options_.policy.shift_min_iterations = 0;
+  options_.policy.shift_seconds = 0;
   core_ = std::make_unique<MonitorCore>(options_, &clock_);
   StartJob();
   auto report = [&](uint32_t id, double compute_per_sample) {
@@ -650,8 +662,8 @@ TEST_F(MonitorTest, AWorkerWhoseSpeedJumpsGetsItsNewSizeInTheSameReply) {
   Tick();  // a round with equal speeds: 96 each
   ASSERT_EQ(core_->workers().at(worker_b_).batch, 96u);
   clock_.Advance(std::chrono::milliseconds(10));  // far inside --policy-interval
-  // B becomes 4x slower: no tick, no report from A, and still its reply
-  // brings the smaller batch.
+  // B becomes 4x slower, every one of its 5 iterations: no tick, no report
+  // from A, and still its reply brings the smaller batch.
   Decoded reply = report(worker_b_, 4e-4);
   const uint32_t b = reply.As<wire::HeartbeatReply>()->assignment()->batch_size();
   EXPECT_LT(b * 2, core_->workers().at(worker_a_).batch);

@@ -108,11 +108,12 @@ TEST(SimTest, PacerAbsorbsBurstsAtScaleWhereBspAndSlowRoundsCannot) {
   auto no_shift = Simulate(o);
   ASSERT_TRUE(bsp.ok() && pacer.ok() && no_shift.ok());
   EXPECT_LT(bsp->fraction, 0.7);
-  // Was above 0.9 with the per-sample model, which acted on single reports;
-  // the calm policy (issue 18, in progress) keeps 0.855 here, and the
-  // bursts table in bench/RESULTS.md shows the loss growing with n. To win
-  // back; kept as the bar it must not fall below meanwhile.
-  EXPECT_GT(pacer->fraction, 0.84);
+  // Above 0.9 with the per-sample policy, which resized on any single
+  // report 2x off; the calm policy (issue 18) confirms a shift on a report
+  // whose every iteration moved, one heartbeat later where the first
+  // straddles the burst's start: 0.89 here. The bursts table in
+  // bench/RESULTS.md has the cost by size.
+  EXPECT_GT(pacer->fraction, 0.88);
   EXPECT_GT(pacer->fraction, no_shift->fraction + 0.02);
   EXPECT_LT(pacer->min_batch * 2, 64u) << "some bursting worker holds a small batch";
 }
@@ -163,18 +164,19 @@ TEST(SimTest, FairSharesEqualiseTrueIterationTimes) {
 struct KnownMiss {
   int workers;
   int scenario;  // Scenario, as int; -1: identical workers
+  double factor;
   uint64_t seed;
 };
 const KnownMiss kKnownMisses[] = {
-    {64, -1, 1},                                   // 94.5% stable
-    {3, static_cast<int>(Scenario::kHetero), 4},   // reaches its share at 5 s
-    {64, static_cast<int>(Scenario::kHetero), 1},  // at 5 s
-    {64, static_cast<int>(Scenario::kHetero), 3},  // 87% of later steps in band
-    {64, static_cast<int>(Scenario::kHetero), 5},  // 81%
+    {3, static_cast<int>(Scenario::kStatic), 4, 4},   // at its share from 4.4 s
+    {64, static_cast<int>(Scenario::kHetero), 2, 3},  // 81% of later steps in band
+    {64, static_cast<int>(Scenario::kHetero), 2, 4},  // at its share from 6.5 s
 };
-bool KnownToMiss(int workers, int scenario, uint64_t seed) {
+bool KnownToMiss(int workers, int scenario, double factor, uint64_t seed) {
   for (const KnownMiss& m : kKnownMisses) {
-    if (m.workers == workers && m.scenario == scenario && m.seed == seed) return true;
+    if (m.workers == workers && m.scenario == scenario && m.factor == factor && m.seed == seed) {
+      return true;
+    }
   }
   return false;
 }
@@ -190,7 +192,7 @@ TEST(SimTest, IdenticalWorkersUnderNoiseKeepEvenBatches) {
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_GE(r->min_batch_ratio, 0.25);
       EXPECT_GT(r->clocks, 1000u);
-      if (KnownToMiss(workers, -1, seed)) {
+      if (KnownToMiss(workers, -1, 1, seed)) {
         std::printf("known miss: %d workers, seed %lu: %.4f stable\n", workers,
                     static_cast<unsigned long>(seed), r->stable_fraction);
         continue;
@@ -232,9 +234,9 @@ TEST(SimTest, SlowWorkersUnderNoiseGetTheirFairShareFastAndKeepIt) {
                      std::to_string(c.factor) + ", seed " + std::to_string(seed));
         auto r = Simulate(o);
         ASSERT_TRUE(r.ok()) << r.status();
-        if (KnownToMiss(workers, static_cast<int>(c.scenario), seed)) {
-          std::printf("known miss: %d workers, scenario %d, seed %lu: reached at %.2f s, then "
-                      "%.3f in band\n", workers, static_cast<int>(c.scenario),
+        if (KnownToMiss(workers, static_cast<int>(c.scenario), c.factor, seed)) {
+          std::printf("known miss: %d workers, scenario %d x%.1f, seed %lu: reached at %.2f s, "
+                      "then %.3f in band\n", workers, static_cast<int>(c.scenario), c.factor,
                       static_cast<unsigned long>(seed), r->slow_reach_seconds,
                       r->slow_in_band_fraction);
           continue;

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--sample-log", opts.sample_log,
                  "Append one line per acknowledged push to this file: partition, epoch, and the "
                  "training-set indices of the batch (for checking what was trained)");
+  app.add_option("--step-log", opts.step_log,
+                 "Append one line per iteration to this file: seconds since training started, "
+                 "clock, batch, compute, communication and wait seconds");
   app.add_option("--max-batch", opts.max_batch,
                  "Largest batch this worker can hold, reported to the policy as its memory "
                  "limit (0: no limit)")

@@ -266,8 +266,14 @@ struct Worker::Impl {
     uint32_t iterations = 0;
     uint64_t samples = 0;
     double compute = 0, communication = 0, wait = 0;
-    // Sums of batch^2 and batch x compute seconds, for the policy's fit.
+    // Sums of batch^2 and batch x compute seconds, for the policy's fit,
+    // and the quickest and slowest iteration's compute.
     double batch_squares = 0, batch_compute = 0;
+    double compute_min = 0, compute_max = 0;
+    void AddRange(double lo, double hi) {
+      compute_min = compute_min > 0 ? std::min(compute_min, lo) : lo;
+      compute_max = std::max(compute_max, hi);
+    }
   } window;
 
   Dataset train;
@@ -381,7 +387,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         static_cast<float>(t.compute / std::max<double>(1, t.samples)),
         static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
         options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now, t.samples, t.compute,
-        t.batch_squares, t.batch_compute);
+        t.batch_squares, t.batch_compute, t.compute_min, t.compute_max);
     auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
                                                                   Duration(std::chrono::seconds(1))));
     {
@@ -395,6 +401,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         window.wait += t.wait;
         window.batch_squares += t.batch_squares;
         window.batch_compute += t.batch_compute;
+        if (t.iterations > 0) window.AddRange(t.compute_min, t.compute_max);
       }
       monitor_up = reply.ok();
       if (reply.ok()) reported = std::max(reported, sending);
@@ -691,12 +698,20 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       return absl::InvalidArgumentError("cannot open --sample-log " + o.sample_log);
     }
   }
+  std::FILE* step_log = nullptr;
+  if (!o.step_log.empty()) {
+    step_log = std::fopen(o.step_log.c_str(), "a");
+    if (step_log == nullptr) {
+      if (sample_log != nullptr) std::fclose(sample_log);
+      return absl::InvalidArgumentError("cannot open --step-log " + o.step_log);
+    }
+  }
   struct Closer {
     std::FILE* f;
     ~Closer() {
       if (f != nullptr) std::fclose(f);
     }
-  } close_log{sample_log};
+  } close_log{sample_log}, close_step_log{step_log};
   spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
                readers.size(), partition_count, batch, view.start_clock);
   if (o.slowdown != 1.0 || !o.slowdown_schedule.empty()) {
@@ -914,6 +929,13 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       const double b = static_cast<double>(this_batch);
       w.window.batch_squares += b * b;
       w.window.batch_compute += b * compute_seconds;
+      w.window.AddRange(compute_seconds, compute_seconds);
+    }
+    if (step_log != nullptr) {
+      std::fprintf(step_log, "%.6f %lu %zu %.6f %.6f %.6f\n", ToSeconds(compute_start - t0),
+                   static_cast<unsigned long>(clock), this_batch, compute_seconds, communication,
+                   waited);
+      std::fflush(step_log);
     }
     if (!pushed.ok()) {
       if (w.stop || cancel_) break;

@@ -88,6 +88,10 @@ struct WorkerOptions {
   // Appends one line per acknowledged push (--sample-log): the partition,
   // its epoch, and the training-set indices of the batch. Empty: none.
   std::string sample_log;
+  // Appends one line per iteration (--step-log): seconds since training
+  // started, the clock, the batch, and its compute, communication and
+  // waiting seconds. Empty: none.
+  std::string step_log;
 
   // Hooks for programs that embed a worker (tests keep their own record of
   // the run through them). They run on the training thread.

@@ -9,19 +9,30 @@
 # level-shift rounds per 10 s of training. The targets: at most 5% and at
 # most 2 per 10 s, in both runs.
 #
-#   bench/stragglers/stability.sh [--seconds S] [--out DIR] [--monitor-args "FLAGS"]
+# Then two runs with a straggler (worker 2 of 3):
+#   slow   --slowdown 4 from the start: after the first 3 s, the share of
+#          the workers' steps (--step-log) whose iteration time (compute +
+#          communication, waiting excluded) is within +-15% of the median
+#          (target: at least 90%).
+#   shift  --slowdown-schedule 0:1,8:4: seconds from the worker's switch to
+#          4x to the monitor's first round that gives it under half its
+#          even share (target: about a second).
 #
-# Prints one line per run and writes DIR/stability.csv (default
-# bench/stragglers/out/stability).
+#   bench/stragglers/stability.sh [--seconds S] [--out DIR] [--monitor-args "FLAGS"]
+#                                 [--runs "idle colocated slow shift"]
+#
+# Prints one line per run and writes DIR/stability.csv and DIR/straggler.csv
+# (default bench/stragglers/out/stability).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-seconds=20 out="$root/bench/stragglers/out/stability" monitor_args=""
+seconds=20 out="$root/bench/stragglers/out/stability" monitor_args="" runs="idle colocated slow shift"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --monitor-args) monitor_args=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
     -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stability: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -30,7 +41,60 @@ command -v stress-ng >/dev/null || { echo "stability: stress-ng missing (deploy/
 mkdir -p "$out"
 csv="$out/stability.csv"
 echo "load,steps,outside,outside_share,level_shift_rounds,training_seconds,shifts_per_10s" > "$csv"
+scsv="$out/straggler.csv"
+echo "run,steps_after_3s,within_15pct,within_share,median_iteration_s,reaction_s" > "$scsv"
 workers=3 batch=64
+
+# seconds of the day of a log line's ISO time stamp
+stamp() { sed -n 's/^[0-9-]*T\([0-9]*\):\([0-9]*\):\([0-9.]*\) .*/\1 \2 \3/p' | awk '{ print $1 * 3600 + $2 * 60 + $3 }'; }
+
+# iteration_stats DIR: of the steps (DIR/steps*.txt) after the first 3 s,
+# "count within-15%-of-the-median share median": iteration time = compute +
+# communication, waiting excluded.
+iteration_stats() {
+  cat "$1"/steps*.txt | awk '$1 >= 3 { print $4 + $5 }' | sort -g | awk '
+    { t[NR] = $1 } END {
+      if (NR == 0) { print "0 0 0 0"; exit }
+      m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2
+      for (i = 1; i <= NR; i++) if (t[i] >= 0.85 * m && t[i] <= 1.15 * m) w++
+      printf "%d %d %.4f %.6f\n", NR, w, w / NR, m }'
+}
+
+# straggler RUN: one job with worker 2 slowed (RUN: slow or shift).
+straggler() {
+  local name=$1 dir="$out/$1" slow
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  if [ "$name" = slow ]; then slow="--slowdown 4"; else slow="--slowdown-schedule 0:1,8:4"; fi
+  local wargs=()
+  for i in $(seq 0 $((workers - 1))); do
+    local extra=""
+    [ "$i" -eq 2 ] && extra=" $slow"
+    wargs+=(--worker-args-"$i" "--step-log $dir/steps$i.txt$extra")
+  done
+  "$root/deploy/local-cluster.sh" --quiet --keep-training --out "$dir/job" --time-cap "$seconds" \
+    --workers "$workers" --batch "$batch" ${monitor_args:+--monitor-args "$monitor_args"} \
+    "${wargs[@]}" > "$dir/job.txt" 2>&1 || true
+  local stats
+  stats=$(iteration_stats "$dir")
+  local reaction=NA
+  if [ "$name" = shift ]; then
+    # The straggler's id, when it switched, and the first round after that
+    # which sized it under half of B/n.
+    local id at
+    id=$(sed -n 's/.*worker \([0-9]*\): slowdown now 4x.*/\1/p' "$dir"/job/worker2.log | head -1)
+    at=$(grep "slowdown now 4x" "$dir"/job/worker2.log | head -1 | stamp)
+    if [ -n "$id" ] && [ -n "$at" ]; then
+      reaction=$(grep "policy round" "$dir/job/monitor.log" | while read -r line; do
+          t=$(echo "$line" | stamp)
+          b=$(echo "$line" | sed -n "s/.*(worker:batch)[^;]* $id:\([0-9]*\).*/\1/p; s/.*(worker:batch) $id:\([0-9]*\).*/\1/p" | head -1)
+          echo "$t ${b:-NA}"
+        done | awk -v at="$at" -v half=$((batch / 2)) '$1 >= at && $2 != "NA" && $2 < half { printf "%.2f\n", $1 - at; exit }')
+    fi
+  fi
+  echo "$name,$(echo "$stats" | tr ' ' ','),${reaction:-NA}" >> "$scsv"
+  tail -1 "$scsv" | awk -F, '{ printf "[stability] %s: %d steps after 3 s, %.1f%% within 15%% of the median iteration (%.1f ms); reaction to the 4x switch: %s s\n", $1, $2, 100 * $4, 1e3 * $5, $6 }' >&2
+}
 
 # run LOAD: one job; LOAD is idle or colocated.
 run() {
@@ -43,7 +107,7 @@ run() {
   fi
   local wargs=()
   for i in $(seq 0 $((workers - 1))); do
-    wargs+=(--worker-args-"$i" "--sample-log $dir/samples$i.txt")
+    wargs+=(--worker-args-"$i" "--sample-log $dir/samples$i.txt --step-log $dir/steps$i.txt")
   done
   "$root/deploy/local-cluster.sh" --quiet --keep-training --out "$dir/job" --time-cap "$seconds" \
     --workers "$workers" --batch "$batch" ${monitor_args:+--monitor-args "$monitor_args"} \
@@ -60,8 +124,17 @@ run() {
     share = st > 0 ? o / st : 0; per = t > 0 ? 10 * sh / t : 0
     printf "%s,%d,%d,%.4f,%d,%.1f,%.2f\n", l, st, o, share, sh, t, per }' >> "$csv"
   tail -1 "$csv" | awk -F, '{ printf "[stability] %s: %d steps, %d (%.1f%%) with a batch outside [0.5, 1.5] x B/n; %d level-shift rounds in %.1f s of training (%.2f per 10 s)\n", $1, $2, $3, 100 * $4, $5, $6, $7 }' >&2
+  # The same iteration-time figure as the straggler runs, as their baseline:
+  # how much a step's time varies on this machine with nobody slowed.
+  echo "$load,$(iteration_stats "$dir" | tr ' ' ','),NA" >> "$scsv"
+  tail -1 "$scsv" | awk -F, '{ printf "[stability] %s: %.1f%% of steps after 3 s within 15%% of the median iteration (%.1f ms)\n", $1, 100 * $4, 1e3 * $5 }' >&2
 }
 
-run idle
-run colocated
-echo "stability: $csv" >&2
+for r in $runs; do
+  case "$r" in
+    idle|colocated) run "$r" ;;
+    slow|shift) straggler "$r" ;;
+    *) echo "stability: unknown run '$r'" >&2; exit 2 ;;
+  esac
+done
+echo "stability: $csv, $scsv" >&2
