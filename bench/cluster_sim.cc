@@ -73,8 +73,10 @@ class NoiseTrace {
   explicit NoiseTrace(const SimOptions& o)
       : o_(o), rng_(o.seed * 0x9E3779B97F4A7C15ull + 17), state_(static_cast<size_t>(o.workers)),
         jobs_(static_cast<size_t>(o.workers)) {
-    std::normal_distribution<double> start(0, o.noise / 2);
-    for (auto& st : state_) st.x = o.noise > 0 ? start(rng_) : 0;
+    if (o.noise > 0) {
+      std::normal_distribution<double> start(0, o.noise / 2);
+      for (auto& st : state_) st.x = start(rng_);
+    }
     if (o.colocated_rate > 0) {
       std::exponential_distribution<double> gap(o.colocated_rate);
       std::exponential_distribution<double> length(1 / std::max(1e-9, o.colocated_seconds));

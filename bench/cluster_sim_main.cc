@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
                  "its batch size; 0: with every push")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--level-shift", o.level_shift,
-                 "A report off the predicted speed by more than this factor - 1 runs a round at "
-                 "once; 0: off")
+                 "A report off the cost model by more than this (relative) is suspect; see "
+                 "pacer-monitor --level-shift; 0: off")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--catch-up", o.catch_up,
                  "pacer over dssp: iterations over which a worker that fell behind is sized "

@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--level-shift", opts.policy.level_shift,
                  "A worker report whose compute time is off the cost model by more than this "
                  "(relative) and by more than --shift-spreads times the worker's own spread is "
-                 "suspect; --shift-reports suspect reports in a row, off the same way, are a "
-                 "level shift, which resizes that worker at once; 0 turns that off")
+                 "suspect; suspects off the same way over --shift-reports reports and "
+                 "--shift-seconds are a level shift, which resizes that worker at once (so is "
+                 "one report of 2+ iterations whose every iteration is over 2x off); 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   app.add_option("--shift-spreads", opts.policy.shift_spreads,
                  "How many times a worker's own spread a report must be off to be suspect")
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
   app.add_option("--catch-up", opts.policy.catch_up_iterations,
                  "pacer over dssp: a worker more than max(2, r_max) clocks behind the median "
                  "one takes max(0.5, 1 - lag/N) of the common iteration time, but never less "
-                 "than 3/4 of its batch, until it catches up; 0: off")
+                 "than 3/4 of the batch it would get without catch-up, until it catches up; "
+                 "0: off")
       ->capture_default_str();
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
       ->capture_default_str()->check(CLI::PositiveNumber);

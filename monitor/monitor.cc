@@ -1211,8 +1211,8 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
 }
 
 void MonitorCore::RunPolicy(TimePoint now) {
-  const bool urgent = policy_.urgent();
   if (!policy_.Round(now)) return;
+  const bool urgent = policy_.last_reason() == policy::RoundReason::kLevelShift;
   if (ApplyAssignments()) {
     ChangeMembership("bounds", policy_.slack_open() ? "dssp slack opened" : "dssp slack closed");
     spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",

@@ -21,6 +21,23 @@ std::optional<double> FitFixedSamples(const CostSums& s, double max_samples) {
   return std::clamp(intercept / slope, 0.0, std::max(0.0, max_samples));
 }
 
+bool TimingReport::Plausible() const {
+  const double values[] = {compute_seconds, communication_seconds, wait_seconds, batch_squares,
+                           batch_compute, min_compute, max_compute};
+  for (double v : values) {
+    if (!std::isfinite(v) || v < 0) return false;
+  }
+  if (min_compute > max_compute) return false;
+  if (iterations > 0 && batch_squares > 0) {
+    // Sum of b^2 over n iterations adding up to S lies in [S^2 / n, S^2].
+    const double s = static_cast<double>(samples);
+    if (batch_squares < s * s / iterations * (1 - 1e-9) || batch_squares > s * s * (1 + 1e-9)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 const char* RoundReasonName(RoundReason reason) {
   switch (reason) {
     case RoundReason::kInterval: return "interval";
@@ -168,7 +185,7 @@ absl::Status RebalanceInto(std::span<const std::pair<uint32_t, WorkerTiming>> wo
     target *= w.probe;
     // Deadband: small changes keep the current size.
     if (w.batch > 0 && std::abs(target - w.batch) <= options.deadband * w.batch) target = w.batch;
-    e[i++].target = std::max(target, 1e-9);
+    e[i++].target = target > 1e-9 ? target : 1e-9;  // NaN too
   }
   Distribute(e, options.global_batch);
   sizes->resize(e.size());
@@ -229,7 +246,7 @@ void StragglerPolicy::Redistribute(const std::map<uint32_t, double>& targets) {
     uint32_t hi = batch_.b_max;
     const uint32_t limit = slots_.at(id).memory_limit;
     if (limit > 0) hi = std::min(hi, limit);
-    e.push_back({id, std::min(batch_.b_min, hi), hi, std::max(target, 1e-9), 0});
+    e.push_back({id, std::min(batch_.b_min, hi), hi, target > 1e-9 ? target : 1e-9, 0});
     lo_sum += e.back().lo;
     hi_sum += hi;
   }
@@ -303,6 +320,7 @@ void StragglerPolicy::Absorb(Slot& slot, const TimingReport& r) {
   add.bt = r.batch_compute;
   add.comm = r.communication_seconds;
   slot.sums += add;
+  slot.iterations += r.iterations;
   if (r.at != TimePoint{}) slot.last_report = r.at;
   slot.reported = true;
 }
@@ -336,7 +354,7 @@ void StragglerPolicy::RefitFixedCost() {
   double total = 0;
   const double max_k = 4.0 * batch_.global_batch / static_cast<double>(std::max<size_t>(1, slots_.size()));
   for (const auto& [id, slot] : slots_) {
-    if (auto k = FitFixedSamples(slot.sums, max_k)) {
+    if (auto k = FitFixedSamples(slot.sums, max_k); k && std::isfinite(*k)) {
       const double mb = slot.sums.mean_batch();
       const double w = slot.sums.n * slot.sums.relative_batch_variance() * mb * mb /
                        ((fixed_samples_ + mb) * (fixed_samples_ + mb));
@@ -382,6 +400,14 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
     slot.clock_at = report.at;
   }
   if (report.iterations == 0) return;
+  if (!report.Plausible()) {
+    if (implausible_++ < 3) {
+      spdlog::warn("policy: worker {} reported timings that cannot be true (compute {} s, "
+                   "communication {} s over {} iterations); ignored", worker,
+                   report.compute_seconds, report.communication_seconds, report.iterations);
+    }
+    return;
+  }
   const TimingReport r = report.Completed();
   if (slot.warmup_left > 0) {
     --slot.warmup_left;
@@ -404,12 +430,15 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
       mean_batch > 0 &&
       r.batch_squares / r.iterations - mean_batch * mean_batch <= 0.05 * 0.05 * mean_batch * mean_batch;
   if (options_.kind != Kind::kFixed && options_.level_shift > 0 && slot.reported &&
-      slot.sums.n >= options_.shift_min_iterations && one_batch && r.compute_seconds > 0) {
+      slot.iterations >= options_.shift_min_iterations && one_batch && r.compute_seconds > 0) {
     const double predicted = CostOf(slot).Compute(mean_batch) * r.iterations;
     if (predicted > 0) {
       const double off = std::log(r.compute_seconds / predicted);
-      const double threshold =
-          std::max(std::log1p(options_.level_shift), options_.shift_spreads * slot.spread);
+      // Capped at the at-once factor: on a node whose spread grew large, a
+      // real 4x straggler must still be able to become suspect.
+      const double threshold = std::min(
+          std::max(std::log1p(options_.level_shift), options_.shift_spreads * slot.spread),
+          std::max(std::log1p(options_.level_shift), std::log1p(options_.level_shift_at_once)));
       // The spread learns from every report but those of a confirmed
       // shift: on a noisy node big deviations are the norm, and the bar
       // rises with them; a shift is not noise.
@@ -434,7 +463,8 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
         const double every = sign > 0 ? std::log(r.min_compute / per_iteration)
                                       : std::log(r.max_compute / per_iteration);
         const bool at_once =
-            r.iterations >= 2 && r.min_compute > 0 && sign * every > 0 &&
+            r.iterations >= 2 && r.min_compute > 0 && r.max_compute >= r.min_compute &&
+            sign * every > 0 &&
             std::abs(every) > std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
         if (at_once || (slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports) &&
                         lasted >= options_.shift_seconds - 1e-9)) {
@@ -442,6 +472,7 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
           // (the first may have straddled the shift); what came before
           // would water it down.
           slot.sums = CostSums{};
+          slot.iterations = 0;
           slot.reported = false;
           const TimingReport latest = slot.suspect.back();
           slot.suspect.clear();
@@ -540,8 +571,9 @@ bool StragglerPolicy::Round(TimePoint now) {
   // any worker's noise (a fit on the policy's own moves is not).
   probing_ = options_.probe > 0 && probe_round_ < 4 * std::max<uint32_t>(1, options_.probe_rounds) &&
              (probe_round_ < options_.probe_rounds || fit_weight_ < kProbedWeight);
-  if (probing_ && timings_.size() >= 2) {
-    for (size_t k = 0; k < timings_.size(); ++k) {
+  if (probing_) {
+    // One worker alone cannot be probed (its size is B); the rounds count.
+    for (size_t k = 0; k < timings_.size() && timings_.size() >= 2; ++k) {
       timings_[k].second.probe = 1 + ((k + probe_round_) % 2 ? options_.probe : -options_.probe);
     }
     ++probe_round_;

@@ -16,9 +16,9 @@
 // per-iteration (batch, compute time) pairs; the ratio a / c (the fixed cost
 // in samples) is pooled across workers, since they run the same model and
 // a calm policy gives each worker's own fit too little spread in b. A
-// report off the model by more than the noise is acted on only when the
-// next one confirms it (a level shift), so that a noisy node's single slow
-// heartbeat moves nothing.
+// report off the model by more than the noise is acted on only when later
+// ones confirm it over a while (a level shift), so that a noisy node's
+// single slow heartbeat moves nothing.
 //
 // StragglerPolicy below wraps the rule, the cost model and the staleness
 // bounds into the three policies the monitor runs: `fixed`, `adaptive-batch`
@@ -181,6 +181,11 @@ struct TimingReport {
     }
     return *this;
   }
+  // Whether the timings can be true: finite, not negative, the quickest
+  // iteration no slower than the slowest, and the sums of squares within
+  // what the batches allow. A report that is not is ignored (a peer that
+  // lies must not poison every worker's size).
+  bool Plausible() const;
   // This report with batch_squares and batch_compute filled in where they
   // were left 0.
   TimingReport Completed() const {
@@ -305,6 +310,8 @@ class StragglerPolicy {
   double last_change() const { return last_change_; }
   // Level shifts confirmed so far.
   uint64_t level_shifts() const { return level_shifts_; }
+  // Reports ignored because their timings could not be true.
+  uint64_t implausible_reports() const { return implausible_; }
   // Overrides one worker's bounds (an operator's decision; pacer's slack
   // leaves them alone from then on); false for an unknown worker.
   bool SetBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
@@ -353,6 +360,7 @@ class StragglerPolicy {
     bool shifted = false;       // a confirmed shift since the last round
     bool sized = false;         // a round has sized it from its own model
     uint32_t warmup_left = 0;   // reports still to skip (set by SetWorkers)
+    double iterations = 0;      // in the sums since their last restart, not decayed
     TimePoint last_report{};
     double period = 0;          // time per iteration, waiting included, as last measured
     uint64_t clock = 0;         // from the latest report with a time
@@ -384,6 +392,7 @@ class StragglerPolicy {
   double last_change_ = 0;
   uint64_t rounds_ = 0;
   uint64_t level_shifts_ = 0;
+  uint64_t implausible_ = 0;  // reports ignored as impossible
   uint64_t by_reason_[static_cast<size_t>(RoundReason::kCount)] = {};
   RoundReason last_reason_ = RoundReason::kInterval;
   bool urgent_ = false;

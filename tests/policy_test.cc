@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -143,7 +145,7 @@ TEST(CostFitTest, FitsTheFixedCostFromBatchesThatVaried) {
   EXPECT_NEAR(*k, 60, 1e-6);
   // Every batch the same: nothing to fit an intercept from.
   EXPECT_FALSE(FitFixedSamples(SumsOf({100, 100, 100, 100, 100}), 400).has_value());
-  EXPECT_FALSE(FitFixedSamples(SumsOf({100, 101, 100}), 400).has_value()) << "too few";
+  EXPECT_FALSE(FitFixedSamples(SumsOf({80, 120, 100}), 400).has_value()) << "too few";
 }
 
 TEST(CostFitTest, AReportWithoutSquaresIsTakenAtItsMeanBatch) {
@@ -265,7 +267,7 @@ TEST_F(StragglerPolicyTest, ALevelShiftIsConfirmedByASecondReportThenActedOnAtOn
   report(3, 1.2e-4);
   EXPECT_FALSE(p.urgent());
   EXPECT_FALSE(p.Round(clock_.Now()));
-  // 1.8x slower once: past the bar (1.3x, and 3x its spread), so suspect,
+  // 1.8x slower once: past the bar (1.5x, and 3x its spread), so suspect,
   // but nothing happens yet.
   report(3, 1.8e-4);
   EXPECT_FALSE(p.urgent());
@@ -339,9 +341,11 @@ TEST_F(StragglerPolicyTest, AShiftIsConfirmedOnlyOnceItHasLasted) {
   }
 }
 
-// Noise is not a level shift: one slow heartbeat among ordinary ones moves
-// nobody (the old policy resized on it at once).
-TEST_F(StragglerPolicyTest, ASingleSlowReportMovesNothing) {
+// Noise is not a level shift: one slow heartbeat among ordinary ones runs
+// no round and moves nobody at once (the old policy resized worker 3 to
+// about 1/2.5 of the others on it, in the reply). Unconfirmed, it joins the
+// model as ordinary data: the next round moves worker 3 by a few percent.
+TEST_F(StragglerPolicyTest, ASingleSlowReportIsNotALevelShift) {
   StragglerPolicy p(Options(Kind::kAdaptiveBatch));
   p.SetWorkers({1, 2, 3});
   const std::map<uint32_t, double> even = {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}};
@@ -351,14 +355,17 @@ TEST_F(StragglerPolicyTest, ASingleSlowReportMovesNothing) {
     clock_.Advance(std::chrono::milliseconds(500));
   }
   const auto before = p.assignments();
-  // One window 1.8x slow, then back to normal.
-  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1.8e-4}});
+  // One window 2.5x slow (the old policy's bar was 2x), then back to normal.
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 2.5e-4}});
   EXPECT_FALSE(p.urgent());
+  EXPECT_FALSE(p.Round(clock_.Now())) << "no round before the interval";
+  EXPECT_EQ(p.assignments(), before);
   ReportAll(p, even);
   EXPECT_FALSE(p.urgent());
-  p.Round(clock_.Now());
-  EXPECT_EQ(p.assignments(), before);
   EXPECT_EQ(p.level_shifts(), 0u);
+  clock_.Advance(std::chrono::milliseconds(500));
+  p.Round(clock_.Now());
+  EXPECT_NEAR(p.assignment(3).batch, before.at(3).batch, 0.1 * before.at(3).batch);
 }
 
 TEST_F(StragglerPolicyTest, AShiftIsNotWateredDownByReportsFromBeforeIt) {
@@ -404,12 +411,12 @@ TEST_F(StragglerPolicyTest, AWorkerThatJustJoinedHoldsBackAnUrgentRound) {
   EXPECT_LT(p.assignment(2).batch * 2, p.assignment(3).batch);
 }
 
-// The positive feedback loop of a per-sample-only model: with a fixed cost
-// per iteration, a worker given a smaller batch looks slower per sample,
-// gets smaller still, and so on. Identical workers with a 3 ms fixed cost
-// (30% of the iteration), one noisy window: the sizes come back to even and
-// the pooled fixed cost is learnt.
-TEST_F(StragglerPolicyTest, AFixedCostDoesNotFeedBackIntoSmallerBatches) {
+// Identical workers with a 3 ms fixed cost (30% of the iteration) and one
+// noisy window: the probes teach the pooled fixed cost (3 ms / 50 us = 60
+// samples) and the sizes come back to even. (Without noise in the later
+// reports a per-sample-only model would come back too; the fit is what this
+// checks.)
+TEST_F(StragglerPolicyTest, TheFixedCostIsLearntFromProbesAndSizesComeBackEven) {
   PolicyOptions o = Options(Kind::kAdaptiveBatch);
   o.probe = 0.2;
   StragglerPolicy p(o);
@@ -637,10 +644,47 @@ TEST_F(StragglerPolicyTest, PacerSlackHasHysteresisAgainstNoise) {
   EXPECT_FALSE(p.slack_open()) << p.last_imbalance();
   round(4e-4);  // a real straggler: opens
   EXPECT_TRUE(p.slack_open());
-  round(1.3e-4);  // still above the closing threshold: stays open
+  round(1.3e-4);  // a shift back (an urgent round, which never closes it)
+  round(1.3e-4);  // a regular round, still above the closing threshold: stays open
+  EXPECT_EQ(p.last_reason(), RoundReason::kInterval);
   EXPECT_TRUE(p.slack_open()) << p.last_imbalance();
   round(1e-4);
   EXPECT_FALSE(p.slack_open());
+}
+
+// A peer that lies (or a broken clock) must not poison every worker's size:
+// timings that cannot be true are ignored, and the sizes stay finite.
+TEST_F(StragglerPolicyTest, ImpossibleTimingsAreIgnored) {
+  StragglerPolicy p(Options(Kind::kAdaptiveBatch));
+  p.SetWorkers({1, 2, 3});
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}});
+  p.Round(clock_.Now());
+  const auto before = p.assignments();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<TimingReport> lies;
+  lies.push_back(TimingReport{4, 256, nan, 0.008, 0, 0});
+  lies.push_back(TimingReport{4, 256, inf, 0.008, 0, 0});
+  lies.push_back(TimingReport{4, 256, -1, 0.008, 0, 0});
+  TimingReport squares{4, 256, 0.03, 0.008, 0, 0};
+  squares.batch_squares = 10;  // below 256^2 / 4: no four batches add up to that
+  lies.push_back(squares);
+  TimingReport range{4, 256, 0.03, 0.008, 0, 0};
+  range.min_compute = 0.01;
+  range.max_compute = 0.005;
+  lies.push_back(range);
+  for (const TimingReport& r : lies) {
+    EXPECT_FALSE(r.Plausible());
+    for (int i = 0; i < 3; ++i) p.Report(3, r);
+  }
+  EXPECT_EQ(p.implausible_reports(), 15u);
+  EXPECT_FALSE(p.urgent());
+  clock_.Advance(std::chrono::seconds(1));
+  ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}});
+  p.Round(clock_.Now());
+  EXPECT_EQ(p.assignments(), before);
+  EXPECT_TRUE(std::isfinite(p.cost(3)->per_sample_seconds));
+  EXPECT_TRUE(TimingReport({4, 256, 0.03, 0.008, 0, 0}).Plausible());
 }
 
 TEST(PolicyKindTest, NamesRoundTrip) {

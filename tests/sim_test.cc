@@ -158,9 +158,9 @@ TEST(SimTest, FairSharesEqualiseTrueIterationTimes) {
   EXPECT_NEAR(s[0], 149.5, 1e-6);
 }
 
-// Cases of the two tests below that do not meet the bar yet (issue 18 is
-// in progress): they are run and printed, not asserted. Anything not listed
-// must meet it.
+// Cases of the tests below that do not meet the bar yet (issue 18 is in
+// progress): they are run, printed, and asserted to miss still, so that
+// this list is kept true. Anything not listed must meet the bar.
 struct KnownMiss {
   int workers;
   int scenario;  // Scenario, as int; -1: identical workers
@@ -195,6 +195,7 @@ TEST(SimTest, IdenticalWorkersUnderNoiseKeepEvenBatches) {
       if (KnownToMiss(workers, -1, 1, seed)) {
         std::printf("known miss: %d workers, seed %lu: %.4f stable\n", workers,
                     static_cast<unsigned long>(seed), r->stable_fraction);
+        EXPECT_LT(r->stable_fraction, 0.95) << "meets the bar now: drop it from kKnownMisses";
         continue;
       }
       EXPECT_GE(r->stable_fraction, 0.95);
@@ -239,6 +240,7 @@ TEST(SimTest, SlowWorkersUnderNoiseGetTheirFairShareFastAndKeepIt) {
                       "then %.3f in band\n", workers, static_cast<int>(c.scenario), c.factor,
                       static_cast<unsigned long>(seed), r->slow_reach_seconds,
                       r->slow_in_band_fraction);
+          EXPECT_FALSE(MeetsStragglerBar(*r)) << "meets the bar now: drop it from kKnownMisses";
           continue;
         }
         EXPECT_TRUE(MeetsStragglerBar(*r))

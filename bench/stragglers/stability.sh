@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --monitor-args) monitor_args=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stability: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,8 +45,6 @@ scsv="$out/straggler.csv"
 echo "run,steps_after_3s,within_15pct,within_share,median_iteration_s,reaction_s" > "$scsv"
 workers=3 batch=64
 
-# seconds of the day of a log line's ISO time stamp
-stamp() { sed -n 's/^[0-9-]*T\([0-9]*\):\([0-9]*\):\([0-9.]*\) .*/\1 \2 \3/p' | awk '{ print $1 * 3600 + $2 * 60 + $3 }'; }
 
 # iteration_stats DIR: of the steps (DIR/steps*.txt) after the first 3 s,
 # "count within-15%-of-the-median share median": iteration time = compute +
@@ -76,21 +74,26 @@ straggler() {
     --workers "$workers" --batch "$batch" ${monitor_args:+--monitor-args "$monitor_args"} \
     "${wargs[@]}" > "$dir/job.txt" 2>&1 || true
   local stats
-  stats=$(iteration_stats "$dir")
+  stats=$(iteration_stats "$dir" 2>/dev/null || true)
+  [ -n "$stats" ] || stats="0 0 0 0"
   local reaction=NA
   if [ "$name" = shift ]; then
-    # The straggler's id, when it switched, and the first round after that
-    # which sized it under half of B/n.
-    local id at
-    id=$(sed -n 's/.*worker \([0-9]*\): slowdown now 4x.*/\1/p' "$dir"/job/worker2.log | head -1)
-    at=$(grep "slowdown now 4x" "$dir"/job/worker2.log | head -1 | stamp)
-    if [ -n "$id" ] && [ -n "$at" ]; then
-      reaction=$(grep "policy round" "$dir/job/monitor.log" | while read -r line; do
-          t=$(echo "$line" | stamp)
-          b=$(echo "$line" | sed -n "s/.*(worker:batch)[^;]* $id:\([0-9]*\).*/\1/p; s/.*(worker:batch) $id:\([0-9]*\).*/\1/p" | head -1)
-          echo "$t ${b:-NA}"
-        done | awk -v at="$at" -v half=$((batch / 2)) '$1 >= at && $2 != "NA" && $2 < half { printf "%.2f\n", $1 - at; exit }')
-    fi
+    # The straggler's id and when it switched (its log), then the first
+    # round after that which sized it under half of B/n (the monitor's
+    # log), in one awk: time stamps as seconds of the day.
+    reaction=$(awk -v half=$((batch / 2)) '
+      function secs(line,   t) { t = substr(line, 12, 12); split(t, p, ":"); return p[1] * 3600 + p[2] * 60 + p[3] }
+      FNR == NR { if (id == "" && match($0, /worker [0-9]+: slowdown now 4x/)) {
+                    split(substr($0, RSTART, RLENGTH), f, "[ :]"); id = f[2]; at = secs($0) }
+                  next }
+      id != "" && /policy round/ && secs($0) >= at {
+        sizes = $0; sub(/.*[(]worker:batch[)] /, "", sizes); sub(/;.*/, "", sizes)
+        n = split(sizes, kv, " ")
+        for (i = 1; i <= n; i++) {
+          split(kv[i], pair, ":")
+          if (pair[1] == id && pair[2] + 0 < half) { printf "%.2f\n", secs($0) - at; exit }
+        }
+      }' "$dir/job/worker2.log" "$dir/job/monitor.log" 2>/dev/null || true)
   fi
   echo "$name,$(echo "$stats" | tr ' ' ','),${reaction:-NA}" >> "$scsv"
   tail -1 "$scsv" | awk -F, '{ printf "[stability] %s: %d steps after 3 s, %.1f%% within 15%% of the median iteration (%.1f ms); reaction to the 4x switch: %s s\n", $1, $2, 100 * $4, 1e3 * $5, $6 }' >&2
