@@ -61,6 +61,9 @@ absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const Work
 
 namespace {
 
+// The least time a heartbeat waits for its reply (at least twice the interval).
+constexpr Duration kMinHeartbeatWait = std::chrono::milliseconds(250);
+
 // What the latest heartbeat reply said, shared with the training thread.
 struct JobView {
   wire::JobState state = wire::JobState::Waiting;
@@ -388,8 +391,12 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
         options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now, t.samples, t.compute,
         t.batch_squares, t.batch_compute, t.compute_min, t.compute_max);
-    auto reply = monitor->Call(fbb, body, clock->Now() + std::max(heartbeat_interval * 5,
-                                                                  Duration(std::chrono::seconds(1))));
+    // A heartbeat lost on the way (there or back) is given up soon and the
+    // next one sent: the lease (3 s by default) must outlast several tries.
+    // A 1 s wait here let three losses in a row (1 in ~1000 heartbeats
+    // under 10% loss) expire a live worker's lease.
+    auto reply = monitor->Call(
+        fbb, body, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!reply.ok() && t.iterations > 0) {
