@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
                  "(relative) and by more than --shift-spreads times the worker's own spread is "
                  "suspect; suspects off the same way over --shift-reports reports and "
                  "--shift-seconds are a level shift, which resizes that worker at once (so is "
-                 "one report of 2+ iterations whose every iteration is over 2x off); 0: off")
+                 "one report of 2+ iterations whose every iteration is over 2x off, and a streak "
+                 "of --shift-iterations iterations over 2x off together); 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   app.add_option("--shift-spreads", opts.policy.shift_spreads,
                  "How many times a worker's own spread a report must be off to be suspect")
@@ -72,6 +73,11 @@ int main(int argc, char** argv) {
   app.add_option("--shift-reports", opts.policy.shift_reports,
                  "Suspect reports in a row that confirm a level shift")
       ->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--shift-iterations", opts.policy.shift_iterations,
+                 "Iterations in a streak of suspect reports that, over 2x off together (and "
+                 "still suspect without the most extreme one), confirm a level shift before "
+                 "--shift-seconds; 0: off")
+      ->capture_default_str()->check(CLI::Range(0, 100000));
   app.add_option("--shift-seconds", opts.policy.shift_seconds,
                  "How long the suspect reports must have lasted to confirm a level shift")
       ->capture_default_str()->check(CLI::Range(0.0, 60.0));
@@ -86,7 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--catch-up", opts.policy.catch_up_iterations,
                  "pacer over dssp: a worker more than max(2, r_max) clocks behind the median "
                  "one takes max(0.5, 1 - lag/N) of the common iteration time, but never less "
-                 "than 3/4 of the batch it would get without catch-up, until it catches up; "
+                 "than 3/4 of the batch it would get without catch-up (half, once it is more "
+                 "than s_L behind and holds the others at the bound), until it catches up; "
                  "0: off")
       ->capture_default_str();
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")

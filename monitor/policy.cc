@@ -462,12 +462,41 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
         const double per_iteration = predicted / r.iterations;
         const double every = sign > 0 ? std::log(r.min_compute / per_iteration)
                                       : std::log(r.max_compute / per_iteration);
-        const bool at_once =
-            r.iterations >= 2 && r.min_compute > 0 && r.max_compute >= r.min_compute &&
-            sign * every > 0 &&
-            std::abs(every) > std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
-        if (at_once || (slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports) &&
-                        lasted >= options_.shift_seconds - 1e-9)) {
+        const double at_once_bar =
+            std::max(std::log1p(options_.level_shift_at_once), 2 * threshold);
+        const bool every_moved = r.iterations >= 2 && r.min_compute > 0 &&
+                                 r.max_compute >= r.min_compute && sign * every > 0 &&
+                                 std::abs(every) > at_once_bar;
+        // The streak as one: its iterations, and how far off they are
+        // together; and the same without its most extreme iteration, which
+        // must still be suspect (one stall, however long, is no shift).
+        uint64_t streak_iterations = 0;
+        double streak_compute = 0, streak_predicted = 0;
+        double extreme = 0, extreme_predicted = 0;
+        for (const TimingReport& s : slot.suspect) {
+          const double per = CostOf(slot).Compute(static_cast<double>(s.samples) / s.iterations);
+          streak_iterations += s.iterations;
+          streak_compute += s.compute_seconds;
+          streak_predicted += per * s.iterations;
+          const double edge = sign > 0 ? s.max_compute : s.min_compute;
+          if (edge > 0 && per > 0 &&
+              (extreme == 0 ||
+               sign * std::log(edge / per) > sign * std::log(extreme / extreme_predicted))) {
+            extreme = edge;
+            extreme_predicted = per;
+          }
+        }
+        const double rest_compute = streak_compute - extreme;
+        const double rest_predicted = streak_predicted - extreme_predicted;
+        const bool heavy = options_.shift_iterations > 0 &&
+                           streak_iterations >= options_.shift_iterations &&
+                           streak_predicted > 0 && streak_compute > 0 &&
+                           sign * std::log(streak_compute / streak_predicted) > at_once_bar &&
+                           rest_predicted > 0 && rest_compute > 0 &&
+                           sign * std::log(rest_compute / rest_predicted) > threshold;
+        if (every_moved || heavy ||
+            (slot.suspect.size() >= std::max<uint32_t>(1, options_.shift_reports) &&
+             lasted >= options_.shift_seconds - 1e-9)) {
           // Confirmed: the worker's model restarts from the latest report
           // (the first may have straddled the shift); what came before
           // would water it down.
@@ -610,7 +639,8 @@ bool StragglerPolicy::Round(TimePoint now) {
       if (lag > free_lag) {
         timings_[k].second.time_share =
             std::max(0.5, 1 - lag / static_cast<double>(options_.catch_up_iterations));
-        timings_[k].second.min_share_of_target = options_.catch_up_floor;
+        timings_[k].second.min_share_of_target =
+            lag > options_.staleness ? options_.catch_up_blocking_floor : options_.catch_up_floor;
       }
     }
   }

@@ -238,12 +238,19 @@ struct PolicyOptions {
   // co-located job's busy slice). Only a report of at least two iterations
   // of which even the quickest (slowest) was off by more than a factor
   // (1 + level_shift_at_once) and by twice the bar is confirmed at once:
-  // every iteration moved, not one. level_shift <= 0: off.
+  // every iteration moved, not one. So is a streak of suspects that holds
+  // at least `shift_iterations` iterations, is off by as much all of them
+  // together, and is still off by more than the bar without its most
+  // extreme iteration: a descheduled iteration averages away over that
+  // many and a single stall is left out, but a straggler's first heartbeat
+  // (the real worker reports after every push) confirms within a few
+  // iterations. shift_iterations 0: that rule off. level_shift <= 0: off.
   double level_shift = 0.5;
   double shift_spreads = 3.0;
   uint32_t shift_reports = 2;
   double shift_seconds = 0.3;
   double level_shift_at_once = 1.0;
+  uint32_t shift_iterations = 6;
   // A worker's first `warmup_reports` reports with iterations (its first
   // iterations: allocation, caches, threads starting) are not used, and no
   // report is judged against its model before that model holds
@@ -267,13 +274,19 @@ struct PolicyOptions {
   uint32_t probe_rounds = 8;
   // pacer over dssp: a worker `lag` clocks behind the median worker
   // (clocks extrapolated from their reports) is sized to take
-  // max(catch_up_floor, 1 - lag / catch_up_iterations) of the common
+  // max(0.5, 1 - lag / catch_up_iterations) of the common
   // iteration time's batch, so that it closes the gap rather than trailing
   // by it until the others block on DSSP's bound. Lags up to
   // max(2, staleness_range) clocks are left to DSSP's slack. 0: off.
   uint32_t catch_up_iterations = 16;
-  // The least share of its own target batch catch-up may leave a worker.
+  // The least share of its own target batch catch-up may leave a worker,
+  // and the least for a worker more than `staleness` (s_L) clocks behind,
+  // which holds the others at DSSP's bound. (0.5 for every lag cost the
+  // simulator's hetero scenario 2-3 points of the ideal; 0.75 for every
+  // lag left bursts at 256 and 1024 workers 2-2.5 points under the old
+  // policy's.)
   double catch_up_floor = 0.75;
+  double catch_up_blocking_floor = 0.5;
 };
 
 // Why a round of the policy ran (pacer_monitor_policy_rounds_total{reason}).

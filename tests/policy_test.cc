@@ -308,6 +308,7 @@ TEST_F(StragglerPolicyTest, AShiftIsConfirmedOnlyOnceItHasLasted) {
   for (int streak : {5, 6}) {  // 0.4 s and 0.5 s of slow reports
     PolicyOptions o = Options(Kind::kAdaptiveBatch);
     o.shift_seconds = 0.5;
+    o.shift_iterations = 0;  // the streak's weight alone (next test) would confirm it
     StragglerPolicy p(o);
     p.SetWorkers({1, 2, 3});
     auto report = [&](uint32_t id, double spp) {
@@ -338,6 +339,77 @@ TEST_F(StragglerPolicyTest, AShiftIsConfirmedOnlyOnceItHasLasted) {
       EXPECT_TRUE(p.Round(clock_.Now()));
       EXPECT_LT(p.assignment(3).batch * 2, p.assignment(1).batch);
     }
+  }
+}
+
+// A streak heavy with evidence is confirmed before shift_seconds: at least
+// shift_iterations iterations, off by more than 2x all together, with the
+// most extreme iteration left out (a single descheduled iteration, however
+// long, cannot make a streak heavy).
+TEST_F(StragglerPolicyTest, AStreakOfManySlowIterationsIsConfirmedAtOnce) {
+  PolicyOptions o = Options(Kind::kAdaptiveBatch);
+  o.shift_seconds = 10;  // the duration rule never confirms here
+  ASSERT_EQ(o.shift_iterations, 6u);
+  auto warm = [&](StragglerPolicy& p) {
+    p.SetWorkers({1, 2, 3});
+    for (int i = 0; i < 4; ++i) {
+      ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 1e-4}});
+      p.Round(clock_.Now());
+      clock_.Advance(std::chrono::milliseconds(500));
+    }
+  };
+  // The heartbeat of `iterations` iterations of worker 3 whose compute is
+  // `times` x the model's per-sample 100 us, quickest and slowest given.
+  auto report = [](StragglerPolicy& p, uint32_t iterations, double times, double quickest,
+                   double slowest) {
+    const uint32_t b = p.assignment(3).batch;
+    TimingReport r;
+    r.iterations = iterations;
+    r.samples = uint64_t{b} * iterations;
+    r.compute_seconds = times * 1e-4 * static_cast<double>(r.samples);
+    r.min_compute = quickest * 1e-4 * b;
+    r.max_compute = slowest * 1e-4 * b;
+    r.communication_seconds = 0.002 * iterations;
+    p.Report(3, r);
+  };
+  {
+    // One iteration per heartbeat (the real worker's rhythm), each 3x slow:
+    // suspects, until the sixth makes the streak heavy enough.
+    StragglerPolicy p(o);
+    warm(p);
+    for (int i = 0; i < 5; ++i) {
+      report(p, 1, 3, 3, 3);
+      EXPECT_FALSE(p.urgent()) << "report " << i;
+    }
+    report(p, 1, 3, 3, 3);
+    EXPECT_TRUE(p.urgent());
+    EXPECT_EQ(p.level_shifts(), 1u);
+  }
+  {
+    // A window that straddles the start of a 4x slowdown: 14 iterations,
+    // 3x slow on average, the quickest at the old speed (so not every
+    // iteration moved): confirmed by its weight.
+    StragglerPolicy p(o);
+    warm(p);
+    report(p, 14, 3, 1, 4);
+    EXPECT_TRUE(p.urgent());
+  }
+  {
+    // 14 iterations, one of them stalled 30x: 3.1x on average, but without
+    // the stall the others were on time. Not a shift.
+    StragglerPolicy p(o);
+    warm(p);
+    report(p, 14, (13 + 30) / 14.0, 1, 30);
+    EXPECT_FALSE(p.urgent());
+    EXPECT_EQ(p.level_shifts(), 0u);
+  }
+  {
+    // Off by 1.8x (suspect, but under 2x) for 30 iterations: left to the
+    // duration rule.
+    StragglerPolicy p(o);
+    warm(p);
+    for (int i = 0; i < 30; ++i) report(p, 1, 1.8, 1.8, 1.8);
+    EXPECT_FALSE(p.urgent());
   }
 }
 
@@ -470,19 +542,33 @@ TEST_F(StragglerPolicyTest, PacerSizesAWorkerThatFellBehindToCatchUp) {
     if (catch_up == 0) {
       EXPECT_NEAR(p.assignment(3).batch, 64, 1) << "no catch-up: speed shares only";
     } else {
-      // Half the common iteration time (1 - 8/16) would leave it 16 of 64
-      // samples; catch-up never takes more than a quarter: 48, damped to 56.
+      // Half the common iteration time (1 - 8/16) would leave it 22 of 64
+      // samples; catch-up never takes more than half: 32, then scaled up
+      // with the others to add up to B (32 x 192 / 160 = 38).
       EXPECT_LT(p.assignment(3).batch + 8, p.assignment(1).batch);
-      EXPECT_GE(p.assignment(3).batch, 48u);
+      EXPECT_GE(p.assignment(3).batch, 32u);
     }
   }
 }
 
 // Lags that DSSP's slack covers (up to r_max clocks) are left to it: noise
 // makes such lags all the time, and sizing them away swings the batches.
+// Past that, catch-up never takes a worker below 3/4 of its target while it
+// is within s_L of the others, nor below half once it holds them at the
+// bound.
 TEST_F(StragglerPolicyTest, CatchUpLeavesSmallLagsToTheSlackAndNeverStarves) {
-  for (uint64_t lag : {3u, 40u}) {
+  struct Case {
+    uint64_t lag;
+    uint32_t s_l;
+    uint32_t batch;  // worker 3's
+  };
+  // 3/4 of 64 = 48, then all three scaled up together to add up to B:
+  // 48 x 192 / 176 = 52; half: 32 x 192 / 160 = 38 (half the common
+  // iteration time alone would leave it 22).
+  for (const Case c : {Case{3, 0, 64}, Case{6, 8, 52}, Case{12, 8, 38}, Case{40, 0, 38}}) {
+    SCOPED_TRACE("lag " + std::to_string(c.lag) + ", s_L " + std::to_string(c.s_l));
     PolicyOptions o = Options(Kind::kPacer, wire::Mode::Dssp);
+    o.staleness = c.s_l;
     o.staleness_range = 4;
     o.damping = 1;
     StragglerPolicy p(o);
@@ -493,18 +579,12 @@ TEST_F(StragglerPolicyTest, CatchUpLeavesSmallLagsToTheSlackAndNeverStarves) {
       r.samples = uint64_t{a.batch} * 4;
       r.compute_seconds = 1e-4 * static_cast<double>(r.samples);
       r.communication_seconds = 0.008;
-      r.clock = id == 3 ? 100 - lag : 100;
+      r.clock = id == 3 ? 100 - c.lag : 100;
       r.at = clock_.Now();
       p.Report(id, r);
     }
     p.Round(clock_.Now());
-    if (lag == 3) {
-      EXPECT_EQ(p.assignment(3).batch, 64u);
-    } else {
-      // 3/4 of its 64 (48, not the 16 of half the time), then all three
-      // scaled up together to add up to B: 48 x 192 / 176.
-      EXPECT_NEAR(p.assignment(3).batch, 52, 1);
-    }
+    EXPECT_NEAR(p.assignment(3).batch, c.batch, 1);
   }
 }
 
