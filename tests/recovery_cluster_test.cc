@@ -394,7 +394,10 @@ TEST(RecoveryClusterTest, StoppedClusterResumesFromItsCheckpoints) {
 // in each epoch, and the only samples trained twice are those of the killed
 // worker's last batch.
 TEST(RecoveryClusterTest, WorkerChurnSkipsNoSampleAndRepeatsAtMostTheKilledWorkersLastBatch) {
-  constexpr int kPartitions = 4, kEpochs = 2, kTrain = 6000;
+  // Epochs enough that the job outlasts the joining worker's start-up (at
+  // 2 epochs, on a loaded machine, the others finished 10 ms before it
+  // registered, and it was refused: the job had stopped).
+  constexpr int kPartitions = 4, kEpochs = 6, kTrain = 6000;
   ClusterSpec spec;
   spec.shards = 2;
   spec.workers = 3;
