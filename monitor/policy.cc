@@ -431,7 +431,8 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
       r.batch_squares / r.iterations - mean_batch * mean_batch <= 0.05 * 0.05 * mean_batch * mean_batch;
   if (options_.kind != Kind::kFixed && options_.level_shift > 0 && slot.reported &&
       slot.iterations >= options_.shift_min_iterations && one_batch && r.compute_seconds > 0) {
-    const double predicted = CostOf(slot).Compute(mean_batch) * r.iterations;
+    const WorkerCost cost = CostOf(slot);  // judges this report and its streak alike
+    const double predicted = cost.Compute(mean_batch) * r.iterations;
     if (predicted > 0) {
       const double off = std::log(r.compute_seconds / predicted);
       // Capped at the at-once factor: on a node whose spread grew large, a
@@ -474,7 +475,7 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
         double streak_compute = 0, streak_predicted = 0;
         double extreme = 0, extreme_predicted = 0;
         for (const TimingReport& s : slot.suspect) {
-          const double per = CostOf(slot).Compute(static_cast<double>(s.samples) / s.iterations);
+          const double per = cost.Compute(static_cast<double>(s.samples) / s.iterations);
           streak_iterations += s.iterations;
           streak_compute += s.compute_seconds;
           streak_predicted += per * s.iterations;
