@@ -138,6 +138,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-interval", opts.eval_interval_seconds,
                  "Seconds between the evaluating worker's test-set evaluations")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--eval-every-clocks", opts.eval_interval_clocks,
+                 "Also evaluate every this many clocks, logged as 'clock C (every N clocks)'; "
+                 "steps to an accuracy compare fairly between runs only on such a schedule "
+                 "(0: by time only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--shard-resend-ms", shard_resend_ms,
                  "Milliseconds before an unacknowledged update to a shard is sent again")
       ->capture_default_str()->check(CLI::PositiveNumber);

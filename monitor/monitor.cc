@@ -200,7 +200,8 @@ flatbuffers::Offset<wire::JobConfig> MonitorCore::BuildJob(flatbuffers::FlatBuff
                                options_.global_batch, options_.epochs, options_.time_cap_seconds,
                                options_.target_accuracy, options_.seed,
                                options_.eval_interval_seconds, options_.heartbeat_interval_ms,
-                               options_.backup_workers, p, options_.staleness_aware_lr);
+                               options_.backup_workers, p, options_.staleness_aware_lr,
+                               options_.eval_interval_clocks);
 }
 
 flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
@@ -714,8 +715,11 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
   m_test_loss_->Set(a->loss());
   m_accuracy_reports_->Increment();
   auto running = seconds_running();
-  spdlog::info("clock {}: test accuracy {:.4f}, loss {:.4f} ({} samples) after {:.1f} s",
-               a->clock(), a->accuracy(), a->loss(), a->samples(), running.value_or(0));
+  // The time schedule's line keeps its form; the clock schedule's names itself.
+  const std::string every =
+      a->every_clocks() > 0 ? fmt::format(" (every {} clocks)", a->every_clocks()) : "";
+  spdlog::info("clock {}{}: test accuracy {:.4f}, loss {:.4f} ({} samples) after {:.2f} s",
+               a->clock(), every, a->accuracy(), a->loss(), a->samples(), running.value_or(0));
   if (!time_to_target_ && a->accuracy() >= report_threshold_ && running) {
     time_to_target_ = *running;
     spdlog::info("reached test accuracy {:.2f} after {:.2f} s", report_threshold_, *running);

@@ -78,6 +78,10 @@ struct MonitorOptions {
   uint32_t heartbeat_interval_ms = 100;
   // How often rank 0 evaluates the test set (--eval-interval).
   double eval_interval_seconds = 1.0;
+  // Also evaluate every this many clocks (--eval-every-clocks); 0: only by
+  // time. Steps to an accuracy compare fairly between runs whose steps take
+  // different times only on a schedule in clocks.
+  uint32_t eval_interval_clocks = 0;
   // Unacknowledged updates to a shard are re-sent after this long.
   Duration shard_resend = std::chrono::milliseconds(300);
   // After the job stops, keep answering for this long so every process hears.

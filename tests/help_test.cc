@@ -30,6 +30,7 @@ const Binary kBinaries[] = {
      {"--listen", "--metrics-addr", "--log-level", "--job-id", "--mode", "--lr", "--momentum",
       "--global-batch", "--epochs", "--time-cap", "--target-accuracy", "--report-accuracy",
       "--seed", "--min-shards", "--min-workers", "--lease", "--heartbeat-ms", "--eval-interval",
+      "--eval-every-clocks",
       "--max-message-bytes", "--shard-resend-ms", "--stop-grace", "--data-dir",
       "--data-partitions", "--metrics-auth-file", "--config", "--faults", "--fault-seed"}},
     {PACER_WORKER_BIN,

@@ -72,5 +72,51 @@ TEST(InProcClusterTest, TrainsToTargetWithBspAcrossTwoShards) {
   }
 }
 
+// One shard, one worker, 2 epochs of 3200 samples at batch 32 (200 clocks);
+// the time schedule is out of reach, so only the clock schedule (if set)
+// evaluates. Returns the evaluations the monitor counted.
+double EvaluationsOfAJob(uint32_t eval_every_clocks) {
+  auto transport = MakeInProcTransport();
+  MonitorOptions mopts;
+  mopts.listen = "mem://monitor";
+  mopts.job_id = 98;
+  mopts.global_batch = 32;
+  mopts.epochs = 2;
+  mopts.time_cap_seconds = 120;
+  mopts.eval_interval_seconds = 1000;
+  mopts.eval_interval_clocks = eval_every_clocks;
+  mopts.stop_grace = std::chrono::milliseconds(300);
+  auto monitor = MonitorServer::Start(transport.get(), mopts);
+  EXPECT_TRUE(monitor.ok()) << monitor.status();
+  if (!monitor.ok()) return -1;
+  ShardServerOptions sopts;
+  sopts.listen = "mem://shard0";
+  sopts.monitor = "mem://monitor";
+  auto shard = ShardServer::Start(transport.get(), sopts);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return -1;
+  worker::WorkerOptions wopts;
+  wopts.monitor = "mem://monitor";
+  wopts.train_limit = 3200;
+  wopts.test_limit = 200;
+  wopts.request_timeout = std::chrono::seconds(30);
+  worker::Worker w(transport.get(), wopts);
+  auto result = w.Run();
+  (*monitor)->Wait();
+  (*shard)->Wait();
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (result.ok()) EXPECT_EQ(result->clocks, 200u);
+  return ReadMetric((*monitor)->registry(), "pacer_training_evaluations_total");
+}
+
+TEST(InProcClusterTest, EvaluatesEveryNClocksWhenAsked) {
+  // Every 20 of 200 clocks: 10 chances; an evaluation that outlasts 20
+  // clocks skips the ones it missed, so not all 10 need happen.
+  const double every_20 = EvaluationsOfAJob(20);
+  EXPECT_GE(every_20, 4);
+  EXPECT_LE(every_20, 10);
+  EXPECT_EQ(EvaluationsOfAJob(0), 0);
+}
+
 }  // namespace
 }  // namespace pacer

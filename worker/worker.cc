@@ -237,6 +237,7 @@ struct Worker::Impl {
   uint32_t epochs = 0;
   uint64_t seed = 1;
   double eval_interval = 1.0;
+  uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
   Duration heartbeat_interval = std::chrono::milliseconds(100);
 
   std::mutex mu;
@@ -349,6 +350,7 @@ absl::Status Worker::Impl::Register(RpcChannel& monitor) {
         epochs = r->job()->epochs();
         seed = r->job()->seed();
         eval_interval = r->job()->eval_interval_seconds();
+        eval_clocks = r->job()->eval_interval_clocks();
         heartbeat_interval = std::chrono::milliseconds(std::max<uint32_t>(1, r->job()->heartbeat_interval_ms()));
       }
       return absl::OkStatus();
@@ -491,12 +493,30 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
   auto monitor = RpcChannel::Connect(transport, options.monitor, Rpc());
   if (!client.ok() || !monitor.ok()) return;
   std::unique_lock<std::mutex> lock(mu);
+  // Two schedules: every eval_interval seconds, and (if set) every
+  // eval_clocks of this worker's clocks; each evaluation says which asked.
+  TimePoint next = clock->Now() + FromSeconds(eval_interval);
+  uint64_t next_clock = eval_clocks;
   while (!heartbeat_exit) {
-    // `cv` also wakes on every heartbeat: wait out the whole interval.
-    const TimePoint next = clock->Now() + FromSeconds(eval_interval);
-    while (!heartbeat_exit && !clock->WaitUntil(cv, lock, next)) {
+    // `cv` also wakes on every heartbeat and as clocks pass: wait for a
+    // deadline of one schedule or the other.
+    bool by_time = false;
+    while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock)) {
+      if (clock->WaitUntil(cv, lock, next)) {
+        by_time = true;
+        break;
+      }
     }
     if (heartbeat_exit) break;
+    uint32_t every_clocks = 0;
+    if (by_time) {
+      next = clock->Now() + FromSeconds(eval_interval);
+    } else {
+      every_clocks = eval_clocks;
+      // The next multiple past the current clock: a slow evaluation skips
+      // the clocks it missed rather than queueing them.
+      next_clock = (clock_now.load() / eval_clocks + 1) * eval_clocks;
+    }
     if (!view.evaluate) continue;
     lock.unlock();
     if (!test) {
@@ -526,7 +546,8 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
       flatbuffers::FlatBufferBuilder fbb(128);
       auto body = wire::CreateAccuracyReport(fbb, static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
                                              static_cast<float>(r.accuracy),
-                                             static_cast<float>(r.loss), static_cast<uint32_t>(r.samples));
+                                             static_cast<float>(r.loss), static_cast<uint32_t>(r.samples),
+                                             every_clocks);
       auto ack = (*monitor)->Call(fbb, body, clock->Now() + std::chrono::seconds(2));
       if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ack.status().ToString());
     }
@@ -1004,6 +1025,11 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     result.samples += this_batch;
     window_samples += this_batch;
     w.clock_now = clock;
+    if (w.eval_clocks > 0 && clock % w.eval_clocks == 0) {
+      // Under the lock, so that the evaluating thread cannot miss it.
+      std::lock_guard<std::mutex> lock(w.mu);
+      w.cv.notify_all();
+    }
     result.last_loss = loss_ewma;
     const TimePoint now = w.clock->Now();
     if (now >= next_progress) {
