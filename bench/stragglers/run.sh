@@ -70,6 +70,9 @@ declare -A mode_monitor=([ssp]="--staleness=3" [backup]="--backup-workers=1")
 # alone, a run whose steps are 1.7x quicker is looked at 1.7x less often per
 # step, and its steps to 0.85 come out later for that reason alone.
 eval_clocks=100
+# Repetition r runs every mode with seed r (initial parameters, data order):
+# modes are compared on the same draws, and BSP, whose steps do not depend
+# on timing, is not the same trajectory in every repetition.
 modes=(bsp asp ssp dssp backup adaptive-batch pacer)
 # shellcheck disable=SC2206
 [ -z "$only_modes" ] || modes=($only_modes)
@@ -104,7 +107,7 @@ run() {
   # shellcheck disable=SC2086  # mode flags are word-split on purpose
   "$root/deploy/local-cluster.sh" --quiet --keep-training --out "$dir" --batch "$batch" \
     --time-cap "$seconds" ${mode_flags[$mode]} "${sargs[@]}" \
-    --monitor-args "--eval-every-clocks=$eval_clocks ${mode_monitor[$mode]:-}" > "$dir.txt" 2>&1 || true
+    --monitor-args "--seed=$rep --eval-every-clocks=$eval_clocks ${mode_monitor[$mode]:-}" > "$dir.txt" 2>&1 || true
   # Figures: monitor (accuracy), workers (summary lines).
   local ttt acc steps
   # Time: the first evaluation of the time schedule at or above 0.85.
