@@ -24,17 +24,17 @@ int main(int argc, char** argv) {
   app.add_option("--staleness-range", o.staleness_range, "r_max (dssp)")->capture_default_str();
   app.add_option("--backup-workers", o.backup_workers, "k (backup)")->capture_default_str();
   app.add_option("--batch", o.batch, "Batch per worker at the start (B = batch x workers)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--policy-interval", o.policy_interval, "Seconds between policy rounds")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--report-interval", o.report_interval,
                  "Seconds between a worker's heartbeats, which carry its timings and bring back "
                  "its batch size; 0: with every push")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--level-shift", o.level_shift,
                  "A report off the cost model by more than this (relative) is suspect; see "
                  "pacer-monitor --level-shift; 0: off")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--catch-up", o.catch_up,
                  "pacer over dssp: iterations over which a worker that fell behind is sized "
                  "to catch up; 0: off")
@@ -44,27 +44,27 @@ int main(int argc, char** argv) {
   app.add_option("--slow-factor", o.slow_factor, "How much slower a straggler is")
       ->capture_default_str()->check(CLI::Range(1.0, 1000.0));
   app.add_option("--move-every", o.move_every, "moving: seconds before the straggler moves")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--burst-rate", o.burst_rate, "bursts: bursts per worker per second")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--burst-seconds", o.burst_seconds, "bursts: seconds per burst")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--seconds-per-sample", o.seconds_per_sample, "Base compute per sample")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--iteration-overhead", o.iteration_overhead, "Compute seconds per iteration")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--communication", o.communication, "Seconds of pull + push per iteration")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--model-bytes", model_bytes,
                  "When set, communication = 2 x model bytes / --bandwidth + --latency "
                  "(a pull and a push of the model)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pacer::NonNegative());
   app.add_option("--bandwidth", bandwidth, "Bytes per second, with --model-bytes")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--latency", latency, "Seconds per iteration on top, with --model-bytes")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--seconds", o.seconds, "Simulated seconds")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(pacer::Positive());
   app.add_option("--seed", o.seed, "Seed of the burst, noise and co-located job traces")
       ->capture_default_str();
   app.add_option("--noise", o.noise,
@@ -72,22 +72,22 @@ int main(int argc, char** argv) {
                  "with standard deviation NOISE/2, clipped to +-NOISE (0.3: +-30%); 0: none")
       ->capture_default_str()->check(CLI::Range(0.0, 0.9));
   app.add_option("--noise-seconds", o.noise_seconds, "Correlation time of the noise")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--colocated-rate", o.colocated_rate,
                  "Co-located jobs arriving per worker per second; 0: none")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--colocated-seconds", o.colocated_seconds, "Mean length of a co-located job")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--colocated-load", o.colocated_load,
                  "Each co-located job running multiplies compute by 1 + this")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--fit-seconds", o.fit_seconds, "The policy's cost-model memory")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--damping", o.damping, "The policy's step towards its target per round")
       ->capture_default_str()->check(CLI::Range(0.01, 1.0));
   app.add_option("--shift-seconds", o.shift_seconds,
                  "How long a streak of reports off the model must last to be a level shift")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--probe", o.probe,
                  "The policy's probing of sizes (relative) to learn the fixed cost; 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));

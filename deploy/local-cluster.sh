@@ -5,45 +5,82 @@
 # process prints. Ctrl-C stops everything. Used by deploy/quickstart.sh and
 # bench/stragglers; run it directly to try policies and stragglers.
 #
-#   deploy/local-cluster.sh [--shards N] [--workers N] [--time-cap S] [--target A]
-#       [--policy fixed|adaptive-batch|pacer] [--mode bsp|asp|ssp|dssp|backup]
-#       [--batch PER_WORKER] [--monitor-args "FLAGS"] [--worker-args "FLAGS"]
-#       [--worker-args-I "FLAGS"] (I: the I-th worker started, from 0)
-#       [--shard-args "FLAGS"] [--data-dir DIR] (shard I checkpoints to DIR/shardI)
-#       [--out DIR] (keep every process's stdout and log there) [--quiet]
-#       [--keep-training] (run to --time-cap; the target is only timed)
-#       [--targets-file FILE] (write every process's /metrics address there, as
-#       Prometheus file_sd JSON: see deploy/prometheus/prometheus.yml)
+#   deploy/local-cluster.sh [options]
+#     --shards N            shards (default 2)
+#     --workers N           workers (default 3)
+#     --time-cap S          stop after S seconds of training (default 120)
+#     --target A            stop at this test accuracy (default 0.85)
+#     --keep-training       run to --time-cap; the target is only timed
+#     --policy P            fixed, adaptive-batch or pacer (default: the
+#                           monitor's, pacer)
+#     --mode M              bsp, asp, ssp, dssp or backup (default: the
+#                           policy's; pacer runs dssp)
+#     --batch B             batch per worker; B x workers is the global batch
+#                           (default 64)
+#     --compare             then run the same job under BSP (--policy fixed
+#                           --mode bsp) and print both times to the target
+#     --monitor-args "F"    extra flags for pacer-monitor
+#     --shard-args "F"      extra flags for every pacer-server
+#     --worker-args "F"     extra flags for every pacer-worker
+#     --worker-args-I "F"   extra flags for the I-th worker started, from 0:
+#                           the launch order, shown as [worker #I] until the
+#                           worker registers; then [worker ID rank R], with
+#                           the ID that pacerctl and the logs use
+#     --data-dir DIR        shard I checkpoints to DIR/shardI (default: none)
+#     --out DIR             keep every process's stdout and log there
+#                           (default: a temporary folder, removed at exit)
+#     --quiet               do not show the processes' output, only the end
+#     --targets-file FILE   write every process's /metrics address there, as
+#                           Prometheus file_sd JSON (deploy/prometheus)
 #
-# Example, a 4x straggler under the pacer policy:
-#   deploy/local-cluster.sh --policy pacer --worker-args-2 "--slowdown 4"
+# At the end it prints a table per worker (mean batch and its share of the
+# global batch, samples, and the compute, communication and wait shares of
+# its time) and one line on what the straggler policy did.
+#
+# Example, a 4x straggler under the pacer policy, against BSP:
+#   deploy/local-cluster.sh --worker-args-2 "--slowdown 4" --compare
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 shards=2 workers=3 time_cap=120 target=0.85 policy="" mode="" batch=64 out="" quiet=0 keep=0
 monitor_args="" worker_args="" shard_args="" data_dir="" targets_file=""
+compare=0
 declare -A worker_args_i=()
+# The arguments the BSP run of --compare repeats: all but --compare,
+# --policy, --mode, --out, --targets-file and --data-dir (it checkpoints
+# nothing: the first job's checkpoints are not its own).
+rerun=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --shards) shards=$2; shift 2 ;;
-    --workers) workers=$2; shift 2 ;;
-    --time-cap) time_cap=$2; shift 2 ;;
-    --target) target=$2; shift 2 ;;
-    --policy) policy=$2; shift 2 ;;
-    --mode) mode=$2; shift 2 ;;
-    --batch) batch=$2; shift 2 ;;
-    --monitor-args) monitor_args=$2; shift 2 ;;
-    --worker-args) worker_args=$2; shift 2 ;;
-    --shard-args) shard_args=$2; shift 2 ;;
-    --data-dir) data_dir=$2; shift 2 ;;
-    --worker-args-[0-9]*) worker_args_i[${1#--worker-args-}]=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    --quiet) quiet=1; shift ;;
-    --keep-training) keep=1; shift ;;
-    --targets-file) targets_file=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --compare|--quiet|--keep-training|-h|--help) n=1 ;;
+    *) n=2; [ $# -ge 2 ] || { echo "local-cluster.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;
+  esac
+  case "$1" in
+    --compare|--policy|--mode|--out|--targets-file|--data-dir) ;;
+    *) rerun+=("${@:1:n}") ;;
+  esac
+  case "$1" in
+    --shards) shards=$2 ;;
+    --workers) workers=$2 ;;
+    --time-cap) time_cap=$2 ;;
+    --target) target=$2 ;;
+    --policy) policy=$2 ;;
+    --mode) mode=$2 ;;
+    --batch) batch=$2 ;;
+    --compare) compare=1 ;;
+    --monitor-args) monitor_args=$2 ;;
+    --worker-args) worker_args=$2 ;;
+    --shard-args) shard_args=$2 ;;
+    --data-dir) data_dir=$2 ;;
+    --worker-args-[0-9]*) worker_args_i[${1#--worker-args-}]=$2 ;;
+    --out) out=$2 ;;
+    --quiet) quiet=1 ;;
+    --keep-training) keep=1 ;;
+    --targets-file) targets_file=$2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
+  shift "$n"
 done
 
 bin="${PACER_BUILD_DIR:-$root/build}"
@@ -73,6 +110,32 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "[cluster] interrupted" >&2; exit 130' INT TERM
 
+# prefix NAME FILE: shows each line as "[NAME] line". Once the process says who
+# the monitor made it, NAME becomes that: "worker 4 rank 1" (the id pacerctl
+# and the logs use) or "shard 1". The plain-ZeroMQ warning every process
+# logs is left to the files: this script says it once. FILE.name passes the
+# name learnt from the log (stderr) to the stdout side.
+worker_re='worker ([0-9]+): registered as rank ([0-9]+)'
+shard_re='shard ([0-9]+): registered with'
+prefix() {
+  local name=$1 file=$2 line
+  while IFS= read -r line; do
+    if [[ $line =~ $worker_re ]]; then
+      name="worker ${BASH_REMATCH[1]} rank ${BASH_REMATCH[2]}"
+      echo "$name" > "$file.name"
+    elif [[ $line =~ $shard_re ]]; then
+      name="shard ${BASH_REMATCH[1]}"
+      echo "$name" > "$file.name"
+    elif [[ $name == *"#"* && -s $file.name ]]; then
+      read -r name < "$file.name"
+    fi
+    if [[ $line == *"transport security is off"* ]]; then
+      continue
+    fi
+    printf '[%s] %s\n' "$name" "$line"
+  done
+}
+
 # start NAME FILE CMD...: runs CMD with stdout to FILE.out and its log to
 # FILE.log; unless --quiet, every line is also shown with a [NAME] prefix.
 start() {
@@ -80,8 +143,9 @@ start() {
   if [ "$quiet" -eq 1 ]; then
     ( exec "$@" ) > "$file.out" 2> "$file.log" &
   else
-    ( exec "$@" ) > >(tee "$file.out" | sed -u "s/^/[$name] /") \
-      2> >(tee "$file.log" | sed -u "s/^/[$name] /" >&2) &
+    rm -f "$file.name"
+    ( exec "$@" ) > >(tee "$file.out" | prefix "$name" "$file") \
+      2> >(tee "$file.log" | prefix "$name" "$file" >&2) &
   fi
   pids+=($!)
 }
@@ -119,12 +183,12 @@ for i in $(seq 0 $((shards - 1))); do
   shard_dir=()
   [ -z "$data_dir" ] || shard_dir=(--data-dir "$data_dir/shard$i")
   # shellcheck disable=SC2086
-  start "shard $i" "$tmp/shard$i" "$bin/ps/pacer-server" --listen tcp://127.0.0.1:0 \
+  start "shard #$i" "$tmp/shard$i" "$bin/ps/pacer-server" --listen tcp://127.0.0.1:0 \
     --monitor "$monitor" "${shard_dir[@]}" $shard_args
 done
 for i in $(seq 0 $((workers - 1))); do
   # shellcheck disable=SC2086
-  start "worker $i" "$tmp/worker$i" "$bin/worker/pacer-worker" --monitor "$monitor" \
+  start "worker #$i" "$tmp/worker$i" "$bin/worker/pacer-worker" --monitor "$monitor" \
     --progress plain $worker_args ${worker_args_i[$i]:-}
 done
 
@@ -169,4 +233,35 @@ if [ -z "$acc" ]; then
 fi
 echo "final test accuracy: $acc"
 echo "time to $target: $ttt"
-awk -v a="$acc" -v t="$target" 'BEGIN { exit !(a >= t) }'
+# Per worker, from its summary line (stdout) and the id it registered with.
+{
+  printf '%-18s %10s %10s %10s %8s %8s %8s\n' worker "mean batch" "share of B" samples compute comm wait
+  for i in $(seq 0 $((workers - 1))); do
+    name="worker #$i"
+    id=$(sed -n 's/.*worker \([0-9]*\): registered as rank \([0-9]*\).*/\1 rank \2/p' "$tmp/worker$i.log" | tail -n 1)
+    [ -z "$id" ] || name="worker $id"
+    sed -n 's/^worker summary: //p' "$tmp/worker$i.out" | tail -n 1 |
+      awk -v name="$name" -v B=$((batch * workers)) '{
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        t = v["seconds"] > 0 ? v["seconds"] : 1
+        mean = v["clocks"] > 0 ? v["samples"] / v["clocks"] : 0
+        printf "%-18s %10.1f %9.0f%% %10d %7.0f%% %7.0f%% %7.0f%%\n", name, mean, 100 * mean / B,
+               v["samples"], 100 * v["compute_s"] / t, 100 * v["communication_s"] / t, 100 * v["wait_s"] / t
+      }'
+  done
+  sed -n '/ policy: /p' "$tmp/monitor.out"
+} | sed 's/^/[cluster] /' >&2
+pass=0
+awk -v a="$acc" -v t="$target" 'BEGIN { exit !(a >= t) }' || pass=1
+if [ "$compare" -eq 1 ]; then
+  echo "[cluster] --compare: the same job under BSP (--policy fixed --mode bsp)" >&2
+  bsp_out=$("$0" "${rerun[@]}" --quiet --policy fixed --mode bsp \
+    2> >(sed -u 's/^\[cluster\]/[cluster, bsp]/' >&2)) || true
+  bsp_ttt=$(sed -n "s/^time to [0-9.]*: //p" <<< "$bsp_out")
+  echo "time to $target under BSP: ${bsp_ttt:-not reached}"
+  echo "${policy:-pacer} policy ${ttt} against BSP ${bsp_ttt:-not reached}" |
+    awk '{ a = $3 + 0; b = $7 + 0; if ($4 == "s" && $8 == "s" && b > 0)
+             printf "[cluster] %s policy / BSP time to the target: %.2f\n", $1, a / b
+           else print "[cluster] " $0 }' >&2
+fi
+exit "$pass"

@@ -6,6 +6,7 @@
 
 #include "monitor/monitor.h"
 #include "ps/cli.h"
+#include "ps/rpc.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--policy-interval", policy_interval_s,
                  "Seconds between rounds of the batch-size rule")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--level-shift", opts.policy.level_shift,
                  "A worker report whose compute time is off the cost model by more than this "
                  "(relative) and by more than --shift-spreads times the worker's own spread is "
@@ -97,24 +98,26 @@ int main(int argc, char** argv) {
                  "0: off")
       ->capture_default_str();
   app.add_option("--min-batch", opts.policy.batch.b_min, "Smallest batch the policy assigns")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--max-batch", opts.policy.batch.b_max,
                  "Largest batch the policy assigns (a worker's memory limit may lower it)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive())
+      // Not PACER_MAX_BATCH: the worker's --max-batch means its memory limit.
+      ->envname("PACER_POLICY_MAX_BATCH");
   app.add_option("--deadband", opts.policy.batch.deadband,
                  "Relative batch change the policy skips as noise")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
   app.add_option("--lr", opts.learning_rate, "SGD learning rate")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(pacer::Positive());
   app.add_option("--momentum", opts.momentum, "SGD momentum")->capture_default_str()
       ->check(CLI::Range(0.0, 0.9999));
   app.add_option("--global-batch", opts.global_batch,
                  "Global batch B, split evenly across the workers present at the start")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--epochs", opts.epochs, "Epochs each worker runs over its partition (0: no cap)")
       ->capture_default_str();
   app.add_option("--time-cap", opts.time_cap_seconds, "Stop after this many seconds of training "
-                 "(0: no cap)")->capture_default_str()->check(CLI::NonNegativeNumber);
+                 "(0: no cap)")->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--target-accuracy", opts.target_accuracy,
                  "Stop once the evaluating worker reports this test accuracy (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
@@ -123,34 +126,34 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", opts.seed, "Seed for initialisation and shuffling")->capture_default_str();
   app.add_option("--min-shards", opts.min_shards, "Shards that must register before the run starts")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--min-workers", opts.min_workers, "Workers that must register before the run starts")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   pacer::UnsafeSwitches unsafe;
   pacer::AddUnsafeDisableFlag(app, &unsafe,
                               {{"lease-expiry", "a worker silent past its lease is never declared "
                                                 "dead, so the others wait for it forever"}});
   app.add_option("--heartbeat-ms", opts.heartbeat_interval_ms,
                  "Milliseconds between worker heartbeats (sent to workers)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--eval-interval", opts.eval_interval_seconds,
                  "Seconds between the evaluating worker's test-set evaluations")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--eval-every-clocks", opts.eval_interval_clocks,
                  "Also evaluate every this many clocks, logged as 'clock C (every N clocks)'; "
                  "steps to an accuracy compare fairly between runs only on such a schedule "
                  "(0: by time only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--shard-resend-ms", shard_resend_ms,
                  "Milliseconds before an unacknowledged update to a shard is sent again")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--stop-grace", stop_grace_s,
                  "Seconds the monitor keeps answering after the job stops, so everyone hears")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_flag("--rescale-batch", opts.rescale_batch,
                "As workers join or leave, scale the global batch with their number (each keeps "
                "its share); default: keep --global-batch and split it anew");
@@ -225,7 +228,7 @@ int main(int argc, char** argv) {
   const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   auto server = pacer::MonitorServer::Start(transport.get(), opts);
   if (!server.ok()) {
-    spdlog::error("{}", server.status().ToString());
+    spdlog::error("{}", pacer::ErrorText(server.status()));
     return pacer::kExitFailure;
   }
   (*server)->set_report_threshold(report_threshold);
@@ -251,6 +254,7 @@ int main(int argc, char** argv) {
   auto acc = (*server)->last_accuracy();
   auto ttt = (*server)->time_to_target();
   std::printf("stop reason: %s\n", (*server)->stop_reason().c_str());
+  std::printf("%s\n", (*server)->policy_summary().c_str());
   if (acc) std::printf("final test accuracy: %.4f\n", *acc);
   if (ttt) {
     std::printf("time to %.2f: %.2f s\n", report_threshold, *ttt);

@@ -7,11 +7,15 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "ps/partition.h"
+#include "ps/rpc.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
 namespace {
+
+// Interval rounds that moved a size are logged at most this often.
+constexpr Duration kPolicyLogEvery = std::chrono::seconds(5);
 
 policy::PolicyOptions PolicyFor(const MonitorOptions& o) {
   policy::PolicyOptions p = o.policy;
@@ -174,6 +178,18 @@ std::vector<uint32_t> MonitorCore::LiveWorkers() const {
   for (const auto& [id, w] : workers_) {
     if (w.alive && !w.done) ids.push_back(id);
   }
+  return ids;
+}
+
+std::vector<uint32_t> MonitorCore::KnownWorkerIds() const {
+  std::vector<uint32_t> ids;
+  for (const auto& [id, w] : workers_) ids.push_back(id);
+  return ids;
+}
+
+std::vector<uint32_t> MonitorCore::KnownShardIds() const {
+  std::vector<uint32_t> ids;
+  for (const ShardState& s : shards_) ids.push_back(s.id);
   return ids;
 }
 
@@ -808,6 +824,20 @@ void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vecto
         return refuse("fault target '" + target +
                       "' is not all, monitor, server, worker, server:ID or worker:ID");
       }
+      // worker:ID and server:ID name a process the monitor knows: a typo
+      // would otherwise set faults nobody ever gets.
+      for (const auto& [role, ids] :
+           {std::pair<std::string, std::vector<uint32_t>>{"worker:", KnownWorkerIds()},
+            std::pair<std::string, std::vector<uint32_t>>{"server:", KnownShardIds()}}) {
+        if (target.rfind(role, 0) != 0) continue;
+        const auto id = static_cast<uint32_t>(std::stoul(target.substr(role.size())));
+        if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
+        std::string known;
+        for (uint32_t k : ids) known += (known.empty() ? "" : ", ") + std::to_string(k);
+        return refuse("no " + role.substr(0, role.size() - 1) + " has id " + std::to_string(id) +
+                      (known.empty() ? std::string(" (none has registered)")
+                                     : " (ids: " + known + "; pacerctl status lists them)"));
+      }
       auto rules = ParseFaults(spec);
       if (!rules.ok()) return refuse(std::string(rules.status().message()));
       faults_[target] = FaultsToString(*rules);
@@ -1226,9 +1256,17 @@ void MonitorCore::RunPolicy(TimePoint now) {
   dirty_ = true;
   SyncPolicyCounters();
   // Routine rounds (sizes moved within the deadband) go to debug: a calm
-  // policy on a noisy node would otherwise log a line every 250 ms.
-  const bool notable = urgent || policy_.last_change() > options_.policy.batch.deadband;
-  if (!notable && !spdlog::should_log(spdlog::level::debug)) return;
+  // policy on a noisy node would otherwise log a line every 250 ms. Interval
+  // rounds that moved a size are shown at most every kPolicyLogEvery (a
+  // straggler at batch 1-3 moves by 100% for 2 samples); confirmed shifts
+  // and membership rounds always.
+  const bool moved = policy_.last_change() > options_.policy.batch.deadband;
+  const bool routine = policy_.last_reason() == policy::RoundReason::kInterval;
+  const bool notable = urgent || (moved && (!routine || now - policy_logged_at_ >= kPolicyLogEvery));
+  if (!notable) {
+    policy_unlogged_ += moved;
+    if (!spdlog::should_log(spdlog::level::debug)) return;
+  }
   std::string sizes, costs;
   for (const auto& [id, a] : policy_.assignments()) {
     sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
@@ -1237,12 +1275,39 @@ void MonitorCore::RunPolicy(TimePoint now) {
                            1e3 * c->fixed_seconds, 1e6 * c->per_sample_seconds);
     }
   }
+  const std::string since =
+      notable && policy_unlogged_ > 0
+          ? fmt::format("; {} more that moved a size since the last line", policy_unlogged_)
+          : "";
   spdlog::log(notable ? spdlog::level::info : spdlog::level::debug,
-              "policy round {} ({}; largest change {:.0f}%): batch sizes (worker:batch) {}; "
+              "policy round {} ({}; largest change {:.0f}%{}): batch sizes (worker:batch) {}; "
               "fitted compute (worker:fixed ms+us per sample) {}",
               policy_.rounds(),
-              urgent ? "a worker's speed shift was confirmed" : "interval",
-              100 * policy_.last_change(), sizes, costs.empty() ? "none yet" : costs);
+              urgent ? "a worker's speed shift was confirmed"
+                     : policy::RoundReasonName(policy_.last_reason()),
+              100 * policy_.last_change(), since, sizes, costs.empty() ? "none yet" : costs);
+  if (notable) {
+    policy_logged_at_ = now;
+    policy_unlogged_ = 0;
+  }
+}
+
+std::string MonitorCore::PolicySummary() const {
+  std::string reasons;
+  for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
+    const auto reason = static_cast<policy::RoundReason>(r);
+    if (policy_.rounds(reason) == 0) continue;
+    reasons += fmt::format("{}{} {}", reasons.empty() ? "" : ", ", policy::RoundReasonName(reason),
+                           policy_.rounds(reason));
+  }
+  std::string sizes;
+  for (const auto& [id, a] : policy_.assignments()) {
+    sizes += fmt::format("{}{}:{}", sizes.empty() ? "" : " ", id, a.batch);
+  }
+  return fmt::format("{} policy: {} rounds{}; last batch sizes (worker:batch) {} of B = {}",
+                     policy::KindName(options_.policy.kind), policy_.rounds(),
+                     reasons.empty() ? "" : " (" + reasons + ")", sizes.empty() ? "none" : sizes,
+                     policy_.global_batch());
 }
 
 void MonitorCore::SyncPolicyCounters() {
@@ -1651,7 +1716,7 @@ void MonitorServer::Run() {
     for (auto& ch : shard_channels_) sockets.push_back(ch->socket());
     auto ready = transport_->Poll(sockets, next_tick);
     if (!ready.ok()) {
-      spdlog::error("poll failed: {}", ready.status().ToString());
+      spdlog::error("poll failed: {}", ErrorText(ready.status()));
       break;
     }
     for (int i = 0; i < 256; ++i) {
@@ -1694,7 +1759,7 @@ void MonitorServer::Run() {
           transport_->SetServerKey(core_->shard_address(next), core_->shard_key(next));
           auto ch = RpcChannel::Connect(transport_, core_->shard_address(next), ropts);
           if (!ch.ok()) {
-            spdlog::error("cannot reach shard: {}", ch.status().ToString());
+            spdlog::error("cannot reach shard: {}", ErrorText(ch.status()));
             break;
           }
           shard_channels_.push_back(std::move(*ch));
@@ -1725,12 +1790,13 @@ void MonitorServer::Run() {
   last_accuracy_ = core_->last_accuracy();
   time_to_target_ = core_->time_to_target();
   stop_reason_ = core_->stop_reason();
+  policy_summary_ = core_->PolicySummary();
   done_ = true;
 }
 
 void MonitorServer::SaveState() {
   absl::Status st = store_->Put("monitor", core_->SaveState());
-  if (!st.ok()) spdlog::error("cannot save the monitor state: {}", st.ToString());
+  if (!st.ok()) spdlog::error("cannot save the monitor state: {}", ErrorText(st));
 }
 
 }  // namespace pacer

@@ -157,10 +157,16 @@ class MonitorCore {
 
   wire::JobState state() const { return state_; }
   const std::string& stop_reason() const { return stop_reason_; }
+  // One line on what the straggler policy did: its rounds by reason and
+  // the last batch sizes.
+  std::string PolicySummary() const;
   // True once the job stopped and the grace period has passed.
   bool finished() const;
   uint64_t membership_version() const { return membership_version_; }
   std::vector<uint32_t> LiveWorkers() const;
+  // Every id the monitor has given, live or not (fault targets name these).
+  std::vector<uint32_t> KnownWorkerIds() const;
+  std::vector<uint32_t> KnownShardIds() const;
   const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
   size_t num_shards() const { return shards_.size(); }
   uint32_t shard_id(size_t i) const { return shards_[i].id; }
@@ -357,6 +363,10 @@ class MonitorCore {
   prometheus::Family<prometheus::Gauge>* m_sample_cost_ = nullptr;
   prometheus::Counter* m_rounds_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
   uint64_t rounds_counted_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
+  // Interval rounds that changed a size are logged at most every
+  // kPolicyLogEvery (the rest at debug); these count the ones in between.
+  TimePoint policy_logged_at_{};
+  uint64_t policy_unlogged_ = 0;
   prometheus::Family<prometheus::Gauge>* m_lag_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_worker_sps_ = nullptr;
   prometheus::Family<prometheus::Gauge>* m_worker_clock_ = nullptr;
@@ -389,6 +399,7 @@ class MonitorServer {
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::string stop_reason() const { return stop_reason_; }
+  std::string policy_summary() const { return policy_summary_; }
   void set_report_threshold(double t) { core_->set_report_threshold(t); }
 
  private:
@@ -416,6 +427,7 @@ class MonitorServer {
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
   std::string stop_reason_;
+  std::string policy_summary_;
   std::thread thread_;
 };
 

@@ -209,7 +209,7 @@ int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
     pacer::Decoded d;
     auto r = ctl.Status(&d);
     if (!r.ok()) {
-      std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+      std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
       return pacer::kExitFailure;
     }
     const nlohmann::json j = StatusJson(ctl.job, *r);
@@ -228,13 +228,13 @@ int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
 int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
   pacer::Decoded d;
   if (auto r = ctl.Status(&d); !r.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
     return pacer::kExitFailure;
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateRemoveWorker(fbb, id), ctl.Deadline());
   if (!reply.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
   }
   std::printf("removed worker %u\n", id);
@@ -249,7 +249,7 @@ int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
   ctl.monitor->options().resend_after = std::chrono::seconds(1);
   pacer::Decoded d;
   if (auto st = ctl.Status(&d); !st.ok()) {  // learns the job id
-    std::fprintf(stderr, "pacerctl: %s\n", st.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(st.status()).c_str());
     return pacer::kExitFailure;
   }
   flatbuffers::FlatBufferBuilder fbb(128);
@@ -257,7 +257,7 @@ int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
       fbb, pacer::wire::CreateFaultControlDirect(fbb, op, target.c_str(), spec.c_str()),
       ctl.Deadline());
   if (!reply.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
   }
   if (reply->type() != pacer::wire::Body::FaultControlReply) {
@@ -282,14 +282,14 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
   pacer::Decoded d;
   auto r = ctl.Status(&d);
   if (!r.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
     return pacer::kExitFailure;
   }
   const uint64_t version = (*r)->shard_map() ? (*r)->shard_map()->version() : 0;
   flatbuffers::FlatBufferBuilder fbb(64);
   auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateShardControl(fbb, op, shard), ctl.Deadline());
   if (!reply.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", reply.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
   }
   if (op == pacer::wire::ShardOp::Pause || op == pacer::wire::ShardOp::Resume) {
@@ -316,7 +316,7 @@ int ExportModelCommand(Ctl& ctl, const std::string& path) {
   pacer::Decoded d;
   auto r = ctl.Status(&d);
   if (!r.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", r.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
     return pacer::kExitFailure;
   }
   const auto* st = *r;
@@ -333,12 +333,12 @@ int ExportModelCommand(Ctl& ctl, const std::string& path) {
   copts.request_timeout = pacer::FromSeconds(ctl.timeout_s * 6);
   auto client = pacer::PsClient::Create(ctl.transport.get(), copts, map, keys);
   if (!client.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", client.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(client.status()).c_str());
     return pacer::kExitFailure;
   }
   auto pulled = (*client)->Pull(0, /*latest=*/true);
   if (!pulled.ok()) {
-    std::fprintf(stderr, "pacerctl: reading the parameters: %s\n", pulled.status().ToString().c_str());
+    std::fprintf(stderr, "pacerctl: reading the parameters: %s\n", pacer::ErrorText(pulled.status()).c_str());
     return pacer::kExitFailure;
   }
   pacer::ModelFile m;
@@ -347,7 +347,7 @@ int ExportModelCommand(Ctl& ctl, const std::string& path) {
   m.keys = (*client)->keys();
   m.values.assign((*client)->params().begin(), (*client)->params().end());
   if (absl::Status s = pacer::WriteModelFile(path, m); !s.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(s).c_str());
     return pacer::kExitFailure;
   }
   std::printf("exported %zu parameters (%zu keys, applied clock %lld) of job %llu to %s\n",
@@ -365,9 +365,10 @@ int main(int argc, char** argv) {
   Ctl ctl;
   CLI::App app{"pacerctl: inspect and steer a running Pacer job through its monitor.", "pacerctl"};
   app.add_option("--monitor", monitor,
-                 "The monitor's address, tcp://HOST:PORT (default: $PACER_MONITOR)");
+                 "The monitor's address, tcp://HOST:PORT (default: $PACER_MONITOR)")
+      ->check(pacer::PeerAddress());
   app.add_option("--timeout", ctl.timeout_s, "Seconds to wait for the monitor's answer")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   pacer::AddLogLevelFlag(app, &log_level);
   pacer::SecurityFlags security;
   pacer::AddSecurityFlags(app, &security);
@@ -391,7 +392,7 @@ int main(int argc, char** argv) {
                                             "or json (a stable shape, for scripts)")
       ->capture_default_str()->check(CLI::IsMember({"table", "wide", "json"}));
   status->add_option("--watch", watch_s, "Refresh every S seconds until interrupted")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pacer::NonNegative());
 
   uint32_t worker_id = 0;
   auto* remove = app.add_subcommand(
@@ -458,7 +459,7 @@ int main(int argc, char** argv) {
     return pacer::kExitUsage;
   }
   if (absl::Status s = ctl.Connect(monitor, security); !s.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(s).c_str());
     return pacer::kExitFailure;
   }
   if (*status) return StatusCommand(ctl, output, watch_s);

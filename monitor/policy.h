@@ -345,8 +345,6 @@ class StragglerPolicy {
   std::optional<WorkerCost> cost(uint32_t worker) const;
   // The pooled fixed cost of an iteration, in samples.
   double fixed_cost_samples() const { return fixed_samples_; }
-  // Whether the policy is still probing sizes to learn it.
-  bool probing() const { return probing_; }
   // pacer: whether DSSP's slack is open (see PolicyOptions::imbalance), and
   // the imbalance measured in the last round.
   bool slack_open() const { return slack_open_; }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "prometheus/counter.h"
+#include "ps/rpc.h"
 #include "ps/security.h"
 #include "ps/sender_guard.h"
 
@@ -114,11 +116,60 @@ std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv) {
     std::cout << app.version() << "\n";
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    std::cerr << app.get_name() << ": " << e.what() << "\n"
-              << "Run with --help for usage.\n";
+    std::cerr << app.get_name() << ": " << e.what() << "\n";
+    // A mistyped command (pacerctl stats): say which there are.
+    const auto commands = app.get_subcommands([](CLI::App*) { return true; });
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && !commands.empty()) {
+      std::string names;
+      for (const CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
+      std::cerr << "Commands: " << names << ".\n";
+    }
+    std::cerr << "Run with --help for usage.\n";
     return kExitUsage;
   }
   return std::nullopt;
+}
+
+namespace {
+CLI::Validator Bounded(bool zero_ok, const char* name) {
+  return CLI::Validator(
+      [zero_ok](std::string& value) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != value.size() || !std::isfinite(v)) {
+          return "expected a number, got '" + value + "'";
+        }
+        if (zero_ok ? v >= 0 : v > 0) return "";
+        return std::string(zero_ok ? "must be 0 or more" : "must be more than 0") + ", got " + value;
+      },
+      zero_ok ? "NONNEGATIVE" : "POSITIVE", name);
+}
+}  // namespace
+
+CLI::Validator Positive() { return Bounded(false, "Positive"); }
+CLI::Validator NonNegative() { return Bounded(true, "NonNegative"); }
+
+CLI::Validator PeerAddress() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const std::string form = "expected tcp://HOST:PORT (or ipc://PATH), got '" + value + "'";
+        if (value.rfind("ipc://", 0) == 0) return value.size() > 6 ? "" : form;
+        if (value.rfind("tcp://", 0) != 0) return form;
+        const size_t colon = value.rfind(':');
+        if (colon <= 6 || colon + 1 >= value.size()) return form;
+        const std::string port = value.substr(colon + 1);
+        if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
+          return form;
+        }
+        const int p = std::stoi(port);
+        return p >= 1 && p <= 65535 ? "" : form + ": the port must be 1-65535";
+      },
+      "tcp://HOST:PORT", "PeerAddress");
 }
 
 void AddLogLevelFlag(CLI::App& app, std::string* level) {
@@ -169,7 +220,7 @@ bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
   }
   auto m = MetricsServer::Start(address, std::move(registry), auth);
   if (!m.ok()) {
-    spdlog::error("{}", m.status().ToString());
+    spdlog::error("{}", ErrorText(m.status()));
     return false;
   }
   *server = std::move(*m);
@@ -180,10 +231,11 @@ bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
 void AddFaultFlags(CLI::App& app, FaultFlags* flags) {
   app.add_option("--faults", flags->faults,
                  "Inject faults into what this process receives: KIND[:KEY=VALUE,...] joined by "
-                 "';', KIND drop|delay|duplicate|reorder|corrupt|partition, KEY p (probability), "
-                 "type (message types, '|'), peers (sender ids, '|'), ms and jitter (delay). "
-                 "E.g. 'drop:p=0.1;delay:ms=200,jitter=50'. Also settable at run time: pacerctl "
-                 "fault")
+                 "';', KIND drop|delay|duplicate|reorder|corrupt|partition|slow_disk (slow_disk: "
+                 "a shard's checkpoint writes), KEY p (probability), type (message types, '|'), "
+                 "peers (sender ids, '|'), ms and jitter (delay, slow_disk), for (seconds until "
+                 "the rule ends by itself). E.g. 'drop:p=0.1;delay:ms=200,jitter=50' or "
+                 "'partition:peers=3,for=10'. Also settable at run time: pacerctl fault")
       ->check([](const std::string& spec) {
         auto rules = ParseFaults(spec);
         return rules.ok() ? std::string() : std::string(rules.status().message());

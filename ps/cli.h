@@ -27,13 +27,22 @@ inline constexpr char kExitCodesHelp[] =
 
 // Also appended: where settings come from.
 inline constexpr char kPrecedenceHelp[] =
-    "Settings: a flag, else its PACER_<NAME> environment variable (--data-dir: PACER_DATA_DIR), "
-    "else the --config file, else the default.";
+    "Settings: a flag, else its environment variable (shown as Env; PACER_<NAME> for most, "
+    "--data-dir: PACER_DATA_DIR), else the --config file, else the default.";
 
 // Parses flags (adding --config FILE and a PACER_<NAME> variable per flag). Returns an exit code when main() should return now (after
 // --help: 0; after a bad flag, with the error printed to stderr: 2), or
 // nullopt to carry on.
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv);
+
+// CLI11 checks for numbers that must be > 0 or >= 0, whose errors name the
+// bound ("must be 0 or more, got -5"; CLI11's own print the largest double).
+CLI::Validator Positive();
+CLI::Validator NonNegative();
+
+// A CLI11 check for a peer's address, tcp://HOST:PORT (port 1-65535) or
+// ipc://PATH: anything else is a usage error that names the form.
+CLI::Validator PeerAddress();
 
 // Adds --log-level (trace|debug|info|warn|error|off) bound to `level`.
 void AddLogLevelFlag(CLI::App& app, std::string* level);

@@ -29,6 +29,10 @@ absl::Status StatusFromError(const wire::Error* error) {
   return s;
 }
 
+std::string ErrorText(const absl::Status& status) {
+  return status.ToString(absl::StatusToStringMode::kWithNoExtraData);
+}
+
 wire::ErrorCode WireCode(const absl::Status& status) {
   auto p = status.GetPayload(kCodeUrl);
   if (!p) return wire::ErrorCode::Unknown;

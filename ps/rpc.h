@@ -20,6 +20,14 @@ namespace pacer {
 absl::Status StatusFromError(const wire::Error* error);
 // The wire error code a Status came from, or Unknown.
 wire::ErrorCode WireCode(const absl::Status& status);
+// A Status for people: "CODE: message", without the payloads (the wire
+// code rides in one) that Status::ToString appends.
+std::string ErrorText(const absl::Status& status);
+
+// A process that waits for a peer says so after this long, and again every
+// kWaitingNoticeEvery, so that a wrong address is not silence.
+inline constexpr Duration kWaitingNoticeFirst = std::chrono::seconds(2);
+inline constexpr Duration kWaitingNoticeEvery = std::chrono::seconds(5);
 
 struct RpcOptions {
   uint64_t job_id = 0;

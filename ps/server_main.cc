@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "ps/cli.h"
+#include "ps/rpc.h"
 #include "ps/shard_server.h"
 #include "spdlog/spdlog.h"
 
@@ -20,7 +21,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", opts.listen, "Address to bind, tcp://HOST:PORT (port 0: ephemeral; "
                  "the bound address is printed on stdout as 'listening ADDRESS')")
       ->capture_default_str();
-  app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")->required();
+  app.add_option("--monitor", opts.monitor, "The monitor's address, tcp://HOST:PORT")
+      ->required()->check(pacer::PeerAddress());
   app.add_option("--advertise", opts.advertise,
                  "Address the monitor hands to workers for this shard, tcp://HOST:PORT, when it "
                  "differs from --listen (NAT, a Kubernetes Service); default: the bound address");
@@ -35,22 +37,22 @@ int main(int argc, char** argv) {
                  "and takes its key range back. Empty: no checkpoints");
   app.add_option("--checkpoint-interval", checkpoint_interval_s,
                  "Seconds between checkpoints (0: only by --checkpoint-updates and at exit)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--checkpoint-updates", opts.checkpoint_updates,
                  "Also checkpoint after this many applied pushes (0: off)")
       ->capture_default_str();
   app.add_option("--max-message-bytes", opts.shard.max_message_bytes,
                  "Largest accepted message, all frames, in bytes")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(pacer::Positive());
   app.add_option("--pull-timeout", pull_timeout_s,
                  "Seconds a pull may wait on the barrier before it fails")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--register-timeout", register_timeout_s,
                  "Seconds to keep trying to register with the monitor")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--heartbeat-ms", heartbeat_ms, "Milliseconds between heartbeats to the monitor")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_flag("--no-apply", no_apply,
                "Benchmarks only: acknowledge pushes without applying them (transport-only figure)");
   app.add_flag("--no-crc", no_crc,
@@ -58,10 +60,12 @@ int main(int argc, char** argv) {
                "every peer must skip it too");
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds to wait for the monitor's answer to one request")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive())
+      // Not PACER_REQUEST_TIMEOUT: the worker's means a push or pull (60 s).
+      ->envname("PACER_SERVER_REQUEST_TIMEOUT");
   app.add_option("--stall-report", stall_report_s,
                  "Seconds a clock may stay open before the shard logs which workers it waits for")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   pacer::UnsafeSwitches unsafe;
   pacer::AddUnsafeDisableFlag(
       app, &unsafe,
@@ -116,7 +120,7 @@ int main(int argc, char** argv) {
     return pacer::kExitOk;
   }
   if (!server.ok()) {
-    spdlog::error("{}", server.status().ToString());
+    spdlog::error("{}", pacer::ErrorText(server.status()));
     return pacer::kExitFailure;
   }
   pacer::PrintAddress("listening", (*server)->address());

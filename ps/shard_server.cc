@@ -60,7 +60,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   const uint64_t incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
   const TimePoint give_up = clock->Now() + options.register_timeout;
   absl::Status last = absl::DeadlineExceededError("no reply");
+  const TimePoint started = clock->Now();
+  TimePoint next_notice = started + kWaitingNoticeFirst;
   for (;;) {
+    if (const TimePoint now = clock->Now(); now >= next_notice) {
+      spdlog::info("waiting for the monitor at {}: no answer for {:.0f} s (giving up after {:.0f} s, "
+                   "--register-timeout)",
+                   options.monitor, ToSeconds(now - started), ToSeconds(options.register_timeout));
+      next_notice = now + kWaitingNoticeEvery;
+    }
     flatbuffers::FlatBufferBuilder fbb(256);
     auto body = wire::CreateRegisterDirect(
         fbb, wire::Role::Shard, advertised.c_str(), snapshot ? snapshot->shard_id : 0,
@@ -211,7 +219,7 @@ void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!bytes.ok()) {
     m_ckpt_failed_->Increment();
-    spdlog::error("shard {}: checkpoint failed: {}", id_, bytes.status().ToString());
+    spdlog::error("shard {}: checkpoint failed: {}", id_, ErrorText(bytes.status()));
     return;
   }
   m_ckpt_ok_->Increment();
@@ -298,7 +306,7 @@ void ShardServer::HeartbeatLoop() {
       const auto* r = reply->As<wire::HeartbeatReply>();
       runtime_faults.Apply(r->faults_version(), r->faults() ? r->faults()->str() : "");
     }
-    if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, reply.status().ToString());
+    if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
     // Sleep in short steps so that shutdown is prompt.
     while (!serving_ended_ && clock->Now() < next) {
       clock->SleepUntil(std::min(next, clock->Now() + std::chrono::milliseconds(20)));
@@ -314,7 +322,7 @@ void ShardServer::HeartbeatLoop() {
     if (reply.ok()) {
       spdlog::info("shard {}: deregistered from the monitor", id_);
     } else {
-      spdlog::warn("shard {}: could not deregister: {}", id_, reply.status().ToString());
+      spdlog::warn("shard {}: could not deregister: {}", id_, ErrorText(reply.status()));
     }
   }
 }
@@ -334,7 +342,7 @@ void ShardServer::Run() {
     Frames frames;
     auto got = transport_->Recv(router_.get(), &frames, deadline);
     if (!got.ok()) {
-      spdlog::error("shard {}: receive failed: {}", id_, got.status().ToString());
+      spdlog::error("shard {}: receive failed: {}", id_, ErrorText(got.status()));
       break;
     }
     // Handle every ready message before replies go out.
@@ -348,7 +356,7 @@ void ShardServer::Run() {
     for (auto& o : out) {
       o.frames.insert(o.frames.begin(), o.peer);
       absl::Status st = router_->Send(std::move(o.frames));
-      if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, st.ToString());
+      if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
     }
     out.clear();
     applied_clock_ = core_->applied_clock();

@@ -74,6 +74,58 @@ TEST(HelpTest, BadFlagIsUsageErrorWithExitCodeTwo) {
   EXPECT_EQ(q->Wait(seconds(10)), 2);
 }
 
+TEST(UsageTest, AMalformedAddressIsAUsageErrorThatNamesTheForm) {
+  TempDir dir;
+  for (const char* bin : {PACER_WORKER_BIN, PACER_SERVER_BIN, PACERCTL_BIN}) {
+    for (const char* address : {"127.0.0.1:5555", "tcp://127.0.0.1", "tcp://127.0.0.1:99999"}) {
+      std::vector<std::string> args = {bin, "--monitor", address};
+      if (std::string(bin) == PACERCTL_BIN) args.push_back("status");
+      auto p = Process::Start(args, dir.path(), "address");
+      EXPECT_EQ(p->Wait(seconds(10)), 2) << bin << " " << address << ": " << p->Stderr();
+      EXPECT_NE(p->Stderr().find("tcp://HOST:PORT"), std::string::npos) << p->Stderr();
+    }
+  }
+}
+
+TEST(UsageTest, AProcessWaitingForTheMonitorSaysSo) {
+  // Nothing listens on port 1: each gives up after 4 s, having said twice
+  // (at 2 s, and not again before 7 s) what it waits for.
+  TempDir dir;
+  auto worker = Process::Start({PACER_WORKER_BIN, "--monitor", "tcp://127.0.0.1:1",
+                                "--start-timeout", "4", "--metrics-addr", "off"},
+                               dir.path(), "worker");
+  auto server = Process::Start({PACER_SERVER_BIN, "--monitor", "tcp://127.0.0.1:1",
+                                "--register-timeout", "4", "--metrics-addr", "off"},
+                               dir.path(), "server");
+  EXPECT_EQ(worker->Wait(seconds(30)), 1) << worker->Stderr();
+  EXPECT_EQ(server->Wait(seconds(30)), 1) << server->Stderr();
+  for (const std::string& err : {worker->Stderr(), server->Stderr()}) {
+    EXPECT_NE(err.find("waiting for the monitor at tcp://127.0.0.1:1: no answer for 2 s (giving "
+                       "up after 4 s"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("could not register with monitor tcp://127.0.0.1:1"), std::string::npos)
+        << err;
+  }
+}
+
+TEST(UsageTest, BadNumbersAndCommandsSayWhatIsExpected) {
+  TempDir dir;
+  auto cap = Process::Start({PACER_MONITOR_BIN, "--time-cap", "-5"}, dir.path(), "cap");
+  EXPECT_EQ(cap->Wait(seconds(10)), 2);
+  EXPECT_NE(cap->Stderr().find("must be 0 or more, got -5"), std::string::npos) << cap->Stderr();
+  EXPECT_LT(cap->Stderr().size(), 300u) << cap->Stderr();  // no 300-digit bound
+  auto lease = Process::Start({PACER_MONITOR_BIN, "--lease", "0"}, dir.path(), "lease");
+  EXPECT_EQ(lease->Wait(seconds(10)), 2);
+  EXPECT_NE(lease->Stderr().find("must be more than 0, got 0"), std::string::npos)
+      << lease->Stderr();
+  auto typo = Process::Start({PACERCTL_BIN, "--monitor", "tcp://127.0.0.1:1", "stats"}, dir.path(),
+                             "typo");
+  EXPECT_EQ(typo->Wait(seconds(10)), 2);
+  EXPECT_NE(typo->Stderr().find("Commands: keygen, status, remove-worker"), std::string::npos)
+      << typo->Stderr();
+}
+
 // Settings: a flag wins over its PACER_<NAME> variable, which wins over the
 // --config file, which wins over the default. Seen through the monitor
 // address a shard fails to register with (nothing listens on port 1..3).

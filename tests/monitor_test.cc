@@ -384,6 +384,21 @@ TEST_F(MonitorTest, JobWaitsForEnoughWorkers) {
   EXPECT_EQ(core_->state(), wire::JobState::Waiting);
 }
 
+TEST_F(MonitorTest, FaultsForAnIdNobodyHasAreRefused) {
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  const uint32_t a = RegisterWorker(200);
+  auto set = [&](const std::string& target) {
+    flatbuffers::FlatBufferBuilder fbb;
+    constexpr uint32_t kToolSender = 0xFFFFFFFFu;  // pacerctl's
+    return Send(300, kJob, kToolSender, fbb,
+                wire::CreateFaultControlDirect(fbb, wire::FaultOp::Set, target.c_str(), "drop:p=0.1"));
+  };
+  EXPECT_EQ(ErrorOf(set("worker:99")), wire::ErrorCode::Refused);
+  EXPECT_EQ(ErrorOf(set("server:99")), wire::ErrorCode::Refused);
+  Only(set("worker:" + std::to_string(a)), wire::Body::FaultControlReply);
+  Only(set("server:" + std::to_string(core_->shard_id(0))), wire::Body::FaultControlReply);
+}
+
 TEST_F(MonitorTest, OnlyRegisterMayCarryJobZero) {
   // Register with job 0 or with the job's id is accepted.
   Only(Register(100, wire::Role::Shard, "mem://shard0", /*job=*/0), wire::Body::RegisterReply);

@@ -75,6 +75,12 @@ TEST(PacerctlClusterTest, StatusRemoveWorkerAndExportModel) {
   CtlRun again = Ctl(c, {"remove-worker", std::to_string(victim)}, "remove-again");
   EXPECT_EQ(again.code, 1) << "removing a worker twice is an error";
   EXPECT_NE(again.err.find("not a live member"), std::string::npos) << again.err;
+  // Errors read as text, without the wire code's payload.
+  EXPECT_EQ(again.err.find("pacer.wire.ErrorCode"), std::string::npos) << again.err;
+  // Faults for an id nobody has fail, naming the ids there are.
+  CtlRun typo = Ctl(c, {"fault", "set", "worker:99", "drop:p=0.1"}, "fault-typo");
+  EXPECT_EQ(typo.code, 1) << typo.err;
+  EXPECT_NE(typo.err.find("no worker has id 99 (ids: "), std::string::npos) << typo.err;
   j = Status(c);
   batch_sum = 0;
   partitions.clear();

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ps/cli.h"
+#include "ps/rpc.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker.h"
 
@@ -26,13 +27,15 @@ int main(int argc, char** argv) {
   std::string schedule;
   int contention = 0, pin_cpu = -1;
 
-  CLI::App app{"pacer-worker: a Pacer training worker. It registers with the monitor, trains an "
-               "MLP on its partition of Fashion-MNIST on the CPU, and pushes gradients to and "
+  CLI::App app{"pacer-worker: a Pacer training worker. It registers with the monitor, trains a "
+               "model (an MLP, --layers, or a CNN, --model cnn) on its data partitions of "
+               "Fashion-MNIST, on the CPU or a CUDA GPU (--device), and pushes gradients to and "
                "pulls parameters from the shards.",
                "pacer-worker"};
   std::string evaluate_model;
   app.add_option("--monitor", opts.monitor,
-                 "The monitor's address, tcp://HOST:PORT (required unless --evaluate-model)");
+                 "The monitor's address, tcp://HOST:PORT (required unless --evaluate-model)")
+      ->check(pacer::PeerAddress());
   app.add_option("--evaluate-model", evaluate_model,
                  "Evaluate an exported model (pacerctl export-model FILE) on the test set, print "
                  "'test accuracy: A' and 'test loss: L' on stdout, and exit; needs no cluster");
@@ -57,7 +60,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-floats", opts.block_floats,
                  "Cut each layer into keys of at most this many floats")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   std::string overlap = "on";
   app.add_option("--overlap", overlap,
                  "on: push each layer's gradient as soon as the backward pass finishes it, and "
@@ -65,18 +68,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds one push or pull may take, waiting on the barrier included")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive())
+      // Not PACER_REQUEST_TIMEOUT: pacer-server's means something else (1 s).
+      ->envname("PACER_WORKER_REQUEST_TIMEOUT");
   app.add_option("--start-timeout", start_timeout_s,
                  "Seconds to wait for registration and for the run to start")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--progress-interval", progress_s, "Seconds between progress lines")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--progress", progress,
                  "Progress style: live (one updating line), plain (a line per interval), "
                  "auto (live on a terminal)")
       ->check(CLI::IsMember({"auto", "live", "plain"}))->capture_default_str();
   app.add_option("--max-message-bytes", opts.max_message_bytes, "Largest accepted message in bytes")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--slowdown", opts.slowdown,
                  "Straggler emulation: stretch every iteration's compute to FACTOR times by "
                  "sleeping")
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
                  "they share the worker's CPU)")
       ->capture_default_str()->check(CLI::Range(0, 64));
   app.add_option("--pin-cpu", pin_cpu, "Pin the worker (and its --cpu-contention threads) to this CPU")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pacer::NonNegative());
   app.add_option("--sample-log", opts.sample_log,
                  "Append one line per acknowledged push to this file: partition, epoch, and the "
                  "training-set indices of the batch (for checking what was trained)");
@@ -99,7 +104,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch", opts.max_batch,
                  "Largest batch this worker can hold, reported to the policy as its memory "
                  "limit (0: no limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      // Not PACER_MAX_BATCH: the monitor's --max-batch is the policy's bound.
+      ->envname("PACER_WORKER_MAX_BATCH");
   pacer::MetricsFlags metrics_flags;
   pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::FaultFlags fault_flags;
@@ -174,7 +181,7 @@ int main(int argc, char** argv) {
   if (contention > 0 || pin_cpu >= 0) {
     auto c = pacer::worker::CpuContention::Start(contention, pin_cpu);
     if (!c.ok()) {
-      spdlog::error("{}", c.status().ToString());
+      spdlog::error("{}", pacer::ErrorText(c.status()));
       return pacer::kExitFailure;
     }
     contention_threads = std::move(*c);
@@ -186,7 +193,7 @@ int main(int argc, char** argv) {
   if (!evaluate_model.empty()) {
     auto r = pacer::worker::EvaluateModelFile(evaluate_model, opts);
     if (!r.ok()) {
-      spdlog::error("{}", r.status().ToString());
+      spdlog::error("{}", pacer::ErrorText(r.status()));
       return pacer::kExitFailure;
     }
     std::printf("test accuracy: %.4f\ntest loss: %.4f\ntest samples: %zu\n", r->accuracy, r->loss,
@@ -219,7 +226,7 @@ int main(int argc, char** argv) {
   g_worker = nullptr;
   if (metrics) metrics->SetReadiness([] { return std::string("finished"); });
   if (!result.ok()) {
-    spdlog::error("{}", result.status().ToString());
+    spdlog::error("{}", pacer::ErrorText(result.status()));
     return pacer::kExitFailure;
   }
   spdlog::info("done: rank {}, {} clocks, {} samples in {:.1f} s ({:.0f} samples/s), loss {:.4f}; {}",

@@ -337,7 +337,16 @@ absl::Status Worker::Impl::Register(RpcChannel& monitor) {
   std::random_device rd;
   const std::string token = "worker-" + std::to_string(getpid()) + "-" +
                             std::to_string((uint64_t{rd()} << 32) | rd());
+  const TimePoint started = clock->Now();
+  TimePoint next_notice = started + kWaitingNoticeFirst;
   for (;;) {
+    if (const TimePoint now = clock->Now(); now >= next_notice) {
+      // Silence here looks like a hang: say what we wait for, and how long.
+      spdlog::info("waiting for the monitor at {}: no answer for {:.0f} s (giving up after {:.0f} s, "
+                   "--start-timeout)",
+                   options.monitor, ToSeconds(now - started), ToSeconds(options.start_timeout));
+      next_notice = now + kWaitingNoticeEvery;
+    }
     flatbuffers::FlatBufferBuilder fbb(128);
     auto body = wire::CreateRegisterDirect(fbb, wire::Role::Worker, token.c_str());
     auto reply = monitor.Call(fbb, body, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
@@ -452,7 +461,7 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         stop = true;
         interrupt = true;
       } else if (!reply.ok()) {
-        SPDLOG_DEBUG("heartbeat: {}", reply.status().ToString());
+        SPDLOG_DEBUG("heartbeat: {}", ErrorText(reply.status()));
       }
     }
     cv.notify_all();
@@ -522,7 +531,7 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
     if (!test) {
       auto loaded = LoadFashionMnist(options.dataset_dir, /*train=*/false);
       if (!loaded.ok()) {
-        spdlog::error("worker {}: cannot load the test set: {}", id, loaded.status().ToString());
+        spdlog::error("worker {}: cannot load the test set: {}", id, ErrorText(loaded.status()));
         return;
       }
       test = std::move(*loaded);
@@ -537,7 +546,7 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
       spdlog::info("worker {}: evaluating the test set for the monitor", id);
     }
     if (absl::Status s = RefreshMap(**client); !s.ok()) {
-      spdlog::warn("worker {}: evaluation: {}", id, s.ToString());
+      spdlog::warn("worker {}: evaluation: {}", id, ErrorText(s));
     }
     auto applied = (*client)->Pull(0, /*latest=*/true);
     if (applied.ok()) {
@@ -549,7 +558,7 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
                                              static_cast<float>(r.loss), static_cast<uint32_t>(r.samples),
                                              every_clocks);
       auto ack = (*monitor)->Call(fbb, body, clock->Now() + std::chrono::seconds(2));
-      if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ack.status().ToString());
+      if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
     }
     lock.lock();
   }

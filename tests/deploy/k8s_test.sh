@@ -31,13 +31,16 @@ if [ ! -d tests/k8s/node_modules/kubernetes-models ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-validate() { node tests/k8s/validate.mjs "$1" --rules deploy/prometheus/pacer.rules.yml; }
+# validate FILE [FLAGS]: FLAGS --docs/--namespace check that the Secrets the
+# pods use are created where deploy/k8s/README.md says.
+validate() { node tests/k8s/validate.mjs "$@" --rules deploy/prometheus/pacer.rules.yml; }
+docs=(--docs deploy/k8s/README.md)
 
 if command -v kubectl >/dev/null 2>&1; then
   for k in base overlays/dev overlays/production; do
     kubectl kustomize "deploy/k8s/$k" > "$tmp/k.yaml" || fail "kubectl kustomize deploy/k8s/$k"
     echo -n "deploy/k8s/$k: "
-    validate "$tmp/k.yaml"
+    if [ "$k" = base ]; then validate "$tmp/k.yaml"; else validate "$tmp/k.yaml" "${docs[@]}"; fi
   done
 else
   echo "kubectl not found: the kustomize base and overlays were not rendered"
@@ -45,7 +48,8 @@ fi
 
 node tests/k8s/render-chart.mjs deploy/helm/pacer > "$tmp/chart.yaml" || fail "rendering the chart"
 echo -n "helm chart (defaults): "
-validate "$tmp/chart.yaml"
+# The README installs the chart with --namespace pacer.
+validate "$tmp/chart.yaml" "${docs[@]}" --namespace pacer
 node tests/k8s/render-chart.mjs deploy/helm/pacer --set server.replicas=4 --set worker.replicas=8 \
   --set server.antiAffinity=required > "$tmp/chart2.yaml" || fail "rendering the chart"
 grep -q requiredDuringSchedulingIgnoredDuringExecution "$tmp/chart2.yaml" ||

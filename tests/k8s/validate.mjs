@@ -3,6 +3,11 @@
 // @kubernetes-models/prometheus-operator), plus the conventions Pacer's
 // manifests promise (deploy/k8s/README.md).
 //   node validate.mjs FILE.yaml [--rules deploy/prometheus/pacer.rules.yml]
+//                    [--docs deploy/k8s/README.md [--namespace NS]]
+// --docs: every Secret and ConfigMap the pods use that the manifests do not
+// define must be created by a `kubectl -n NS create secret|configmap ...
+// NAME` line of that file, in the namespace the objects land in (their
+// metadata.namespace, else --namespace, else "default").
 // Exit 0 when valid; otherwise each problem on stderr and exit 1.
 import { readFileSync } from "node:fs";
 import { isDeepStrictEqual } from "node:util";
@@ -131,6 +136,44 @@ if (rule && rulesAt >= 0) {
 if (!byKind("ConfigMap").some((m) => m.metadata.labels?.grafana_dashboard === "1" &&
     Object.keys(m.data ?? {}).some((k) => k.endsWith(".json")))) {
   problem("grafana", "no dashboard ConfigMap labelled grafana_dashboard=1");
+}
+
+const docsAt = args.indexOf("--docs");
+if (docsAt >= 0) {
+  const nsAt = args.indexOf("--namespace");
+  const fallback = nsAt >= 0 ? args[nsAt + 1] : "default";
+  const created = new Set();
+  const text = readFileSync(args[docsAt + 1], "utf8");
+  for (const m of text.matchAll(/kubectl\s+-n\s+(\S+)\s+create\s+(secret|configmap)\s+(?:generic\s+)?(\S+)/g)) {
+    created.add(`${m[2]}/${m[1]}/${m[3]}`);
+  }
+  const defined = new Set(objects.map((o) => `${o.kind.toLowerCase()}/${o.metadata?.namespace ?? fallback}/${o.metadata?.name}`));
+  for (const o of [...byKind("StatefulSet"), ...byKind("Deployment")]) {
+    const ns = o.metadata.namespace ?? fallback;
+    const pod = o.spec.template.spec;
+    const uses = [];
+    for (const v of pod.volumes ?? []) {
+      if (v.secret?.secretName) uses.push(["secret", v.secret.secretName]);
+      if (v.configMap?.name) uses.push(["configmap", v.configMap.name]);
+    }
+    for (const c of [...(pod.containers ?? []), ...(pod.initContainers ?? [])]) {
+      for (const e of c.envFrom ?? []) {
+        if (e.secretRef?.name) uses.push(["secret", e.secretRef.name]);
+        if (e.configMapRef?.name) uses.push(["configmap", e.configMapRef.name]);
+      }
+      for (const e of c.env ?? []) {
+        if (e.valueFrom?.secretKeyRef?.name) uses.push(["secret", e.valueFrom.secretKeyRef.name]);
+        if (e.valueFrom?.configMapKeyRef?.name) uses.push(["configmap", e.valueFrom.configMapKeyRef.name]);
+      }
+    }
+    for (const [kind, name] of uses) {
+      const key = `${kind}/${ns}/${name}`;
+      if (!defined.has(key) && !created.has(key)) {
+        problem(`${o.kind}/${o.metadata.name}`, `uses ${kind} ${name} in namespace ${ns}, which neither ` +
+                `the manifests nor ${args[docsAt + 1]} create there ("kubectl -n ${ns} create ${kind} ... ${name}")`);
+      }
+    }
+  }
 }
 
 if (problems.length) {

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The README's commands, run as a new user would type them, taken from the
+# README itself (so that a change to either shows here):
+#  1. the Quick start's straggler example (deploy/quickstart.sh ... --compare),
+#     with --skip-setup added (the suite has set up and built already);
+#  2. "Running a cluster by hand": its three commands, each line run as many
+#     times as its comment says ("# twice", "# three times"), in the
+#     background, with the monitor's port 5555 replaced by a free one;
+#  3. the "pacerctl" block against that cluster, line by line, with ID
+#     replaced by a real id (a live worker; an idle shard started for it).
+# Every command must succeed, and what they print must say what the README
+# says it does. Every process it starts is stopped at exit.
+#   tests/deploy/readme_walkthrough.sh [BUILD_DIR]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+readme=$root/README.md
+fail() { echo "FAIL: $*" >&2; exit 1; }
+work=$(mktemp -d -t pacer-walkthrough.XXXXXX)
+pids=()
+cleanup() {
+  # SIGTERM stops each process cleanly (the README says so): workers first,
+  # then shards, then the monitor; whatever is left after 15 s is killed.
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
+  for _ in $(seq 1 150); do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && echo "killed $p: SIGTERM did not stop it" >&2; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# block HEADING N: the N-th ```sh block (from 1) under "## HEADING" of the
+# README, its continuation lines joined.
+block() {
+  awk -v h="## $1" -v n="$2" '
+    $0 == h { in_section = 1; next }
+    in_section && /^## / { exit }
+    in_section && /^```sh$/ { k++; in_block = (k == n); next }
+    in_block && /^```$/ { exit }
+    in_block { if (sub(/\\$/, "")) { acc = acc $0; next } print acc $0; acc = "" }
+  ' "$readme"
+}
+
+# 1. The Quick start's example, as written (plus --skip-setup).
+example=$(block "Quick start" 2)
+[[ $example == deploy/quickstart.sh* ]] || fail "no deploy/quickstart.sh example in the Quick start: '$example'"
+echo "== $example --skip-setup"
+cd "$root"
+rc=0
+eval "$example --skip-setup" > "$work/quickstart.out" 2> "$work/quickstart.err" || rc=$?
+[ "$rc" -eq 0 ] || { tail -30 "$work/quickstart.err" >&2; fail "the Quick start example exited $rc"; }
+cat "$work/quickstart.out"
+grep -q '^time to 0.85: [0-9.]* s$' "$work/quickstart.out" || fail "no 'time to 0.85' line"
+grep -q '^time to 0.85 under BSP: ' "$work/quickstart.out" || fail "--compare printed no BSP time"
+grep -q 'policy / BSP time to the target: ' "$work/quickstart.err" || fail "--compare printed no ratio"
+# The table: the straggler (launch index 2) has the smallest share of B.
+table=$(grep -A4 '^\[cluster\] worker *mean batch' "$work/quickstart.err" | head -4) ||
+  fail "no per-worker table at the end"
+echo "$table"
+# [cluster] worker ID rank R  mean  share%  ...: the rows in launch order.
+share() { sed -n "$(( $1 + 2 ))p" <<< "$table" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i; exit } }'; }
+s0=$(share 0) s1=$(share 1) s2=$(share 2)
+[ -n "$s2" ] || fail "no share of B for the straggler in the table"
+awk -v a="$s0" -v b="$s1" -v c="$s2" 'BEGIN { exit !(c < a / 2 && c < b / 2) }' ||
+  fail "the 4x straggler's share of B ($s2%) is not under half the others' ($s0%, $s1%)"
+grep -q 'pacer policy: [0-9]* rounds' "$work/quickstart.err" || fail "no line on what the policy did"
+[ "$(grep -c 'transport security is off' "$work/quickstart.err")" -le 2 ] ||
+  fail "the plain-mode warning is shown more than once per cluster"
+
+# 2. A cluster by hand.
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+monitor="tcp://127.0.0.1:$port"
+echo "== Running a cluster by hand (port 5555 -> $port)"
+n=0
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  times=1
+  [[ $line == *"# twice"* ]] && times=2
+  [[ $line == *"# three times"* ]] && times=3
+  cmd=${line%%#*}
+  cmd=${cmd//5555/$port}
+  for _ in $(seq 1 "$times"); do
+    n=$((n + 1))
+    echo "   $cmd &"
+    (cd "$root" && eval "exec $cmd") > "$work/hand$n.out" 2> "$work/hand$n.err" &
+    pids+=($!)
+    sleep 0.3
+  done
+done < <(block "Running a cluster by hand" 1)
+[ "$n" -eq 6 ] || fail "expected 6 processes (a monitor, 2 shards, 3 workers), started $n"
+
+# 3. pacerctl, once training runs.
+ctl="$build/monitor/pacerctl"
+for _ in $(seq 1 120); do
+  if "$ctl" --monitor "$monitor" status -o json 2>/dev/null | grep -q '"state": *"running"'; then break; fi
+  sleep 0.5
+done
+"$ctl" --monitor "$monitor" status -o json | grep -q '"state": *"running"' || fail "the job never ran"
+# An idle shard for add-shard and drain-shard (as "Elastic shards" says).
+"$build/ps/pacer-server" --listen tcp://127.0.0.1:0 --monitor "$monitor" > "$work/idle.out" 2> "$work/idle.err" &
+pids+=($!)
+for _ in $(seq 1 60); do grep -q 'registered with' "$work/idle.err" && break; sleep 0.25; done
+idle=$(sed -n 's/.*shard \([0-9]*\): registered with.*/\1/p' "$work/idle.err" | head -n 1)
+[ -n "$idle" ] || fail "the idle shard did not register"
+export PACER_MONITOR=$monitor
+worker=$("$ctl" status -o json | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+print(max(w["id"] for w in j["workers"] if w["state"] == "live"))')
+echo "== pacerctl (PACER_MONITOR=$monitor; a worker id $worker, the idle shard $idle)"
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  cmd=${line%%#*}
+  cmd=${cmd//5555/$port}
+  if [[ $cmd == *remove-worker* ]]; then cmd=${cmd//ID/$worker}; else cmd=${cmd//ID/$idle}; fi
+  echo "   $cmd"
+  rc=0
+  (cd "$work" && eval "$(sed "s|^build/|$build/|" <<< "$cmd")") > "$work/ctl.out" 2> "$work/ctl.err" || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/ctl.err" >&2; fail "'$cmd' exited $rc"; }
+  if [[ $cmd == *" pause"* ]]; then
+    # The comment says "; resume": hold, then let the workers go on.
+    "$ctl" resume > /dev/null || fail "pacerctl resume"
+  fi
+done < <(block "pacerctl" 1)
+grep -q 'test accuracy' "$work/ctl.out" || fail "--evaluate-model printed no accuracy"
+echo "walkthrough: ok"
