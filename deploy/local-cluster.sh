@@ -19,6 +19,9 @@
 #                           (default 64)
 #     --compare             then run the same job under BSP (--policy fixed
 #                           --mode bsp) and print both times to the target
+#                           and their ratio (the BSP run keeps no logs and
+#                           no checkpoints: --out and --data-dir are not
+#                           passed on)
 #     --monitor-args "F"    extra flags for pacer-monitor
 #     --shard-args "F"      extra flags for every pacer-server
 #     --worker-args "F"     extra flags for every pacer-worker
@@ -233,7 +236,10 @@ if [ -z "$acc" ]; then
 fi
 echo "final test accuracy: $acc"
 echo "time to $target: $ttt"
-# Per worker, from its summary line (stdout) and the id it registered with.
+# Per worker, from its summary line (stdout) and the id it registered with;
+# B as the monitor last had it (--monitor-args may change it).
+global_batch=$(sed -n 's/.* of B = \([0-9]*\)$/\1/p' "$tmp/monitor.out")
+[ -n "$global_batch" ] || global_batch=$((batch * workers))
 {
   printf '%-18s %10s %10s %10s %8s %8s %8s\n' worker "mean batch" "share of B" samples compute comm wait
   for i in $(seq 0 $((workers - 1))); do
@@ -241,7 +247,7 @@ echo "time to $target: $ttt"
     id=$(sed -n 's/.*worker \([0-9]*\): registered as rank \([0-9]*\).*/\1 rank \2/p' "$tmp/worker$i.log" | tail -n 1)
     [ -z "$id" ] || name="worker $id"
     sed -n 's/^worker summary: //p' "$tmp/worker$i.out" | tail -n 1 |
-      awk -v name="$name" -v B=$((batch * workers)) '{
+      awk -v name="$name" -v B="$global_batch" '{
         for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
         t = v["seconds"] > 0 ? v["seconds"] : 1
         mean = v["clocks"] > 0 ? v["samples"] / v["clocks"] : 0
@@ -254,6 +260,15 @@ echo "time to $target: $ttt"
 pass=0
 awk -v a="$acc" -v t="$target" 'BEGIN { exit !(a >= t) }' || pass=1
 if [ "$compare" -eq 1 ]; then
+  # This cluster must be gone before the next one runs beside it.
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   echo "[cluster] --compare: the same job under BSP (--policy fixed --mode bsp)" >&2
   bsp_out=$("$0" "${rerun[@]}" --quiet --policy fixed --mode bsp \
     2> >(sed -u 's/^\[cluster\]/[cluster, bsp]/' >&2)) || true
@@ -261,7 +276,7 @@ if [ "$compare" -eq 1 ]; then
   echo "time to $target under BSP: ${bsp_ttt:-not reached}"
   echo "${policy:-pacer} policy ${ttt} against BSP ${bsp_ttt:-not reached}" |
     awk '{ a = $3 + 0; b = $7 + 0; if ($4 == "s" && $8 == "s" && b > 0)
-             printf "[cluster] %s policy / BSP time to the target: %.2f\n", $1, a / b
-           else print "[cluster] " $0 }' >&2
+             printf "%s policy / BSP time to the target: %.2f\n", $1, a / b
+           else print $0 }'
 fi
 exit "$pass"

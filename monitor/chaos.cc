@@ -857,14 +857,16 @@ int Runner::Run() {
         v.detail += fmt::format("shard{}: {} acknowledged, {} held: {} lost, bound {}; ", i, acked,
                                 held, lost, bound);
       } else if (lost > 0 || reported > 0) {
-        // The shard counts every update it applied after its last
-        // checkpoint; the runner only pushes whose acknowledgement reached
-        // a worker. A push applied just before the kill, its reply lost
-        // with the process, is in the shard's count only.
+        // Two counts, made differently: the runner's, acknowledged pushes
+        // (up to the shard's last scrape) its update counter does not hold;
+        // the shard's, the gap in each worker's push sequence numbers at
+        // its first push after the restore. A push acknowledged between
+        // the last scrape and the kill is in the shard's count only.
         v.detail += fmt::format(
             "shard{}: {} acknowledged pushes lost, within the bound of {} (those acknowledged in "
-            "the checkpoint window before a kill); the shard counted {} lost updates, which also "
-            "include pushes it applied but died before acknowledging; ",
+            "the checkpoint window before a kill); the shard itself counted {} (from sequence-"
+            "number gaps after its restore, which also covers pushes acknowledged after its last "
+            "scrape); ",
             i, lost, bound, reported);
       }
     }
@@ -1039,7 +1041,10 @@ int main(int argc, char** argv) {
   app.add_option("SCENARIO", scenario_path, "The scenario file (YAML)")->required();
   app.add_option("--out", out, "Directory for every process's logs and the journals (default: "
                                "a new one under /tmp)");
-  app.add_option("--seed", seed, "Seed of every process's fault decisions")->capture_default_str();
+  app.add_option("--seed", seed, "Seed of every process's fault decisions")
+      ->capture_default_str()
+      // Not PACER_SEED: the monitor's --seed seeds the model and the data.
+      ->envname("PACER_CHAOS_SEED");
   bool netns = false;
   app.add_flag("--netns", netns,
                "Real-network mode: every process in its own network namespace, joined to the "

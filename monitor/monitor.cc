@@ -830,11 +830,13 @@ void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vecto
            {std::pair<std::string, std::vector<uint32_t>>{"worker:", KnownWorkerIds()},
             std::pair<std::string, std::vector<uint32_t>>{"server:", KnownShardIds()}}) {
         if (target.rfind(role, 0) != 0) continue;
-        const auto id = static_cast<uint32_t>(std::stoul(target.substr(role.size())));
+        // Digits only (valid_target), but maybe more than an id holds.
+        const std::string digits = target.substr(role.size());
+        const uint64_t id = digits.size() <= 10 ? std::stoull(digits) : UINT64_MAX;
         if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
         std::string known;
         for (uint32_t k : ids) known += (known.empty() ? "" : ", ") + std::to_string(k);
-        return refuse("no " + role.substr(0, role.size() - 1) + " has id " + std::to_string(id) +
+        return refuse("no " + role.substr(0, role.size() - 1) + " has id " + digits +
                       (known.empty() ? std::string(" (none has registered)")
                                      : " (ids: " + known + "; pacerctl status lists them)"));
       }

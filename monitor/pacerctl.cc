@@ -420,7 +420,8 @@ int main(int argc, char** argv) {
   fault->require_subcommand(1);
   auto* fault_set = fault->add_subcommand("set", "Set TARGET's faults (replacing what it had)");
   fault_set->add_option("TARGET", fault_target,
-                        "all, monitor, server, worker, server:ID or worker:ID")->required();
+                        "all, monitor, server, worker, server:ID or worker:ID (ID: the id the "
+                        "monitor assigned, as pacerctl status shows it)")->required();
   fault_set->add_option("SPEC", fault_spec,
                         "Rules, e.g. 'drop:p=0.1;delay:ms=200,jitter=50' or "
                         "'partition:peers=3,for=10'")->required();

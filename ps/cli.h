@@ -27,8 +27,9 @@ inline constexpr char kExitCodesHelp[] =
 
 // Also appended: where settings come from.
 inline constexpr char kPrecedenceHelp[] =
-    "Settings: a flag, else its environment variable (shown as Env; PACER_<NAME> for most, "
-    "--data-dir: PACER_DATA_DIR), else the --config file, else the default.";
+    "Settings: a flag, else its environment variable (shown as Env above: PACER_<NAME>, but a "
+    "role's own name where two roles' flags of one name mean different things), else the "
+    "--config file, else the default.";
 
 // Parses flags (adding --config FILE and a PACER_<NAME> variable per flag). Returns an exit code when main() should return now (after
 // --help: 0; after a bad flag, with the error printed to stderr: 2), or

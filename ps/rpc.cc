@@ -30,6 +30,9 @@ absl::Status StatusFromError(const wire::Error* error) {
 }
 
 std::string ErrorText(const absl::Status& status) {
+  // A peer's Error reply already names its wire code in the message
+  // ("Refused: ..."): the canonical code in front would say it twice.
+  if (WireCode(status) != wire::ErrorCode::Unknown) return std::string(status.message());
   return status.ToString(absl::StatusToStringMode::kWithNoExtraData);
 }
 

@@ -21,7 +21,8 @@ absl::Status StatusFromError(const wire::Error* error);
 // The wire error code a Status came from, or Unknown.
 wire::ErrorCode WireCode(const absl::Status& status);
 // A Status for people: "CODE: message", without the payloads (the wire
-// code rides in one) that Status::ToString appends.
+// code rides in one) that Status::ToString appends; a peer's Error reply
+// as its message alone, which names its wire code ("Refused: ...").
 std::string ErrorText(const absl::Status& status);
 
 // A process that waits for a peer says so after this long, and again every

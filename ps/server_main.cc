@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
                  "Seconds to keep trying to register with the monitor")
       ->capture_default_str()->check(pacer::Positive());
   app.add_option("--heartbeat-ms", heartbeat_ms, "Milliseconds between heartbeats to the monitor")
+      // Not PACER_HEARTBEAT_MS: the monitor's sets the workers' period.
+      ->envname("PACER_SERVER_HEARTBEAT_MS")
       ->capture_default_str()->check(pacer::Positive());
   app.add_flag("--no-apply", no_apply,
                "Benchmarks only: acknowledge pushes without applying them (transport-only figure)");

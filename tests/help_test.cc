@@ -88,8 +88,8 @@ TEST(UsageTest, AMalformedAddressIsAUsageErrorThatNamesTheForm) {
 }
 
 TEST(UsageTest, AProcessWaitingForTheMonitorSaysSo) {
-  // Nothing listens on port 1: each gives up after 4 s, having said twice
-  // (at 2 s, and not again before 7 s) what it waits for.
+  // Nothing listens on port 1: each says after 2 s what it waits for (the
+  // next line would come at 7 s) and gives up after 4 s.
   TempDir dir;
   auto worker = Process::Start({PACER_WORKER_BIN, "--monitor", "tcp://127.0.0.1:1",
                                 "--start-timeout", "4", "--metrics-addr", "off"},

@@ -395,6 +395,9 @@ TEST_F(MonitorTest, FaultsForAnIdNobodyHasAreRefused) {
   };
   EXPECT_EQ(ErrorOf(set("worker:99")), wire::ErrorCode::Refused);
   EXPECT_EQ(ErrorOf(set("server:99")), wire::ErrorCode::Refused);
+  // Too long for an id: refused, not a crash, and not cut down to one.
+  EXPECT_EQ(ErrorOf(set("worker:99999999999999999999")), wire::ErrorCode::Refused);
+  EXPECT_EQ(ErrorOf(set("worker:" + std::to_string(uint64_t{1} << 32 | a))), wire::ErrorCode::Refused);
   Only(set("worker:" + std::to_string(a)), wire::Body::FaultControlReply);
   Only(set("server:" + std::to_string(core_->shard_id(0))), wire::Body::FaultControlReply);
 }
@@ -626,7 +629,9 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
   Decoded first = report(worker_a_, 1e-4);
   EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->batch_size(), 96u);
   EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->staleness_bound(), 1u);
-  EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->staleness_range(), 3u);
+  // pacer's DSSP slack starts closed (r_max 0) until an imbalance outlasts
+  // the sizes meant to absorb it.
+  EXPECT_EQ(first.As<wire::HeartbeatReply>()->assignment()->staleness_range(), 0u);
   report(worker_b_, 4e-4);  // B is 4x slower
   Tick();                   // a policy round
   Decoded reply_a = report(worker_a_, 1e-4);
@@ -654,7 +659,7 @@ TEST_F(MonitorTest, PolicyResizesBatchesFromReportsAndShardsGetTheBounds) {
       seen = true;
     } else {
       EXPECT_EQ(w->staleness(), 1u);
-      EXPECT_EQ(w->staleness_range(), 3u);
+      EXPECT_EQ(w->staleness_range(), 0u);  // the slack still closed (B just resized)
     }
   }
   EXPECT_TRUE(seen);

@@ -6,8 +6,10 @@
 #  2. "Running a cluster by hand": its three commands, each line run as many
 #     times as its comment says ("# twice", "# three times"), in the
 #     background, with the monitor's port 5555 replaced by a free one;
-#  3. the "pacerctl" block against that cluster, line by line, with ID
-#     replaced by a real id (a live worker; an idle shard started for it).
+#  3. the "pacerctl" block against that cluster, line by line in one shell
+#     (its export holds for the lines after it; a line ending in & runs in
+#     the background), with ID replaced by a real id: a by-hand worker's
+#     for remove-worker, the idle shard's (started by the block) otherwise.
 # Every command must succeed, and what they print must say what the README
 # says it does. Every process it starts is stopped at exit.
 #   tests/deploy/readme_walkthrough.sh [BUILD_DIR]
@@ -58,7 +60,7 @@ eval "$example --skip-setup" > "$work/quickstart.out" 2> "$work/quickstart.err" 
 cat "$work/quickstart.out"
 grep -q '^time to 0.85: [0-9.]* s$' "$work/quickstart.out" || fail "no 'time to 0.85' line"
 grep -q '^time to 0.85 under BSP: ' "$work/quickstart.out" || fail "--compare printed no BSP time"
-grep -q 'policy / BSP time to the target: ' "$work/quickstart.err" || fail "--compare printed no ratio"
+grep -q 'policy / BSP time to the target: [0-9.]*$' "$work/quickstart.out" || fail "--compare printed no ratio"
 # The table: the straggler (launch index 2) has the smallest share of B.
 table=$(grep -A4 '^\[cluster\] worker *mean batch' "$work/quickstart.err" | head -4) ||
   fail "no per-worker table at the end"
@@ -70,11 +72,22 @@ s0=$(share 0) s1=$(share 1) s2=$(share 2)
 awk -v a="$s0" -v b="$s1" -v c="$s2" 'BEGIN { exit !(c < a / 2 && c < b / 2) }' ||
   fail "the 4x straggler's share of B ($s2%) is not under half the others' ($s0%, $s1%)"
 grep -q 'pacer policy: [0-9]* rounds' "$work/quickstart.err" || fail "no line on what the policy did"
-[ "$(grep -c 'transport security is off' "$work/quickstart.err")" -le 2 ] ||
-  fail "the plain-mode warning is shown more than once per cluster"
+# The launcher's prefixes: ids once known, launch indexes before.
+grep -q '^\[worker [0-9]* rank [0-9]*\] ' "$work/quickstart.err" || fail "no [worker ID rank R] prefix"
+grep -q '^\[shard [0-9]*\] ' "$work/quickstart.err" || fail "no [shard ID] prefix"
+# The plain-mode warning: once, from the launcher, not from each process.
+[ "$(grep -c '^\[cluster\] warning: plain ZeroMQ' "$work/quickstart.err")" -eq 1 ] &&
+  ! grep -q 'transport security is off' "$work/quickstart.err" ||
+  fail "the plain-mode warning is not shown exactly once for the cluster"
 
 # 2. A cluster by hand.
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A port nothing listens on (a connect to it fails).
+port=0
+for _ in $(seq 1 50); do
+  p=$((20000 + RANDOM % 30000))
+  if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+done
+[ "$port" -ne 0 ] || fail "no free port found"
 monitor="tcp://127.0.0.1:$port"
 echo "== Running a cluster by hand (port 5555 -> $port)"
 n=0
@@ -102,31 +115,42 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 "$ctl" --monitor "$monitor" status -o json | grep -q '"state": *"running"' || fail "the job never ran"
-# An idle shard for add-shard and drain-shard (as "Elastic shards" says).
-"$build/ps/pacer-server" --listen tcp://127.0.0.1:0 --monitor "$monitor" > "$work/idle.out" 2> "$work/idle.err" &
-pids+=($!)
-for _ in $(seq 1 60); do grep -q 'registered with' "$work/idle.err" && break; sleep 0.25; done
-idle=$(sed -n 's/.*shard \([0-9]*\): registered with.*/\1/p' "$work/idle.err" | head -n 1)
-[ -n "$idle" ] || fail "the idle shard did not register"
-export PACER_MONITOR=$monitor
-worker=$("$ctl" status -o json | /usr/bin/python3 -c '
-import json, sys
-j = json.load(sys.stdin)
-print(max(w["id"] for w in j["workers"] if w["state"] == "live"))')
-echo "== pacerctl (PACER_MONITOR=$monitor; a worker id $worker, the idle shard $idle)"
+unset PACER_MONITOR
+# A by-hand worker's id, from its log.
+worker=$(sed -n 's/.*worker \([0-9]*\): registered as rank.*/\1/p' "$work"/hand*.err | sort -n | tail -n 1)
+[ -n "$worker" ] || fail "no by-hand worker registered"
+echo "== pacerctl (a by-hand worker's id: $worker)"
+cd "$work"
+bg=0
 while IFS= read -r line; do
   [ -n "$line" ] || continue
   cmd=${line%%#*}
   cmd=${cmd//5555/$port}
-  if [[ $cmd == *remove-worker* ]]; then cmd=${cmd//ID/$worker}; else cmd=${cmd//ID/$idle}; fi
+  cmd=$(sed -E "s#(^| )build/#\1$build/#g" <<< "$cmd")
+  if [[ $cmd == *remove-worker* ]]; then
+    cmd=${cmd//ID/$worker}
+  elif [[ $cmd == *" ID"* ]]; then
+    idle=$(sed -n 's/.*shard \([0-9]*\): registered with.*/\1/p' "$work"/bg*.err 2>/dev/null | head -n 1)
+    [ -n "$idle" ] || fail "'$line' needs an idle shard, and none registered"
+    cmd=${cmd//ID/$idle}
+  fi
   echo "   $cmd"
+  if [[ $cmd =~ \&[[:space:]]*$ ]]; then
+    bg=$((bg + 1))
+    eval "${cmd%&*}" > "$work/bg$bg.out" 2> "$work/bg$bg.err" &
+    pids+=($!)
+    # It must register before the next line uses it.
+    for _ in $(seq 1 60); do grep -q 'registered with' "$work/bg$bg.err" && break; sleep 0.25; done
+    continue
+  fi
   rc=0
-  (cd "$work" && eval "$(sed "s|^build/|$build/|" <<< "$cmd")") > "$work/ctl.out" 2> "$work/ctl.err" || rc=$?
-  [ "$rc" -eq 0 ] || { cat "$work/ctl.err" >&2; fail "'$cmd' exited $rc"; }
+  eval "$cmd" > "$work/ctl.out" 2> "$work/ctl.err" || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/ctl.err" >&2; fail "'$line' exited $rc"; }
   if [[ $cmd == *" pause"* ]]; then
     # The comment says "; resume": hold, then let the workers go on.
     "$ctl" resume > /dev/null || fail "pacerctl resume"
   fi
 done < <(block "pacerctl" 1)
+cd "$root"
 grep -q 'test accuracy' "$work/ctl.out" || fail "--evaluate-model printed no accuracy"
 echo "walkthrough: ok"
