@@ -42,6 +42,10 @@
 
 namespace pacer::policy {
 
+// pacer: rounds (the one that sized it included) in which DSSP's slack
+// stays as it is after a worker's first sizing or a confirmed shift.
+inline constexpr uint32_t kSlackSettleRounds = 2;
+
 // What the policy knows of one worker's compute: an iteration at batch b
 // takes fixed_seconds + b * per_sample_seconds of compute, plus
 // communication_seconds of push and pull that do not depend on b.
@@ -211,11 +215,12 @@ struct PolicyOptions {
   uint32_t staleness_range = 0;
   // pacer: DSSP's slack (r_max above) is opened when the measured iteration
   // times are out of balance by more than `imbalance_open` (max over mean,
-  // minus 1): a straggler the batch rule has not absorbed yet. Once the
-  // sizes have caught up (imbalance below `imbalance_close`), r_max goes
-  // back to 0 and steps stay fresh. The gap between the two keeps
-  // measurement noise (about 10% per round on a busy machine) from
-  // flapping it.
+  // minus 1): a straggler the batch rule has not absorbed. Once the sizes
+  // have caught up (imbalance below `imbalance_close`), r_max goes back to
+  // 0 and steps stay fresh. The gap between the two keeps measurement
+  // noise (about 10% per round on a busy machine) from flapping it. It
+  // starts closed, and for kSlackSettleRounds rounds after a worker's first
+  // sizing or a confirmed shift it stays as it is.
   double imbalance_open = 0.25;
   double imbalance_close = 0.10;
   // Time between two rounds of the batch rule.
@@ -407,8 +412,10 @@ class StragglerPolicy {
   uint64_t by_reason_[static_cast<size_t>(RoundReason::kCount)] = {};
   RoundReason last_reason_ = RoundReason::kInterval;
   bool urgent_ = false;
-  bool slack_open_ = true;
+  bool slack_open_ = false;
   double last_imbalance_ = 0;
+  // Rounds left before the slack may change again (see Round).
+  uint32_t settle_rounds_ = 0;
 };
 
 }  // namespace pacer::policy
