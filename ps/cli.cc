@@ -117,9 +117,23 @@ std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv) {
     return kExitOk;
   } catch (const CLI::ParseError& e) {
     std::cerr << app.get_name() << ": " << e.what() << "\n";
-    // A mistyped command (pacerctl stats): say which there are.
-    const auto commands = app.get_subcommands([](CLI::App*) { return true; });
-    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && !commands.empty()) {
+    // A mistyped command (pacerctl stats, pacerctl fault sett): say which
+    // there are, at the level it went wrong.
+    CLI::App* level = &app;
+    for (bool deeper = true; deeper;) {
+      deeper = false;
+      for (CLI::App* sub : level->get_subcommands([](CLI::App*) { return true; })) {
+        if (sub->parsed()) {
+          level = sub;
+          deeper = true;
+          break;
+        }
+      }
+    }
+    const auto commands = level->get_subcommands([](CLI::App*) { return true; });
+    const bool about_commands = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr ||
+                                std::string(e.what()).find("subcommand") != std::string::npos;
+    if (about_commands && !commands.empty()) {
       std::string names;
       for (const CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
       std::cerr << "Commands: " << names << ".\n";

@@ -124,6 +124,10 @@ TEST(UsageTest, BadNumbersAndCommandsSayWhatIsExpected) {
   EXPECT_EQ(typo->Wait(seconds(10)), 2);
   EXPECT_NE(typo->Stderr().find("Commands: keygen, status, remove-worker"), std::string::npos)
       << typo->Stderr();
+  auto sub = Process::Start({PACERCTL_BIN, "--monitor", "tcp://127.0.0.1:1", "fault", "sett"},
+                            dir.path(), "subtypo");
+  EXPECT_EQ(sub->Wait(seconds(10)), 2);
+  EXPECT_NE(sub->Stderr().find("Commands: set, clear, list"), std::string::npos) << sub->Stderr();
 }
 
 // Settings: a flag wins over its PACER_<NAME> variable, which wins over the
