@@ -574,9 +574,10 @@ bool StragglerPolicy::Round(TimePoint now) {
     // The even share a worker starts with is no decision to hold on to:
     // its first sizing, like a confirmed shift, goes all the way.
     t.step = slot.shifted || !slot.sized ? 1.0 : options_.damping;
-    // The times measured before a worker's first sizing or a confirmed
-    // shift are what those sizes remove: the slack waits for the sizes.
-    if (slot.shifted || !slot.sized) settle_rounds_ = kSlackSettleRounds;
+    // The times measured before a worker's first sizing are what that
+    // sizing removes: the slack waits for it. (After a confirmed shift the
+    // worker is already behind: the slack may open, as below.)
+    if (!slot.sized) settle_rounds_ = kSlackSettleRounds;
     if (slot.reported) {
       slot.sized = true;
       const WorkerCost c = CostOf(slot);
@@ -668,11 +669,11 @@ bool StragglerPolicy::Round(TimePoint now) {
   last_imbalance_ = mean_time > 0 ? max_time / mean_time - 1 : 0;
   if (options_.kind == Kind::kPacer && options_.mode == wire::Mode::Dssp) {
     // The slack is for an imbalance the sizes have not absorbed. Right
-    // after a first sizing or a confirmed shift it waits (the new sizes are
-    // meant to remove what was measured): opened then, it let the fast
-    // workers read stale parameters in the first second of training, and
-    // a job with a 4x straggler needed 1.23x BSP's steps to 0.85 (1.0x with
-    // no slack; bench/RESULTS.md).
+    // after a worker's first sizing it waits (the new sizes are meant to
+    // remove what was measured): opened then, it let the fast workers read
+    // stale parameters in the first second of training, and a job with a
+    // 4x straggler needed 1.23x BSP's steps to 0.85 (1.0x with no slack;
+    // bench/RESULTS.md).
     bool open = slack_open_;
     if (settle_rounds_ > 0) {
       --settle_rounds_;
@@ -680,7 +681,8 @@ bool StragglerPolicy::Round(TimePoint now) {
       open = slack_open_ ? last_imbalance_ >= options_.imbalance_close
                          : last_imbalance_ > options_.imbalance_open;
     }
-    // A level-shift round never closes it.
+    // A level-shift round may open the slack (the worker that slowed down is
+    // already behind) but not close it.
     if (open != slack_open_ && (open || !urgent)) {
       slack_open_ = open;
       for (auto& [id, assignment] : assignments_) {

@@ -43,7 +43,7 @@
 namespace pacer::policy {
 
 // pacer: rounds (the one that sized it included) in which DSSP's slack
-// stays as it is after a worker's first sizing or a confirmed shift.
+// stays as it is after a worker's first sizing.
 inline constexpr uint32_t kSlackSettleRounds = 2;
 
 // What the policy knows of one worker's compute: an iteration at batch b
@@ -220,7 +220,7 @@ struct PolicyOptions {
   // 0 and steps stay fresh. The gap between the two keeps measurement
   // noise (about 10% per round on a busy machine) from flapping it. It
   // starts closed, and for kSlackSettleRounds rounds after a worker's first
-  // sizing or a confirmed shift it stays as it is.
+  // sizing it stays as it is.
   double imbalance_open = 0.25;
   double imbalance_close = 0.10;
   // Time between two rounds of the batch rule.
