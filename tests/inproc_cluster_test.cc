@@ -105,7 +105,9 @@ double EvaluationsOfAJob(uint32_t eval_every_clocks) {
   (*monitor)->Wait();
   (*shard)->Wait();
   EXPECT_TRUE(result.ok()) << result.status();
-  if (result.ok()) EXPECT_EQ(result->clocks, 200u);
+  if (result.ok()) {
+    EXPECT_EQ(result->clocks, 200u);
+  }
   return ReadMetric((*monitor)->registry(), "pacer_training_evaluations_total");
 }
 

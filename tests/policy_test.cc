@@ -661,7 +661,9 @@ TEST_F(StragglerPolicyTest, PacerOpensDsspSlackOnlyWhileOutOfBalance) {
   for (int round = 0; round < 4; ++round) {
     ReportAll(p, {{1, 1e-4}, {2, 1e-4}, {3, 4e-4}});
     p.Round(clock_.Now());
-    if (round == 0) EXPECT_GT(p.last_imbalance(), 0.25);
+    if (round == 0) {
+      EXPECT_GT(p.last_imbalance(), 0.25);
+    }
     EXPECT_FALSE(p.slack_open()) << "round " << round << ": " << p.last_imbalance();
     clock_.Advance(std::chrono::seconds(1));
   }
