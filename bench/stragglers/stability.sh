@@ -15,35 +15,39 @@
 #          communication, waiting excluded) is within +-15% of the median
 #          (target: at least 90%).
 #   shift  --slowdown-schedule 0:1,8:4: seconds from the worker's switch to
-#          4x to the monitor's first round that gives it under half its
+#          4x to its first step (its own --step-log) with under half its
 #          even share (target: about a second).
 #
 #   bench/stragglers/stability.sh [--seconds S] [--out DIR] [--monitor-args "FLAGS"]
-#                                 [--runs "idle colocated slow shift"]
+#                                 [--runs "idle colocated slow shift"] [--batch B]
+#
+# --batch is each worker's batch at the start (default 64, the quick start's).
 #
 # Prints one line per run and writes DIR/stability.csv and DIR/straggler.csv
 # (default bench/stragglers/out/stability).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-seconds=20 out="$root/bench/stragglers/out/stability" monitor_args="" runs="idle colocated slow shift"
+seconds=20 out="$root/bench/stragglers/out/stability" monitor_args="" runs="idle colocated slow shift" batch=64
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --monitor-args) monitor_args=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --batch) batch=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "stability: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$batch" in ''|*[!0-9]*|0) echo "stability: --batch must be a positive integer, got '$batch'" >&2; exit 2 ;; esac
 command -v stress-ng >/dev/null || { echo "stability: stress-ng missing (deploy/setup.sh installs it)" >&2; exit 1; }
 mkdir -p "$out"
 csv="$out/stability.csv"
 echo "load,steps,outside,outside_share,level_shift_rounds,training_seconds,shifts_per_10s" > "$csv"
 scsv="$out/straggler.csv"
 echo "run,steps_after_3s,within_15pct,within_share,median_iteration_s,reaction_s" > "$scsv"
-workers=3 batch=64
+workers=3
 
 
 # iteration_stats DIR: of the steps (DIR/steps*.txt) after the first 3 s,
@@ -78,22 +82,13 @@ straggler() {
   [ -n "$stats" ] || stats="0 0 0 0"
   local reaction=NA
   if [ "$name" = shift ]; then
-    # The straggler's id and when it switched (its log), then the first
-    # round after that which sized it under half of B/n (the monitor's
-    # log), in one awk: time stamps as seconds of the day.
-    reaction=$(awk -v half=$((batch / 2)) '
-      function secs(line,   t) { t = substr(line, 12, 12); split(t, p, ":"); return p[1] * 3600 + p[2] * 60 + p[3] }
-      FNR == NR { if (id == "" && match($0, /worker [0-9]+: slowdown now 4x/)) {
-                    split(substr($0, RSTART, RLENGTH), f, "[ :]"); id = f[2]; at = secs($0) }
-                  next }
-      id != "" && /policy round/ && secs($0) >= at {
-        sizes = $0; sub(/.*[(]worker:batch[)] /, "", sizes); sub(/;.*/, "", sizes)
-        n = split(sizes, kv, " ")
-        for (i = 1; i <= n; i++) {
-          split(kv[i], pair, ":")
-          if (pair[1] == id && pair[2] + 0 < half) { printf "%.2f\n", secs($0) - at; exit }
-        }
-      }' "$dir/job/worker2.log" "$dir/job/monitor.log" 2>/dev/null || true)
+    # From the straggler's own step log (time since training started, step,
+    # batch, ...; the same clock as its --slowdown-schedule): seconds from
+    # the switch at 8 s to its first step with a batch under half of B/n.
+    # (The monitor's log is no measure: it shows interval rounds at most
+    # every 5 s.)
+    reaction=$(awk -v half=$((batch / 2)) -v at=8 '
+      $1 >= at && $3 < half { printf "%.2f\n", $1 - at; exit }' "$dir/steps2.txt" 2>/dev/null || true)
   fi
   echo "$name,$(echo "$stats" | tr ' ' ','),${reaction:-NA}" >> "$scsv"
   tail -1 "$scsv" | awk -F, '{ printf "[stability] %s: %d steps after 3 s, %.1f%% within 15%% of the median iteration (%.1f ms); reaction to the 4x switch: %s s\n", $1, $2, 100 * $4, 1e3 * $5, $6 }' >&2
