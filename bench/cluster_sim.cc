@@ -201,6 +201,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   popts.batch.global_batch = o.batch * static_cast<uint32_t>(n);
   popts.batch.deadband = o.deadband;
   popts.level_shift = o.level_shift;
+  popts.level_shift_faster = o.level_shift_faster;
   popts.catch_up_iterations = o.catch_up;
   popts.staleness = o.staleness;
   popts.staleness_range = o.staleness_range;

@@ -53,7 +53,8 @@ struct SimOptions {
   double policy_interval = 0.5;       // seconds of simulated time
   double report_interval = 0.1;       // heartbeat period; 0: report with every push
   double deadband = 0.05;
-  double level_shift = 0.5;           // PolicyOptions::level_shift
+  double level_shift = policy::PolicyOptions{}.level_shift;  // PolicyOptions::level_shift
+  double level_shift_faster = policy::PolicyOptions{}.level_shift_faster;
   uint32_t catch_up = 16;             // PolicyOptions::catch_up_iterations
   Scenario scenario = Scenario::kNone;
   double slow_factor = 4;

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
                  "A report off the cost model by more than this (relative) is suspect; see "
                  "pacer-monitor --level-shift; 0: off")
       ->capture_default_str()->check(pacer::NonNegative());
+  app.add_option("--level-shift-faster", o.level_shift_faster,
+                 "The same for a report quicker than the model; see pacer-monitor "
+                 "--level-shift-faster")
+      ->capture_default_str()->check(pacer::NonNegative());
   app.add_option("--catch-up", o.catch_up,
                  "pacer over dssp: iterations over which a worker that fell behind is sized "
                  "to catch up; 0: off")

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
                  "one report of 2+ iterations whose every iteration is over 2x off, and a streak "
                  "of --shift-iterations iterations over 2x off together); 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--level-shift-faster", opts.policy.level_shift_faster,
+                 "The same bar for a report quicker than the model: suspect only when its "
+                 "compute is under 1/(1 + this) of the prediction (a worker that sped up holds "
+                 "up nobody, so noise's quick spells are left to the damped rounds)")
+      ->capture_default_str()->check(CLI::Range(0.0, 100.0));
   app.add_option("--shift-spreads", opts.policy.shift_spreads,
                  "How many times a worker's own spread a report must be off to be suspect")
       ->capture_default_str()->check(CLI::Range(0.0, 100.0));

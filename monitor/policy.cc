@@ -436,10 +436,16 @@ void StragglerPolicy::Report(uint32_t worker, const TimingReport& report) {
     if (predicted > 0) {
       const double off = std::log(r.compute_seconds / predicted);
       // Capped at the at-once factor: on a node whose spread grew large, a
-      // real 4x straggler must still be able to become suspect.
-      const double threshold = std::min(
-          std::max(std::log1p(options_.level_shift), options_.shift_spreads * slot.spread),
-          std::max(std::log1p(options_.level_shift), std::log1p(options_.level_shift_at_once)));
+      // real 4x straggler must still be able to become suspect. A worker
+      // that got faster has a higher bar: until the next (damped) round it
+      // costs only its own idle time, while one that slowed down holds up
+      // everyone; and a noisy node's quick spells, against a model that
+      // still remembers its slow ones, are the false shifts (1/0.66 in the
+      // simulator at +-30%, where a recovered straggler is 4x).
+      const double bar = std::log1p(off < 0 ? options_.level_shift_faster : options_.level_shift);
+      const double threshold =
+          std::min(std::max(bar, options_.shift_spreads * slot.spread),
+                   std::max(bar, std::log1p(options_.level_shift_at_once)));
       // The spread learns from every report but those of a confirmed
       // shift: on a noisy node big deviations are the norm, and the bar
       // rises with them; a shift is not noise.

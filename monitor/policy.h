@@ -250,7 +250,10 @@ struct PolicyOptions {
   // many and a single stall is left out, but a straggler's first heartbeat
   // (the real worker reports after every push) confirms within a few
   // iterations. shift_iterations 0: that rule off. level_shift <= 0: off.
+  // A report quicker than the model is suspect only past a factor
+  // 1 / (1 + level_shift_faster): a worker that sped up holds up nobody.
   double level_shift = 0.5;
+  double level_shift_faster = 0.7;
   double shift_spreads = 3.0;
   uint32_t shift_reports = 2;
   double shift_seconds = 0.3;

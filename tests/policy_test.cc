@@ -342,6 +342,45 @@ TEST_F(StragglerPolicyTest, AShiftIsConfirmedOnlyOnceItHasLasted) {
   }
 }
 
+// A worker that got quicker holds up nobody, so its bar is higher
+// (level_shift_faster): a noisy node's quick spell, 1.6x under a model that
+// still remembers its slow spells, is left to the damped rounds, while the
+// same factor slower is a shift, and so is a 4x straggler's recovery.
+TEST_F(StragglerPolicyTest, AQuickerWorkerHasAHigherBarThanASlowerOne) {
+  struct Case {
+    double spp;  // the streak's seconds per sample (all were 1e-4 before)
+    bool shift;
+  };
+  for (const Case c : {Case{1e-4 / 1.6, false}, Case{1.6e-4, true}, Case{0.25e-4, true}}) {
+    SCOPED_TRACE("seconds per sample " + std::to_string(c.spp));
+    PolicyOptions o = Options(Kind::kAdaptiveBatch);
+    ASSERT_EQ(o.level_shift, 0.5);
+    ASSERT_EQ(o.level_shift_faster, 0.7);
+    StragglerPolicy p(o);
+    p.SetWorkers({1, 2, 3});
+    auto report = [&](uint32_t id, double spp) {
+      TimingReport r;
+      r.iterations = 1;  // one iteration a report: only the two-report rule applies
+      r.samples = p.assignment(id).batch;
+      r.compute_seconds = spp * static_cast<double>(r.samples);
+      r.communication_seconds = 0.004;
+      r.at = clock_.Now();
+      p.Report(id, r);
+    };
+    for (int i = 0; i < 5; ++i) {
+      for (uint32_t id : {1, 2, 3}) report(id, 1e-4);
+      clock_.Advance(std::chrono::milliseconds(100));
+    }
+    p.Round(clock_.Now());
+    for (int i = 0; i < 3; ++i) {
+      report(3, c.spp);
+      clock_.Advance(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(p.urgent(), c.shift);
+    EXPECT_EQ(p.level_shifts(), c.shift ? 1u : 0u);
+  }
+}
+
 // A streak heavy with evidence is confirmed before shift_seconds: at least
 // shift_iterations iterations, off by more than 2x all together, with the
 // most extreme iteration left out (a single descheduled iteration, however
