@@ -219,14 +219,19 @@ if [ -n "$targets_file" ]; then
   echo "[cluster] Prometheus targets in $targets_file" >&2
 fi
 
+# wait_all: waits (at most 5 s) until every process started here is gone.
+wait_all() {
+  for _ in $(seq 1 50); do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && return 0
+    sleep 0.1
+  done
+}
+
 wait "$monitor_pid" || true
 # Give the others a moment to hear the stop and exit on their own.
-for _ in $(seq 1 50); do
-  alive=0
-  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-  [ "$alive" -eq 0 ] && break
-  sleep 0.1
-done
+wait_all
 
 acc=$(sed -n 's/^final test accuracy: //p' "$tmp/monitor.out")
 ttt=$(sed -n "s/^time to [0-9.]*: //p" "$tmp/monitor.out")
@@ -262,12 +267,7 @@ awk -v a="$acc" -v t="$target" 'BEGIN { exit !(a >= t) }' || pass=1
 if [ "$compare" -eq 1 ]; then
   # This cluster must be gone before the next one runs beside it.
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for _ in $(seq 1 50); do
-    alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ "$alive" -eq 0 ] && break
-    sleep 0.1
-  done
+  wait_all
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   echo "[cluster] --compare: the same job under BSP (--policy fixed --mode bsp)" >&2
   bsp_out=$("$0" "${rerun[@]}" --quiet --policy fixed --mode bsp \
