@@ -13,11 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "worker/cuda_backend.h"
+#include "worker/device.h"
 #include "worker/mnist.h"
 
 namespace {
@@ -82,12 +84,12 @@ int main(int argc, char** argv) {
     for (const std::string& b : Split(batches)) {
       const int batch = std::stoi(b);
       const size_t before = DeviceUsed(device);
-      std::string why;
-      auto backend = pacer::worker::MakeBackend(spec, device, &why);
-      if (backend == nullptr) {
-        std::fprintf(stderr, "%s: %s\n", device.c_str(), why.c_str());
+      auto made = pacer::worker::MakeBackend(spec, device);
+      if (!made.ok()) {
+        std::fprintf(stderr, "%s: %s\n", device.c_str(), std::string(made.status().message()).c_str());
         return 1;
       }
+      std::unique_ptr<pacer::worker::ComputeBackend> backend = *std::move(made);
       std::vector<float> params(backend->num_params()), grad(params.size());
       backend->InitParams(1, params);
       const size_t span = train->size() - static_cast<size_t>(batch);

@@ -981,7 +981,7 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
   if (!move_) return;
   const TimePoint now = clock_->Now();
   Move& m = *move_;
-  if (m.stage == 0) {
+  if (m.stage == Move::Stage::kHolding) {
     // Every live worker held at the pause clock, every shard caught up with
     // it: no clock is open anywhere.
     for (uint32_t id : LiveWorkers()) {
@@ -998,12 +998,12 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
     flatbuffers::FlatBufferBuilder fbb(64);
     m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end));
     m.target = m.from;
-    m.stage = 1;
+    m.stage = Move::Stage::kCopying;
     m.sent = now;
     out->push_back({Frame(), static_cast<int>(m.from), m.pending});
     return;
   }
-  // Stages 1 and 2: re-send the same request (same id: the shards answer a
+  // Later stages: re-send the same request (same id: the shards answer a
   // repeat with the same reply) until it is answered.
   if (now - m.sent >= std::chrono::seconds(1)) {
     m.sent = now;
@@ -1022,7 +1022,7 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     (void)e;
     return;
   }
-  if (m.stage == 1 && reply.type() == wire::Body::MoveData) {
+  if (m.stage == Move::Stage::kCopying && reply.type() == wire::Body::MoveData) {
     // The keys and their values, on to the new owner.
     const auto* md = reply.As<wire::MoveData>();
     std::vector<wire::KeyLen> keys;
@@ -1037,12 +1037,12 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     m.pending = EncodeBody(env, fbb, wire::CreateMoveData(fbb, kv, md->applied_clock(), md->steps()),
                            reply.payload);
     m.target = m.to;
-    m.stage = 2;
+    m.stage = Move::Stage::kSending;
     m.sent = clock_->Now();
     out->push_back({Frame(), static_cast<int>(m.to), m.pending});
     return;
   }
-  if (m.stage == 2 && reply.type() == wire::Body::Ack) {
+  if (m.stage == Move::Stage::kSending && reply.type() == wire::Body::Ack) {
     // The new owner has the keys: now the old one drops them.
     Envelope env;
     env.job_id = options_.job_id;
@@ -1050,12 +1050,12 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
     flatbuffers::FlatBufferBuilder fbb(64);
     m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end, /*drop=*/true));
     m.target = m.from;
-    m.stage = 3;
+    m.stage = Move::Stage::kDropping;
     m.sent = clock_->Now();
     out->push_back({Frame(), static_cast<int>(m.from), m.pending});
     return;
   }
-  if (m.stage == 3 && reply.type() == wire::Body::Ack) {
+  if (m.stage == Move::Stage::kDropping && reply.type() == wire::Body::Ack) {
     // Moved: the new map.
     if (m.op == wire::ShardOp::Add) {
       ranges_[m.to] = {m.key_begin, m.key_end};

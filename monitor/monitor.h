@@ -231,9 +231,13 @@ class MonitorCore {
     wire::ShardOp op = wire::ShardOp::Add;
     size_t from = 0, to = 0;  // shard indexes
     uint64_t key_begin = 0, key_end = 0;
-    // 0: holding the workers; 1: copy asked of the old owner; 2: keys sent to
-    // the new owner; 3: drop asked of the old owner.
-    int stage = 0;
+    enum class Stage {
+      kHolding,   // holding the workers at the pause clock
+      kCopying,   // copy asked of the old owner
+      kSending,   // keys sent to the new owner
+      kDropping,  // drop asked of the old owner
+    };
+    Stage stage = Stage::kHolding;
     size_t target = 0;      // the shard the pending request went to
     uint64_t request = 0;   // its request id
     Frames pending;         // re-sent until answered

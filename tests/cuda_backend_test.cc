@@ -13,6 +13,7 @@
 
 #include "worker/cpu_backend.h"
 #include "worker/cuda_backend.h"
+#include "worker/device.h"
 #include "worker/mnist.h"
 #include "tests/grad_sink_check.h"
 
@@ -141,21 +142,22 @@ TEST(CudaBackendTest, TrainsTheCnnOnTheGpu) {
 }
 
 TEST(DeviceTest, SelectionByName) {
-  std::string why;
-  auto cpu = MakeBackend(ModelSpec{}, "cpu", &why);
-  ASSERT_NE(cpu, nullptr) << why;
-  EXPECT_EQ(cpu->name(), "cpu");
-  auto automatic = MakeBackend(Cnn(), "auto", &why);
-  ASSERT_NE(automatic, nullptr) << why;
+  auto cpu = MakeBackend(ModelSpec{}, "cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->name(), "cpu");
+  auto automatic = MakeBackend(Cnn(), "auto");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
   std::string none;
-  EXPECT_EQ(automatic->name(), CudaDevices(&none).empty() ? "cpu" : "cuda");
-  EXPECT_EQ(MakeBackend(ModelSpec{}, "gpu", &why), nullptr);
-  EXPECT_NE(why.find("not cpu, cuda, cuda:N or auto"), std::string::npos) << why;
-  EXPECT_EQ(MakeBackend(ModelSpec{}, "cuda:x", &why), nullptr);
+  EXPECT_EQ((*automatic)->name(), CudaDevices(&none).empty() ? "cpu" : "cuda");
+  auto gpu = MakeBackend(ModelSpec{}, "gpu");
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu.status().message().find("not cpu, cuda, cuda:N or auto"), std::string::npos)
+      << gpu.status();
+  EXPECT_EQ(MakeBackend(ModelSpec{}, "cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
   // A device that is not there is an error, never a quiet CPU fallback.
-  why.clear();
-  EXPECT_EQ(MakeBackend(ModelSpec{}, "cuda:99", &why), nullptr);
-  EXPECT_FALSE(why.empty());
+  auto absent = MakeBackend(ModelSpec{}, "cuda:99");
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(absent.status().message().empty());
 }
 
 TEST(DeviceTest, MemoryModel) {

@@ -65,11 +65,7 @@ struct CudaApi {
   uint64_t (*kernels_run)();
 };
 
-// The backend named by --device: "cpu", "cuda" or "cuda:N", or "auto"
-// (cuda:0 where a GPU exists, else cpu). nullptr with `why` for a bad name
-// or a CUDA device that cannot be used (never a silent CPU fallback).
-std::unique_ptr<ComputeBackend> MakeBackend(const ModelSpec& spec, const std::string& device,
-                                            std::string* why);
+// MakeBackend (--device) is in worker/device.h.
 
 }  // namespace pacer::worker
 

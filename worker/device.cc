@@ -1,38 +1,43 @@
 // Backend selection (--device); the same in builds with and without CUDA
 // (worker/cuda_backend.h).
+#include "worker/device.h"
+
 #include <algorithm>
+#include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/cpu_backend.h"
 #include "worker/cuda_backend.h"
 
 namespace pacer::worker {
 
-std::unique_ptr<ComputeBackend> MakeBackend(const ModelSpec& spec, const std::string& device,
-                                            std::string* why) {
-  if (device == "cpu") {
+absl::StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const ModelSpec& spec,
+                                                           const std::string& device) {
+  auto cpu = [&]() -> absl::StatusOr<std::unique_ptr<ComputeBackend>> {
     auto b = MakeCpuBackend(spec);
-    if (b == nullptr && why != nullptr) *why = "invalid model shape";
+    if (b == nullptr) return absl::InvalidArgumentError("invalid model shape");
     return b;
-  }
+  };
+  auto cuda = [&](int index) -> absl::StatusOr<std::unique_ptr<ComputeBackend>> {
+    std::string why;
+    auto b = MakeCudaBackend(spec, index, &why);
+    if (b == nullptr) return absl::InvalidArgumentError(why);
+    return b;
+  };
+  if (device == "cpu") return cpu();
   if (device == "auto") {
     std::string none;
-    if (!CudaDevices(&none).empty()) return MakeCudaBackend(spec, 0, why);
-    auto b = MakeCpuBackend(spec);
-    if (b == nullptr && why != nullptr) *why = "invalid model shape";
-    return b;
+    return CudaDevices(&none).empty() ? cpu() : cuda(0);
   }
-  int index = 0;
-  if (device == "cuda") {
-    index = 0;
-  } else if (device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
-             device.find_first_not_of("0123456789", 5) == std::string::npos && device.size() < 9) {
-    index = std::stoi(device.substr(5));
-  } else {
-    if (why != nullptr) *why = "--device: '" + device + "' is not cpu, cuda, cuda:N or auto";
-    return nullptr;
+  if (device == "cuda") return cuda(0);
+  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+      device.find_first_not_of("0123456789", 5) == std::string::npos && device.size() < 9) {
+    return cuda(std::stoi(device.substr(5)));
   }
-  return MakeCudaBackend(spec, index, why);
+  return absl::InvalidArgumentError("--device: '" + device +
+                                    "' is not cpu, cuda, cuda:N or auto");
 }
 
 }  // namespace pacer::worker

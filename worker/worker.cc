@@ -22,6 +22,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/cpu_backend.h"
 #include "worker/cuda_backend.h"
+#include "worker/device.h"
 
 namespace pacer::worker {
 
@@ -42,9 +43,9 @@ std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size
 absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options) {
   auto model = ReadModelFile(path);
   if (!model.ok()) return model.status();
-  std::string why;
-  auto backend = MakeBackend(options.model, options.device, &why);
-  if (backend == nullptr) return absl::InvalidArgumentError(why);
+  auto made = MakeBackend(options.model, options.device);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<ComputeBackend> backend = *std::move(made);
   if (model->values.size() != backend->num_params()) {
     return absl::FailedPreconditionError(
         path + " holds " + std::to_string(model->values.size()) + " parameters; the " +
@@ -250,9 +251,9 @@ struct Worker::Impl {
   // Set with stop, and by Cancel(): requests in flight give up.
   std::atomic<bool> interrupt{false};
   std::atomic<bool> heartbeat_exit{false};
-  // What the worker is doing, for /readyz: 0 loading data, 1 registering,
-  // 2 waiting for the run, 3 training, 4 finished.
-  std::atomic<int> phase{0};
+  // What the worker is doing, for /readyz.
+  enum class Phase { kLoading, kRegistering, kWaitingForRun, kTraining, kFinished };
+  std::atomic<Phase> phase{Phase::kLoading};
   // The newest shard-map version the monitor announced (view.map holds it).
   std::atomic<uint64_t> map_version{0};
   // Read positions after the last acknowledged push, per owned partition,
@@ -317,12 +318,13 @@ Worker::~Worker() = default;
 
 std::string Worker::NotReadyReason() const {
   switch (impl_->phase.load()) {
-    case 0: return "loading the data set";
-    case 1: return "registering with the monitor";
-    case 2: return "waiting for the run to start";
-    case 3: return "";
-    default: return "finished";
+    case Impl::Phase::kLoading: return "loading the data set";
+    case Impl::Phase::kRegistering: return "registering with the monitor";
+    case Impl::Phase::kWaitingForRun: return "waiting for the run to start";
+    case Impl::Phase::kTraining: return "";
+    case Impl::Phase::kFinished: return "finished";
   }
+  return "finished";
 }
 
 void Worker::Cancel() {
@@ -537,12 +539,12 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
       test = std::move(*loaded);
       n = test->size();
       if (options.test_limit > 0) n = std::min(n, options.test_limit);
-      std::string why;
-      eval_backend = MakeBackend(options.model, options.device, &why);
-      if (eval_backend == nullptr) {
-        spdlog::error("worker {}: no backend to evaluate on: {}", id, why);
+      auto made = MakeBackend(options.model, options.device);
+      if (!made.ok()) {
+        spdlog::error("worker {}: no backend to evaluate on: {}", id, std::string(made.status().message()));
         return;
       }
+      eval_backend = *std::move(made);
       spdlog::info("worker {}: evaluating the test set for the monitor", id);
     }
     if (absl::Status s = RefreshMap(**client); !s.ok()) {
@@ -575,16 +577,16 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     w.train.labels.resize(o.train_limit);
     w.train.images.resize(o.train_limit * w.train.features());
   }
-  std::string why;
-  w.backend = MakeBackend(o.model, o.device, &why);
-  if (w.backend == nullptr) return absl::InvalidArgumentError(why);
+  auto made = MakeBackend(o.model, o.device);
+  if (!made.ok()) return made.status();
+  w.backend = *std::move(made);
   if (w.options.max_batch == 0) w.options.max_batch = w.backend->max_batch();  // before heartbeats
   spdlog::info("worker: {} on {} ({} parameters; batch limit {})", o.model.name(),
                w.backend->name(), w.backend->num_params(),
                o.max_batch > 0 ? std::to_string(o.max_batch) : std::string("none"));
   w.keys = BlockKeys(w.backend->tensors(), o.block_floats);
 
-  w.phase = 1;
+  w.phase = Impl::Phase::kRegistering;
   RpcOptions boot;
   boot.check_job = false;
   boot.max_message_bytes = o.max_message_bytes;
@@ -603,13 +605,13 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   }
   std::optional<WorkerMetrics> metrics;
   if (o.registry) metrics.emplace(*o.registry, w.rank);
-  w.phase = 2;
+  w.phase = Impl::Phase::kWaitingForRun;
   std::thread heartbeat([&w, m = std::move(*monitor)]() mutable { w.HeartbeatLoop(std::move(m)); });
   struct Joiner {
     Impl& w;
     std::thread& t;
     ~Joiner() {
-      w.phase = 4;
+      w.phase = Impl::Phase::kFinished;
       w.heartbeat_exit = true;
       w.cv.notify_all();
       w.progress_cv.notify_all();
@@ -770,7 +772,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   absl::Status failure;
 
   double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
-  w.phase = 3;
+  w.phase = Impl::Phase::kTraining;
   while (!w.stop && !cancel_) {
     std::vector<wire::PartitionPosition> owned;
     {
