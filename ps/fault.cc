@@ -154,8 +154,8 @@ std::string FaultsToString(const std::vector<FaultRule>& rules) {
   return out.str();
 }
 
-FaultInjector::FaultInjector(uint64_t seed, prometheus::Registry* registry)
-    : seed_(seed), rng_(seed) {
+FaultInjector::FaultInjector(uint64_t seed, prometheus::Registry* registry, const Clock* clock)
+    : seed_(seed), clock_(clock), rng_(seed) {
   if (registry != nullptr) {
     auto& family = prometheus::BuildCounter()
                        .Name("pacer_faults_injected_total")
@@ -169,7 +169,7 @@ FaultInjector::FaultInjector(uint64_t seed, prometheus::Registry* registry)
 void FaultInjector::SetRules(std::vector<FaultRule> rules) {
   std::lock_guard<std::mutex> lock(mu_);
   rules_ = std::move(rules);
-  set_at_ = std::chrono::steady_clock::now();
+  set_at_ = clock_->Now();
   any_ = !rules_.empty();
 }
 
@@ -201,7 +201,7 @@ Duration FaultInjector::DelayOf(const FaultRule& r) {
 FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
   Decision d;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto age = std::chrono::steady_clock::now() - set_at_;
+  const auto age = clock_->Now() - set_at_;
   for (const FaultRule& r : rules_) {
     if (r.lasts > Duration::zero() && age >= r.lasts) continue;  // over
     if (r.kind == FaultKind::kSlowDisk) continue;                 // not a message fault
@@ -229,7 +229,7 @@ FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
 
 Duration FaultInjector::DiskDelay() {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto age = std::chrono::steady_clock::now() - set_at_;
+  const auto age = clock_->Now() - set_at_;
   Duration total{};
   for (const FaultRule& r : rules_) {
     if (r.kind != FaultKind::kSlowDisk) continue;

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
+#include "ps/clock.h"
 #include "ps/transport.h"
 #include "ps/wire.h"
 
@@ -66,7 +67,9 @@ std::string FaultsToString(const std::vector<FaultRule>& rules);
 class FaultInjector {
  public:
   // `registry` (may be null) gets pacer_faults_injected_total{kind}.
-  FaultInjector(uint64_t seed, prometheus::Registry* registry);
+  // `clock` times the rules' `for` (tests pass a FakeClock).
+  FaultInjector(uint64_t seed, prometheus::Registry* registry,
+                const Clock* clock = Clock::Real());
   uint64_t seed() const { return seed_; }
   void SetRules(std::vector<FaultRule> rules);
   std::vector<FaultRule> rules() const;
@@ -98,10 +101,11 @@ class FaultInjector {
   Duration DelayOf(const FaultRule& r);
 
   const uint64_t seed_;
+  const Clock* const clock_;
   std::atomic<bool> any_{false};
   mutable std::mutex mu_;
   std::vector<FaultRule> rules_;  // guarded by mu_
-  std::chrono::steady_clock::time_point set_at_{};  // guarded by mu_
+  TimePoint set_at_{};             // guarded by mu_
   std::mt19937_64 rng_;           // guarded by mu_
   std::map<FaultKind, prometheus::Counter*> counters_;
   std::map<FaultKind, double> counts_;  // guarded by mu_ (without a registry too)

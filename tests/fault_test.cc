@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <thread>
 
 #include "ps/wire.h"
 
@@ -218,12 +217,27 @@ TEST_F(FaultTest, PartitionBlocksOnlyTheNamedPeers) {
 }
 
 TEST_F(FaultTest, ARuleWithForEndsByItself) {
+  // The rules' time is the injector's clock: a fake one here, no sleeping.
+  FakeClock clock;
+  client_.reset();
+  server_.reset();
+  faults_ = std::make_shared<FaultInjector>(42, nullptr, &clock);
+  transport_ = MakeFaultyTransport(MakeInProcTransport(), faults_);
+  auto server = transport_->Bind("mem://1");
+  ASSERT_TRUE(server.ok());
+  server_ = std::move(*server);
+  auto client = transport_->Connect(server_->address());
+  ASSERT_TRUE(client.ok());
+  client_ = std::move(*client);
   Rules("partition:for=0.2");
   Send(7, 1, 1);
   EXPECT_TRUE(Received().empty());
-  std::this_thread::sleep_for(milliseconds(250));
+  clock.Advance(milliseconds(199));
   Send(7, 2, 2);
-  EXPECT_EQ(Received(), (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(Received().empty()) << "still within its 0.2 s";
+  clock.Advance(milliseconds(1));
+  Send(7, 3, 3);
+  EXPECT_EQ(Received(), (std::vector<uint64_t>{3}));
 }
 
 TEST_F(FaultTest, SlowDiskDelaysCheckpointsNotMessages) {
