@@ -31,7 +31,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       rejects_(*registry_, "monitor"),
-      guard_(*registry_, "monitor"),
+      guard_(*registry_, "monitor", clock),
       created_at_(clock->Now()),
       policy_(PolicyFor(options)) {
   m_decisions_ = &prometheus::BuildCounter()

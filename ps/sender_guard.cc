@@ -8,20 +8,22 @@
 namespace pacer {
 
 bool LogThrottle::Allow(const std::string& what, uint64_t* left_out) {
-  const auto now = std::chrono::steady_clock::now();
+  const TimePoint now = clock_->Now();
   Entry& e = entries_[what];
-  if (e.last != std::chrono::steady_clock::time_point{} && now - e.last < every_) {
+  if (e.logged && now - e.last < every_) {
     ++e.left_out;
     return false;
   }
   *left_out = e.left_out;
   e.left_out = 0;
   e.last = now;
+  e.logged = true;
   return true;
 }
 
-SenderGuard::SenderGuard(prometheus::Registry& registry, std::string who, size_t window)
-    : who_(std::move(who)), window_(window) {
+SenderGuard::SenderGuard(prometheus::Registry& registry, std::string who, const Clock* clock,
+                         size_t window)
+    : who_(std::move(who)), window_(window), log_(clock) {
   auto& family = prometheus::BuildCounter()
                      .Name("pacer_security_refused_messages_total")
                      .Help("Messages refused under transport security: the sender id they "

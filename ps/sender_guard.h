@@ -22,6 +22,7 @@
 
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
+#include "ps/clock.h"
 #include "ps/wire.h"
 
 namespace pacer {
@@ -31,17 +32,20 @@ namespace pacer {
 // can cause at will.
 class LogThrottle {
  public:
-  explicit LogThrottle(std::chrono::steady_clock::duration every = std::chrono::seconds(10))
-      : every_(every) {}
+  explicit LogThrottle(const Clock* clock = Clock::Real(),
+                       Duration every = std::chrono::seconds(10))
+      : clock_(clock), every_(every) {}
   // Whether to log now; *left_out is how many were not logged since the last.
   bool Allow(const std::string& what, uint64_t* left_out);
 
  private:
   struct Entry {
-    std::chrono::steady_clock::time_point last{};
+    TimePoint last{};
+    bool logged = false;
     uint64_t left_out = 0;
   };
-  std::chrono::steady_clock::duration every_;
+  const Clock* const clock_;
+  Duration every_;
   std::map<std::string, Entry> entries_;
 };
 
@@ -50,7 +54,9 @@ class SenderGuard {
   // `who` names this process in logs ("monitor", "shard 3"). The request ids
   // of the last `window` requests are remembered (about 100 bytes each:
   // some 6 MB for the default window).
-  SenderGuard(prometheus::Registry& registry, std::string who, size_t window = 1 << 16);
+  // `clock` times the log throttle.
+  SenderGuard(prometheus::Registry& registry, std::string who, const Clock* clock = Clock::Real(),
+              size_t window = 1 << 16);
 
   // Empty when `d`, which came with CURVE key `key` (empty: plain ZeroMQ),
   // may go on; else why it is refused (counted and logged here). `bound`: the

@@ -56,7 +56,7 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       rejects_(*registry_, "shard"),
-      guard_(*registry_, "shard") {
+      guard_(*registry_, "shard", clock) {
   auto& reqs = prometheus::BuildCounter()
                    .Name("pacer_shard_requests_total")
                    .Help("Push and pull requests served")

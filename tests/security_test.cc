@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "ps/clock.h"
+#include "ps/sender_guard.h"
 #include "ps/transport.h"
 #include "tests/process_util.h"
 
@@ -26,6 +28,23 @@ using test::TempDir;
 void WriteFile(const std::string& path, const std::string& text, mode_t mode = 0600) {
   std::ofstream(path) << text;
   ::chmod(path.c_str(), mode);
+}
+
+// The refusal log's throttle keeps the injected clock's time: one line per
+// reason every 10 s, the next saying how many were left out.
+TEST(LogThrottleTest, OneLinePerReasonPerPeriodOnTheInjectedClock) {
+  FakeClock clock;  // starts at time 0, which is a time like any other
+  LogThrottle log(&clock, std::chrono::seconds(10));
+  uint64_t left_out = 99;
+  EXPECT_TRUE(log.Allow("a", &left_out));
+  EXPECT_EQ(left_out, 0u);
+  EXPECT_FALSE(log.Allow("a", &left_out));
+  EXPECT_TRUE(log.Allow("b", &left_out)) << "each reason has its own period";
+  clock.Advance(std::chrono::milliseconds(9999));
+  EXPECT_FALSE(log.Allow("a", &left_out));
+  clock.Advance(std::chrono::milliseconds(1));
+  EXPECT_TRUE(log.Allow("a", &left_out));
+  EXPECT_EQ(left_out, 2u);
 }
 
 TEST(KeyFilesTest, KeygenWritesAKeyOnlyItsOwnerReadsAndAPublicLine) {
