@@ -41,10 +41,14 @@ uint64_t RequestOf(const Frames& f) {
 
 class FaultTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    faults_ = std::make_shared<FaultInjector>(42, &registry_);
+  void SetUp() override { Wire(std::make_shared<FaultInjector>(42, &registry_), "mem://0"); }
+  // Puts `faults` between a fresh client and server bound at `address`.
+  void Wire(std::shared_ptr<FaultInjector> faults, const std::string& address) {
+    client_.reset();
+    server_.reset();
+    faults_ = std::move(faults);
     transport_ = MakeFaultyTransport(MakeInProcTransport(), faults_);
-    auto server = transport_->Bind("mem://0");
+    auto server = transport_->Bind(address);
     ASSERT_TRUE(server.ok());
     server_ = std::move(*server);
     auto client = transport_->Connect(server_->address());
@@ -219,16 +223,7 @@ TEST_F(FaultTest, PartitionBlocksOnlyTheNamedPeers) {
 TEST_F(FaultTest, ARuleWithForEndsByItself) {
   // The rules' time is the injector's clock: a fake one here, no sleeping.
   FakeClock clock;
-  client_.reset();
-  server_.reset();
-  faults_ = std::make_shared<FaultInjector>(42, nullptr, &clock);
-  transport_ = MakeFaultyTransport(MakeInProcTransport(), faults_);
-  auto server = transport_->Bind("mem://1");
-  ASSERT_TRUE(server.ok());
-  server_ = std::move(*server);
-  auto client = transport_->Connect(server_->address());
-  ASSERT_TRUE(client.ok());
-  client_ = std::move(*client);
+  Wire(std::make_shared<FaultInjector>(42, nullptr, &clock), "mem://1");
   Rules("partition:for=0.2");
   Send(7, 1, 1);
   EXPECT_TRUE(Received().empty());

@@ -190,6 +190,25 @@ class StragglerPolicyTest : public ::testing::Test {
       p.Report(id, r);
     }
   }
+  // One report from `id`, stamped now: `iterations` iterations at its
+  // current batch, `spp` seconds per sample, 4 ms of communication in all.
+  void ReportNow(StragglerPolicy& p, uint32_t id, double spp, uint32_t iterations) {
+    TimingReport r;
+    r.iterations = iterations;
+    r.samples = uint64_t{iterations} * p.assignment(id).batch;
+    r.compute_seconds = spp * static_cast<double>(r.samples);
+    r.communication_seconds = 0.004;
+    r.at = clock_.Now();
+    p.Report(id, r);
+  }
+  // Workers 1-3 report 1e-4 s a sample every 0.1 s for 0.5 s, then a round.
+  void WarmEvery100ms(StragglerPolicy& p, uint32_t iterations) {
+    for (int i = 0; i < 5; ++i) {
+      for (uint32_t id : {1, 2, 3}) ReportNow(p, id, 1e-4, iterations);
+      clock_.Advance(std::chrono::milliseconds(100));
+    }
+    p.Round(clock_.Now());
+  }
   static uint32_t Total(const StragglerPolicy& p) {
     uint32_t t = 0;
     for (const auto& [id, a] : p.assignments()) t += a.batch;
@@ -311,24 +330,11 @@ TEST_F(StragglerPolicyTest, AShiftIsConfirmedOnlyOnceItHasLasted) {
     o.shift_iterations = 0;  // the streak's weight alone (next test) would confirm it
     StragglerPolicy p(o);
     p.SetWorkers({1, 2, 3});
-    auto report = [&](uint32_t id, double spp) {
-      TimingReport r;
-      r.iterations = 2;
-      r.samples = 2 * uint64_t{p.assignment(id).batch};
-      r.compute_seconds = spp * static_cast<double>(r.samples);
-      r.communication_seconds = 0.004;
-      r.at = clock_.Now();
-      p.Report(id, r);
-    };
-    for (int i = 0; i < 5; ++i) {
-      for (uint32_t id : {1, 2, 3}) report(id, 1e-4);
-      clock_.Advance(std::chrono::milliseconds(100));
-    }
-    p.Round(clock_.Now());
+    WarmEvery100ms(p, 2);
     // Worker 4x slow, far past the bar, reporting every 0.1 s.
     for (int i = 0; i < streak; ++i) {
       EXPECT_FALSE(p.urgent()) << "streak " << streak << ", report " << i;
-      report(3, 4e-4);
+      ReportNow(p, 3, 4e-4, 2);
       clock_.Advance(std::chrono::milliseconds(100));
     }
     if (streak == 5) {
@@ -358,22 +364,10 @@ TEST_F(StragglerPolicyTest, AQuickerWorkerHasAHigherBarThanASlowerOne) {
     ASSERT_EQ(o.level_shift_faster, 0.7);
     StragglerPolicy p(o);
     p.SetWorkers({1, 2, 3});
-    auto report = [&](uint32_t id, double spp) {
-      TimingReport r;
-      r.iterations = 1;  // one iteration a report: only the two-report rule applies
-      r.samples = p.assignment(id).batch;
-      r.compute_seconds = spp * static_cast<double>(r.samples);
-      r.communication_seconds = 0.004;
-      r.at = clock_.Now();
-      p.Report(id, r);
-    };
-    for (int i = 0; i < 5; ++i) {
-      for (uint32_t id : {1, 2, 3}) report(id, 1e-4);
-      clock_.Advance(std::chrono::milliseconds(100));
-    }
-    p.Round(clock_.Now());
+    // One iteration a report: only the two-report rule applies.
+    WarmEvery100ms(p, 1);
     for (int i = 0; i < 3; ++i) {
-      report(3, c.spp);
+      ReportNow(p, 3, c.spp, 1);
       clock_.Advance(std::chrono::milliseconds(100));
     }
     EXPECT_EQ(p.urgent(), c.shift);
