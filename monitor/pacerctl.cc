@@ -220,7 +220,8 @@ int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
     }
     std::fflush(stdout);
     if (watch_s <= 0) return pacer::kExitOk;
-    std::this_thread::sleep_for(std::chrono::duration<double>(watch_s));
+    const pacer::Clock* clock = ctl.transport->clock();
+    clock->SleepUntil(clock->Now() + pacer::FromSeconds(watch_s));
     if (output != "json") std::printf("\n");
   }
 }
@@ -297,8 +298,9 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
     return pacer::kExitOk;
   }
   // Wait for the move: a newer shard map, nothing moving.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(ctl.timeout_s * 12);
-  while (std::chrono::steady_clock::now() < give_up) {
+  const pacer::Clock* clock = ctl.transport->clock();
+  const pacer::TimePoint give_up = clock->Now() + pacer::FromSeconds(ctl.timeout_s * 12);
+  while (clock->Now() < give_up) {
     auto st = ctl.Status(&d);
     if (st.ok() && !(*st)->moving() && (*st)->shard_map() && (*st)->shard_map()->version() > version) {
       std::printf("shard map v%llu: shard %u %s\n",
@@ -306,7 +308,7 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
                   op == pacer::wire::ShardOp::Add ? "added" : "drained");
       return pacer::kExitOk;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
   }
   std::fprintf(stderr, "pacerctl: the move did not finish in time (see the monitor's log)\n");
   return pacer::kExitFailure;

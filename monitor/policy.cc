@@ -219,8 +219,11 @@ const char* KindName(Kind kind) {
   return "?";
 }
 
-StragglerPolicy::StragglerPolicy(const PolicyOptions& options)
-    : options_(options), batch_(options.batch), fixed_samples_(std::max(0.0, options.fixed_cost_samples)) {}
+StragglerPolicy::StragglerPolicy(const PolicyOptions& options, const Clock* timer)
+    : options_(options),
+      batch_(options.batch),
+      fixed_samples_(std::max(0.0, options.fixed_cost_samples)),
+      timer_(timer) {}
 
 Assignment StragglerPolicy::Default() const {
   Assignment a;
@@ -551,7 +554,7 @@ bool StragglerPolicy::Round(TimePoint now) {
       if (slot.pending.iterations < std::max<uint32_t>(1, options_.min_iterations)) return false;
     }
   }
-  const auto started = std::chrono::steady_clock::now();
+  const TimePoint started = timer_->Now();
   last_round_ = now;
   urgent_ = false;
   ++rounds_;
@@ -698,8 +701,7 @@ bool StragglerPolicy::Round(TimePoint now) {
       changed = true;
     }
   }
-  last_decision_seconds_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  last_decision_seconds_ = ToSeconds(timer_->Now() - started);
   return changed;
 }
 

@@ -302,10 +302,11 @@ enum class RoundReason { kInterval, kLevelShift, kMembership, kMemoryLimit, kCou
 const char* RoundReasonName(RoundReason reason);
 
 // The straggler policy of one job. Single-threaded; time comes from the
-// caller (`now`), so tests drive it with a fake clock.
+// caller (`now`), so tests drive it with a fake clock. `timer` only times
+// the policy's own decisions (last_decision_seconds).
 class StragglerPolicy {
  public:
-  explicit StragglerPolicy(const PolicyOptions& options);
+  explicit StragglerPolicy(const PolicyOptions& options, const Clock* timer = Clock::Real());
 
   // Sets the live workers. New ones get an even share, departed ones are
   // forgotten, and the sizes are redistributed so that they add up to B.
@@ -407,6 +408,7 @@ class StragglerPolicy {
   double fit_weight_ = 0;  // what the best recent fit of fixed_samples_ rested on
   uint32_t probe_round_ = 0;  // rounds probed so far
   bool probing_ = true;
+  const Clock* timer_;
   double last_decision_seconds_ = 0;
   double last_change_ = 0;
   uint64_t rounds_ = 0;

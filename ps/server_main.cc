@@ -1,5 +1,6 @@
 // pacer-server: one parameter-server shard.
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "ps/cli.h"
@@ -12,7 +13,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   pacer::MetricsFlags metrics_flags;
   double register_timeout_s = 30, heartbeat_ms = 200, pull_timeout_s = 60;
-  double request_timeout_s = 1, stall_report_s = 5, checkpoint_interval_s = 10;
+  double request_timeout_s = 1, stall_report_s = 5, checkpoint_interval_s = 10, stop_timeout_s = 30;
   bool no_apply = false, no_crc = false;
 
   CLI::App app{"pacer-server: a Pacer parameter-server shard. It registers with the monitor, "
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-updates", opts.checkpoint_updates,
                  "Also checkpoint after this many applied pushes (0: off)")
       ->capture_default_str();
+  app.add_option("--stop-timeout", stop_timeout_s,
+                 "Seconds the final checkpoint may take once the shard stops (SIGTERM or the job's "
+                 "end); past them it is given up, the previous checkpoint stays, and the process "
+                 "exits 1. Keep it under the service manager's stop timeout (systemd 60 s)")
+      ->capture_default_str()->check(pacer::Positive());
   app.add_option("--max-message-bytes", opts.shard.max_message_bytes,
                  "Largest accepted message, all frames, in bytes")
       ->capture_default_str()
@@ -93,6 +99,7 @@ int main(int argc, char** argv) {
   opts.shard.stall_report = pacer::FromSeconds(stall_report_s);
   opts.heartbeat_interval = pacer::FromSeconds(heartbeat_ms / 1000.0);
   opts.checkpoint_interval = pacer::FromSeconds(checkpoint_interval_s);
+  opts.stop_timeout = pacer::FromSeconds(stop_timeout_s);
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 
   std::unique_ptr<pacer::MetricsServer> metrics;
@@ -140,5 +147,11 @@ int main(int argc, char** argv) {
   }
   (*server)->Wait();
   if (metrics) metrics->SetReadiness([] { return std::string("stopped"); });
+  if (!(*server)->stop_status().ok()) {
+    // Logged by the shard. The given-up write may still be in the disk on
+    // its own thread: leave without running destructors under it.
+    spdlog::shutdown();
+    std::_Exit(pacer::kExitFailure);
+  }
   return pacer::kExitOk;
 }

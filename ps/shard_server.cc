@@ -2,9 +2,8 @@
 
 #include <random>
 
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
+#include "absl/strings/str_format.h"
+
 #include "ps/rpc.h"
 #include "spdlog/spdlog.h"
 
@@ -25,14 +24,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
 
   // The latest snapshot, if this shard ran here before.
   std::optional<ShardSnapshot> snapshot;
+  std::unique_ptr<CheckpointStore> store;
   if (!options.data_dir.empty()) {
     auto dir = DataDirPath(options.data_dir, "checkpoint");
     if (!dir.ok()) return dir.status();
     const std::string path = *dir;
-    auto store = CheckpointStore::Open(path);
-    if (!store.ok()) return store.status();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto loaded = (*store)->Load();
+    auto opened = CheckpointStore::Open(path);
+    if (!opened.ok()) return opened.status();
+    store = std::move(*opened);
+    const TimePoint t0 = transport->clock()->Now();
+    auto loaded = store->Load();
     if (!loaded.ok()) {
       return absl::DataLossError("the checkpoint in " + path + " cannot be read (" +
                                  std::string(loaded.status().message()) +
@@ -43,10 +44,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       spdlog::info("loaded checkpoint of job {} shard {} ({} values, applied clock {}) from {} in "
                    "{:.3f} s",
                    snapshot->job_id, snapshot->shard_id, snapshot->params->size(),
-                   snapshot->applied_clock, path,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                   snapshot->applied_clock, path, ToSeconds(transport->clock()->Now() - t0));
     }
-    s->store_ = std::move(*store);
   }
 
   RpcOptions ropts;
@@ -125,45 +124,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
     clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
   }
-  if (s->store_) {
-    auto& r = *s->registry_;
-    s->m_ckpt_seconds_ = &prometheus::BuildHistogram()
-                              .Name("pacer_shard_checkpoint_duration_seconds")
-                              .Help("Time to write one checkpoint (synced)")
-                              .Register(r)
-                              .Add({}, prometheus::Histogram::BucketBoundaries{
-                                           0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
-    s->m_ckpt_bytes_ = &prometheus::BuildGauge()
-                            .Name("pacer_shard_checkpoint_size_bytes")
-                            .Help("Bytes written by the last successful checkpoint")
-                            .Register(r)
-                            .Add({});
-    s->m_ckpt_age_ = &prometheus::BuildGauge()
-                          .Name("pacer_shard_checkpoint_age_seconds")
-                          .Help("Age of the state in the last successful checkpoint, in seconds "
-                                "(since start when none)")
-                          .Register(r)
-                          .Add({});
-    s->m_ckpt_last_ = &prometheus::BuildGauge()
-                           .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
-                           .Help("Unix time the state in the last successful checkpoint was "
-                                 "captured (0: none yet)")
-                           .Register(r)
-                           .Add({});
-    prometheus::BuildGauge()
-        .Name("pacer_shard_checkpoint_interval_seconds")
-        .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
-        .Register(r)
-        .Add({})
-        .Set(ToSeconds(options.checkpoint_interval));
-    auto& done = prometheus::BuildCounter()
-                     .Name("pacer_shard_checkpoints_total")
-                     .Help("Checkpoints attempted, by result")
-                     .Register(r);
-    s->m_ckpt_ok_ = &done.Add({{"result", "ok"}});
-    s->m_ckpt_failed_ = &done.Add({{"result", "failed"}});
-    s->started_unix_ = UnixSeconds();
-    s->writer_thread_ = std::thread([p = s.get()] { p->WriterLoop(); });
+  if (store) {
+    s->writer_ = std::make_unique<CheckpointWriter>(std::move(store), s->registry_,
+                                                    options.checkpoint_interval, clock,
+                                                    options.faults, s->id_);
   }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   s->heartbeat_thread_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
@@ -178,79 +142,28 @@ ShardServer::~ShardServer() {
 void ShardServer::Wait() {
   if (thread_.joinable()) thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-  if (writer_thread_.joinable()) {  // Start failed after the writer began
-    {
-      std::lock_guard<std::mutex> lock(writer_mu_);
-      writer_exit_ = true;
-    }
-    writer_cv_.notify_all();
-    writer_thread_.join();
-  }
-}
-
-void ShardServer::WriterLoop() {
-  for (;;) {
-    std::optional<ShardSnapshot> snap;
-    {
-      std::unique_lock<std::mutex> lock(writer_mu_);
-      writer_cv_.wait(lock, [&] { return to_write_.has_value() || writer_exit_; });
-      if (!to_write_) return;
-      snap = std::move(to_write_);
-      to_write_.reset();
-    }
-    SaveSnapshot(*snap);
-    snap.reset();  // lets go of the shared buffers before the shard's next step
-    {
-      std::lock_guard<std::mutex> lock(writer_mu_);
-      writer_busy_ = false;
-    }
-    writer_cv_.notify_all();
-  }
-}
-
-void ShardServer::SaveSnapshot(const ShardSnapshot& snap) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (options_.faults) {
-    // Injected slow disk I/O (fault slow_disk): the write takes longer.
-    const Duration slow = options_.faults->DiskDelay();
-    if (slow > Duration::zero()) std::this_thread::sleep_for(slow);
-  }
-  absl::StatusOr<uint64_t> bytes = store_->Save(snap);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!bytes.ok()) {
-    m_ckpt_failed_->Increment();
-    spdlog::error("shard {}: checkpoint failed: {}", id_, ErrorText(bytes.status()));
-    return;
-  }
-  m_ckpt_ok_->Increment();
-  m_ckpt_seconds_->Observe(seconds);
-  m_ckpt_bytes_->Set(static_cast<double>(*bytes));
-  last_success_unix_ = snap.taken_unix > 0 ? snap.taken_unix : UnixSeconds();
-  m_ckpt_last_->Set(last_success_unix_);
-  SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", id_,
-               snap.applied_clock, *bytes, seconds);
 }
 
 void ShardServer::MaybeCheckpoint(bool final) {
-  if (!store_) return;
-  const double last = last_success_unix_.load();
-  m_ckpt_age_->Set(UnixSeconds() - (last > 0 ? last : started_unix_));
+  if (!writer_) return;
+  writer_->AgeSeconds();
   if (!core_->initialized()) return;  // nothing worth keeping yet
+  const Clock* clock = transport_->clock();
   if (final) {
-    {
-      std::unique_lock<std::mutex> lock(writer_mu_);
-      writer_cv_.wait(lock, [&] { return !writer_busy_; });
-      writer_exit_ = true;
-    }
-    writer_cv_.notify_all();
-    if (writer_thread_.joinable()) writer_thread_.join();
-    const auto t0 = std::chrono::steady_clock::now();
+    const TimePoint t0 = clock->Now();
     ShardSnapshot snap = core_->Snapshot();
     snap.taken_unix = UnixSeconds();
-    SaveSnapshot(snap);
+    absl::Status st = writer_->Final(std::move(snap), t0 + options_.stop_timeout);
+    if (!st.ok()) {
+      stop_status_ = absl::DeadlineExceededError(
+          "final checkpoint at applied clock " + std::to_string(core_->applied_clock()) +
+          " given up after " + absl::StrFormat("%.1f", ToSeconds(options_.stop_timeout)) +
+          " s (--stop-timeout): " + std::string(st.message()) + "; the previous checkpoint stays");
+      spdlog::error("shard {}: {}", id_, std::string(stop_status_.message()));
+      return;
+    }
     spdlog::info("shard {}: final checkpoint at applied clock {} in {:.3f} s", id_,
-                 core_->applied_clock(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                 core_->applied_clock(), ToSeconds(clock->Now() - t0));
     return;
   }
   const bool keys_moved = core_->key_version() != keys_at_checkpoint_;
@@ -258,7 +171,7 @@ void ShardServer::MaybeCheckpoint(bool final) {
       core_->applied_clock() == clock_at_checkpoint_ && !keys_moved) {
     return;  // nothing new since the last one
   }
-  const TimePoint now = transport_->clock()->Now();
+  const TimePoint now = clock->Now();
   // Keys that moved in or out: at once, so that a restart has the new set.
   const bool on_time = keys_moved || (options_.checkpoint_interval > Duration::zero() &&
                                       now - last_checkpoint_ >= options_.checkpoint_interval);
@@ -267,15 +180,10 @@ void ShardServer::MaybeCheckpoint(bool final) {
   if (!on_time && !on_count) return;
   if (!keys_moved && !options_.periodic_checkpoints && periodic_taken_ > 0) return;
   if (!keys_moved) ++periodic_taken_;
-  {
-    std::lock_guard<std::mutex> lock(writer_mu_);
-    if (writer_busy_) return;  // the previous one is still being written
-    writer_busy_ = true;
-    // Shares the buffers: the copy-free hand-over that keeps this cheap.
-    to_write_ = core_->Snapshot();
-    to_write_->taken_unix = UnixSeconds();
-  }
-  writer_cv_.notify_all();
+  // Shares the buffers: the copy-free hand-over that keeps this cheap.
+  ShardSnapshot snap = core_->Snapshot();
+  snap.taken_unix = UnixSeconds();
+  if (!writer_->Offer(std::move(snap))) return;  // the previous one is still being written
   last_checkpoint_ = now;
   updates_at_checkpoint_ = core_->updates_applied();
   clock_at_checkpoint_ = core_->applied_clock();
@@ -288,8 +196,7 @@ void ShardServer::HeartbeatLoop() {
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     flatbuffers::FlatBufferBuilder fbb(64);
-    const double last = last_success_unix_.load();
-    const float age = store_ ? static_cast<float>(UnixSeconds() - (last > 0 ? last : started_unix_)) : -1.0f;
+    const float age = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
     wire::HeartbeatBuilder hb(fbb);
     hb.add_role(wire::Role::Shard);
     hb.add_clock(static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));

@@ -4,14 +4,12 @@
 #define PACER_PS_SHARD_SERVER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "ps/checkpoint_writer.h"
 #include "ps/fault.h"
 #include "ps/shard.h"
 #include "ps/transport.h"
@@ -44,6 +42,10 @@ struct ShardServerOptions {
   // comes first, and once more when the shard stops.
   Duration checkpoint_interval = std::chrono::seconds(10);
   uint64_t checkpoint_updates = 0;
+  // How long the final checkpoint may take when the shard stops
+  // (--stop-timeout): past it the checkpoint is given up, the previous one
+  // stays, and stop_status() says why (pacer-server then exits 1).
+  Duration stop_timeout = std::chrono::seconds(30);
   // false only to show a chaos invariant failing (--unsafe-disable
   // checkpoints): after its first checkpoint on time or count the shard
   // takes no more (but for key moves and at exit), so a crash loses
@@ -77,6 +79,9 @@ class ShardServer {
   void Wait();
   // True once the serving thread has ended.
   bool done() const { return done_; }
+  // After Wait(): OK, or why the stop was not clean (the final checkpoint
+  // was given up at stop_timeout).
+  const absl::Status& stop_status() const { return stop_status_; }
   // For /readyz: "" while this shard can serve: it holds no key range yet
   // (before the shard map, or idle), or holds its range's values (restored
   // from its checkpoint or initialised); else why not (its keys are
@@ -93,12 +98,9 @@ class ShardServer {
   // serving loop waits on one socket only; notices when the job stops.
   // After a shutdown it tells the monitor that this shard leaves.
   void HeartbeatLoop();
-  // Hands a snapshot to the writer when one is due (or `final`: waits for
-  // the writer, then saves one last snapshot on this thread).
+  // Hands a snapshot to the writer when one is due (or `final`: one last
+  // snapshot, given up after stop_timeout).
   void MaybeCheckpoint(bool final);
-  // The checkpoint writer: saves snapshots off the serving thread.
-  void WriterLoop();
-  void SaveSnapshot(const ShardSnapshot& snap);
 
   Transport* transport_ = nullptr;
   ShardServerOptions options_;
@@ -119,27 +121,14 @@ class ShardServer {
   std::thread thread_;
   std::thread heartbeat_thread_;
 
-  // Checkpoints.
-  std::unique_ptr<CheckpointStore> store_;
-  std::mutex writer_mu_;
-  std::condition_variable writer_cv_;
-  std::optional<ShardSnapshot> to_write_;  // guarded by writer_mu_
-  bool writer_busy_ = false;               // guarded by writer_mu_
-  bool writer_exit_ = false;               // guarded by writer_mu_
-  std::thread writer_thread_;
+  // Checkpoints (null: no --data-dir).
+  std::unique_ptr<CheckpointWriter> writer_;
   TimePoint last_checkpoint_{};            // serving thread only
   uint64_t updates_at_checkpoint_ = 0;     // serving thread only
   int64_t clock_at_checkpoint_ = -2;       // serving thread only
   uint64_t keys_at_checkpoint_ = 0;        // serving thread only
-  uint64_t periodic_taken_ = 0;           // checkpoints on time or count (serving thread)
-  std::atomic<double> last_success_unix_{0};
-  double started_unix_ = 0;
-  prometheus::Histogram* m_ckpt_seconds_ = nullptr;
-  prometheus::Gauge* m_ckpt_bytes_ = nullptr;
-  prometheus::Gauge* m_ckpt_age_ = nullptr;
-  prometheus::Gauge* m_ckpt_last_ = nullptr;
-  prometheus::Counter* m_ckpt_ok_ = nullptr;
-  prometheus::Counter* m_ckpt_failed_ = nullptr;
+  uint64_t periodic_taken_ = 0;            // checkpoints on time or count (serving thread)
+  absl::Status stop_status_;               // serving thread; read after Wait()
 };
 
 }  // namespace pacer

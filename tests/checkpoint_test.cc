@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <random>
 
+#include "prometheus/registry.h"
+#include "ps/checkpoint_writer.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
@@ -298,6 +300,87 @@ TEST_F(CheckpointTest, UnopenableDirectoryIsAClearError) {
   EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(store.status().message().find("cannot open checkpoint store"), std::string::npos);
   EXPECT_EQ(CheckpointStore::Open("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// CheckpointWriter (ps/checkpoint_writer.h): writes off the caller's thread,
+// and a final checkpoint that cannot finish by its deadline is given up,
+// leaving the previous snapshot in the store.
+class CheckpointWriterTest : public CheckpointTest {
+ protected:
+  void SetUp() override {
+    CheckpointTest::SetUp();
+    auto store = CheckpointStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    faults_ = std::make_shared<FaultInjector>(1, nullptr);
+    writer_ = std::make_unique<CheckpointWriter>(std::move(*store),
+                                                 std::make_shared<prometheus::Registry>(),
+                                                 std::chrono::seconds(10), Clock::Real(), faults_, 2);
+  }
+  void SlowDisk(const std::string& spec) {
+    auto rules = ParseFaults(spec);
+    ASSERT_TRUE(rules.ok()) << rules.status();
+    faults_->SetRules(*rules);
+  }
+  // Offers `s` and waits (up to 10 s) until it is written.
+  void WriteAndWait(const ShardSnapshot& s) {
+    const double before = writer_->last_success_unix();
+    ASSERT_TRUE(writer_->Offer(s));
+    const TimePoint until = Clock::Real()->Now() + std::chrono::seconds(10);
+    while (writer_->last_success_unix() == before && Clock::Real()->Now() < until) {
+      Clock::Real()->SleepUntil(Clock::Real()->Now() + std::chrono::milliseconds(5));
+    }
+    ASSERT_NE(writer_->last_success_unix(), before);
+  }
+  // Destroys the writer, then reads what the store holds. The store opens
+  // only once the writer's thread has let go of it.
+  int64_t AppliedClockInStore() {
+    writer_.reset();
+    auto store = CheckpointStore::Open(path_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return -100;
+    auto got = (*store)->Load();
+    EXPECT_TRUE(got.ok() && got->has_value());
+    return got.ok() && got->has_value() ? (*got)->applied_clock : -100;
+  }
+  static ShardSnapshot At(int64_t clock) {
+    ShardSnapshot s = Make(2, 100, 1);
+    s.applied_clock = clock;
+    s.taken_unix = 1000.0 + static_cast<double>(clock);
+    return s;
+  }
+  std::shared_ptr<FaultInjector> faults_;
+  std::unique_ptr<CheckpointWriter> writer_;
+};
+
+TEST_F(CheckpointWriterTest, AFinalCheckpointIsWrittenBeforeItReturns) {
+  WriteAndWait(At(5));
+  EXPECT_EQ(writer_->last_success_unix(), 1005.0);
+  const absl::Status st = writer_->Final(At(6), Clock::Real()->Now() + std::chrono::seconds(30));
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(writer_->last_success_unix(), 1006.0);
+  EXPECT_EQ(AppliedClockInStore(), 6);
+}
+
+TEST_F(CheckpointWriterTest, AFinalCheckpointThatCannotBeWrittenInTimeIsGivenUp) {
+  WriteAndWait(At(5));
+  SlowDisk("slow_disk:ms=60000");
+  const absl::Status st = writer_->Final(At(6), Clock::Real()->Now() + std::chrono::milliseconds(200));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find("its write had not finished"), std::string::npos) << st;
+  EXPECT_FALSE(writer_->Offer(At(7))) << "a given-up writer writes nothing more";
+  EXPECT_EQ(AppliedClockInStore(), 5) << "the previous checkpoint stays";
+}
+
+TEST_F(CheckpointWriterTest, AFinalCheckpointBehindAStuckOneIsGivenUp) {
+  WriteAndWait(At(5));
+  SlowDisk("slow_disk:ms=60000");
+  ASSERT_TRUE(writer_->Offer(At(6)));  // now in the disk for a minute
+  EXPECT_FALSE(writer_->Offer(At(7))) << "one write at a time";
+  const absl::Status st = writer_->Final(At(8), Clock::Real()->Now() + std::chrono::milliseconds(200));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find("before it was still being written"), std::string::npos) << st;
+  EXPECT_EQ(AppliedClockInStore(), 5);
 }
 
 }  // namespace

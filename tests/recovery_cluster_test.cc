@@ -386,6 +386,38 @@ TEST(RecoveryClusterTest, StoppedClusterResumesFromItsCheckpoints) {
   EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
 }
 
+// A shard whose disk hangs when it stops: its final checkpoint is given up
+// at --stop-timeout, logged with its reason, and it exits 1 (a service
+// manager sees the failure) instead of hanging SIGTERM. Here every write is
+// stuck (slow_disk for a minute), so the writer is still in the first one.
+TEST(RecoveryClusterTest, AShardWhoseDiskHangsAtStopGivesUpItsFinalCheckpointAndExits1) {
+  ClusterSpec spec;
+  spec.shards = 1;
+  spec.workers = 1;
+  spec.shard_data_dirs = true;
+  spec.shard_flags = {"--checkpoint-interval", "0.2", "--stop-timeout", "1", "--faults",
+                      "slow_disk:ms=60000"};
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "64", "--time-cap", "60",
+                        "--eval-interval", "1", "--seed", "4"};
+  spec.worker_flags = {"--train-limit", "2000", "--test-limit", "500"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 5, seconds(60))) << c.Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a checkpoint is due
+  c.shards[0]->Signal(SIGTERM);
+  auto rc = c.shards[0]->Wait(seconds(15));
+  ASSERT_TRUE(rc.has_value()) << "SIGTERM hung on the disk\n" << c.Logs();
+  EXPECT_EQ(*rc, 1) << c.Logs();
+  const std::string err = c.shards[0]->Stderr();
+  EXPECT_NE(err.find("given up after 1.0 s (--stop-timeout): the checkpoint before it was still "
+                     "being written; the previous checkpoint stays"),
+            std::string::npos)
+      << err;
+  for (auto& w : c.workers) w->Signal(SIGTERM);
+  c.monitor->Signal(SIGTERM);
+  EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
+}
+
 // Worker churn: mid-run one worker is killed with SIGKILL and another joins.
 // The barrier moves on within the lease; the dead worker's data partition is
 // given to another worker, which continues from the monitor's read position.

@@ -1,0 +1,212 @@
+#include "ps/checkpoint_writer.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "ps/rpc.h"
+#include "spdlog/spdlog.h"
+
+namespace pacer {
+namespace {
+// How long the idle writer sleeps before it re-checks for work (a wait
+// with a deadline; a hand-over wakes it at once).
+constexpr Duration kIdleRecheck = std::chrono::seconds(1);
+// How long destruction waits for the thread to end before leaving it.
+constexpr Duration kJoinWait = std::chrono::seconds(1);
+}  // namespace
+
+struct CheckpointWriter::State {
+  std::unique_ptr<CheckpointStore> store;
+  std::shared_ptr<prometheus::Registry> registry;  // keeps the metrics below alive
+  const Clock* clock = nullptr;
+  std::shared_ptr<FaultInjector> faults;
+  uint32_t shard = 0;
+  double started_unix = 0;
+
+  prometheus::Histogram* m_seconds = nullptr;
+  prometheus::Gauge* m_bytes = nullptr;
+  prometheus::Gauge* m_age = nullptr;
+  prometheus::Gauge* m_last = nullptr;
+  prometheus::Counter* m_ok = nullptr;
+  prometheus::Counter* m_failed = nullptr;
+
+  std::mutex mu;  // guards to_write, busy, exit, abandoned, done
+  std::condition_variable cv;
+  std::optional<ShardSnapshot> to_write;
+  bool busy = false;       // a snapshot is handed over and not yet written
+  bool exit = false;       // the thread ends once nothing is handed over
+  bool abandoned = false;  // a stop gave up waiting: write nothing more
+  bool done = false;       // the thread has ended
+  std::atomic<double> last_success_unix{0};
+
+  void Loop();
+  // Writes one snapshot (after any slow_disk delay) and records the result.
+  void Write(const ShardSnapshot& snap);
+};
+
+void CheckpointWriter::State::Loop() {
+  for (;;) {
+    std::optional<ShardSnapshot> snap;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!to_write && !exit) clock->WaitUntil(cv, lock, clock->Now() + kIdleRecheck);
+      if (!to_write) break;
+      snap = std::move(to_write);
+      to_write.reset();
+    }
+    Write(*snap);
+    snap.reset();  // lets go of the shared buffers before the shard's next step
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+void CheckpointWriter::State::Write(const ShardSnapshot& snap) {
+  const TimePoint t0 = clock->Now();
+  if (faults) {
+    // Injected slow disk I/O (fault slow_disk): the write takes longer,
+    // unless a stop gives it up meanwhile.
+    const TimePoint until = t0 + faults->DiskDelay();
+    std::unique_lock<std::mutex> lock(mu);
+    while (!abandoned && clock->Now() < until) clock->WaitUntil(cv, lock, until);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (abandoned) return;
+  }
+  absl::StatusOr<uint64_t> bytes = store->Save(snap);
+  const double seconds = ToSeconds(clock->Now() - t0);
+  if (!bytes.ok()) {
+    m_failed->Increment();
+    spdlog::error("shard {}: checkpoint failed: {}", shard, ErrorText(bytes.status()));
+    return;
+  }
+  m_ok->Increment();
+  m_seconds->Observe(seconds);
+  m_bytes->Set(static_cast<double>(*bytes));
+  last_success_unix = snap.taken_unix > 0 ? snap.taken_unix : UnixSeconds();
+  m_last->Set(last_success_unix);
+  SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", shard,
+               snap.applied_clock, *bytes, seconds);
+}
+
+CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
+                                   std::shared_ptr<prometheus::Registry> registry,
+                                   Duration interval, const Clock* clock,
+                                   std::shared_ptr<FaultInjector> faults, uint32_t shard)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.store = std::move(store);
+  s.registry = std::move(registry);
+  s.clock = clock;
+  s.faults = std::move(faults);
+  s.shard = shard;
+  s.started_unix = UnixSeconds();
+  auto& r = *s.registry;
+  s.m_seconds = &prometheus::BuildHistogram()
+                     .Name("pacer_shard_checkpoint_duration_seconds")
+                     .Help("Time to write one checkpoint (synced)")
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+  s.m_bytes = &prometheus::BuildGauge()
+                   .Name("pacer_shard_checkpoint_size_bytes")
+                   .Help("Bytes written by the last successful checkpoint")
+                   .Register(r)
+                   .Add({});
+  s.m_age = &prometheus::BuildGauge()
+                 .Name("pacer_shard_checkpoint_age_seconds")
+                 .Help("Age of the state in the last successful checkpoint, in seconds "
+                       "(since start when none)")
+                 .Register(r)
+                 .Add({});
+  s.m_last = &prometheus::BuildGauge()
+                  .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
+                  .Help("Unix time the state in the last successful checkpoint was "
+                        "captured (0: none yet)")
+                  .Register(r)
+                  .Add({});
+  prometheus::BuildGauge()
+      .Name("pacer_shard_checkpoint_interval_seconds")
+      .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
+      .Register(r)
+      .Add({})
+      .Set(ToSeconds(interval));
+  auto& done = prometheus::BuildCounter()
+                   .Name("pacer_shard_checkpoints_total")
+                   .Help("Checkpoints attempted, by result")
+                   .Register(r);
+  s.m_ok = &done.Add({{"result", "ok"}});
+  s.m_failed = &done.Add({{"result", "failed"}});
+  // The thread holds the state too: it can outlive this object.
+  std::thread([state = state_] { state->Loop(); }).detach();
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.exit = true;
+  s.cv.notify_all();
+  const TimePoint until = s.clock->Now() + kJoinWait;
+  while (!s.done && s.clock->Now() < until) s.clock->WaitUntil(s.cv, lock, until);
+  if (!s.done) {
+    spdlog::warn("shard {}: the checkpoint writer is still in the disk; leaving it to finish",
+                 s.shard);
+  }
+}
+
+bool CheckpointWriter::Offer(ShardSnapshot snap) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->busy || state_->abandoned) return false;
+    state_->busy = true;
+    state_->to_write = std::move(snap);
+  }
+  state_->cv.notify_all();
+  return true;
+}
+
+absl::Status CheckpointWriter::Final(ShardSnapshot snap, TimePoint deadline) {
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  auto give_up = [&](const std::string& why) {
+    s.abandoned = true;
+    s.cv.notify_all();
+    return absl::DeadlineExceededError(why);
+  };
+  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock, deadline);
+  if (s.busy) return give_up("the checkpoint before it was still being written");
+  if (s.abandoned) return absl::FailedPreconditionError("an earlier stop gave the writer up");
+  s.busy = true;
+  s.to_write = std::move(snap);
+  s.cv.notify_all();
+  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock, deadline);
+  if (s.busy) return give_up("its write had not finished");
+  return absl::OkStatus();
+}
+
+double CheckpointWriter::last_success_unix() const { return state_->last_success_unix.load(); }
+
+double CheckpointWriter::AgeSeconds() const {
+  const double last = state_->last_success_unix.load();
+  const double age = UnixSeconds() - (last > 0 ? last : state_->started_unix);
+  state_->m_age->Set(age);
+  return age;
+}
+
+}  // namespace pacer
