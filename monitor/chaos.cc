@@ -6,11 +6,11 @@
 // --netns runs every process in its own network namespace (chaos_netns.h)
 // and partitions with iptables; without root or iptables it exits 77.
 //
-// The workers it starts are this same binary in --worker-shim mode: a
-// Pacer worker (pacer::worker::Worker) whose acknowledged pushes the shim
-// appends to a journal (wall time, push seq, clock, samples), so the record
-// of what the cluster acknowledged is the runner's, kept at the client
-// boundary, not the system's own reports. Metrics are scraped only to see
+// The workers it starts are the real pacer-worker, each with --ack-log: a
+// journal of every acknowledged push (wall time, push seq, clock, samples),
+// written the moment the client library reports the acknowledgement, so
+// the record of what the cluster acknowledged is kept at the client
+// boundary, not taken from the system's own reports. Metrics are scraped only to see
 // what the system did (lost updates, applied pushes, faults counted), and
 // compared against that record.
 #include <fcntl.h>
@@ -38,7 +38,6 @@
 #include "ps/rpc.h"
 #include "ps/scrape.h"
 #include "spdlog/spdlog.h"
-#include "worker/worker.h"
 
 namespace pacer::chaos {
 namespace {
@@ -182,10 +181,8 @@ class Runner {
  public:
   // `netns`: each process in its own network namespace (chaos_netns.h);
   // else all on 127.0.0.1.
-  Runner(Scenario s, std::string dir, std::string bin_dir, std::string self, uint64_t seed,
-         bool netns)
-      : s_(std::move(s)), dir_(std::move(dir)), bin_(std::move(bin_dir)), self_(std::move(self)),
-        seed_(seed), netns_(netns) {}
+  Runner(Scenario s, std::string dir, std::string bin_dir, uint64_t seed, bool netns)
+      : s_(std::move(s)), dir_(std::move(dir)), bin_(std::move(bin_dir)), seed_(seed), netns_(netns) {}
 
   ~Runner() {
     for (auto& t : slowers_) {
@@ -222,7 +219,7 @@ class Runner {
   bool Check();
 
   Scenario s_;
-  std::string dir_, bin_, self_;
+  std::string dir_, bin_;
   uint64_t seed_;
   bool netns_;
   std::unique_ptr<NetnsLab> lab_;  // before procs_: its namespaces outlive them
@@ -363,8 +360,8 @@ bool Runner::StartShard(size_t i) {
 bool Runner::StartWorker() {
   const size_t i = workers_.size();
   journals_.push_back(dir_ + "/worker" + std::to_string(i) + ".acks");
-  std::vector<std::string> a = {self_, "--worker-shim", "--monitor", monitor_address_,
-                                "--journal", journals_.back(), "--metrics-addr",
+  std::vector<std::string> a = {Bin("pacer-worker"), "--monitor", monitor_address_,
+                                "--ack-log", journals_.back(), "--metrics-addr",
                                 Host("worker" + std::to_string(i)) + ":0",
                                 "--fault-seed", std::to_string(seed_ + 100 + i)};
   a.insert(a.end(), s_.worker_args.begin(), s_.worker_args.end());
@@ -973,65 +970,10 @@ bool Runner::Check() {
   return ok;
 }
 
-// --worker-shim: one worker that journals what it sees acknowledged.
-int WorkerShim(int argc, char** argv) {
-  worker::WorkerOptions opts;
-  std::string journal;
-  MetricsFlags metrics_flags;
-  FaultFlags fault_flags;
-  CLI::App app{"pacer-chaos --worker-shim: internal", "pacer-chaos"};
-  app.add_flag("--worker-shim");
-  app.add_option("--monitor", opts.monitor)->required();
-  app.add_option("--journal", journal)->required();
-  app.add_option("--train-limit", opts.train_limit);
-  app.add_option("--test-limit", opts.test_limit);
-  app.add_option("--slowdown", opts.slowdown);
-  double request_timeout_s = 60;
-  app.add_option("--request-timeout", request_timeout_s);
-  UnsafeSwitches unsafe;
-  AddUnsafeDisableFlag(app, &unsafe, worker::kUnsafeSwitches);
-  AddMetricsFlags(app, &metrics_flags);
-  AddFaultFlags(app, &fault_flags);
-  if (auto rc = ParseFlags(app, argc, argv)) return *rc;
-  SetupLogging("worker", "info");
-  WarnUnsafe(unsafe);
-  opts.request_timeout = FromSeconds(request_timeout_s);
-  opts.resend = !unsafe.Off("retry");
-  opts.interrupt_on_stop = !unsafe.Off("stop-interrupt");
-  FILE* j = std::fopen(journal.c_str(), "a");
-  if (j == nullptr) return kExitFailure;
-  opts.registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<MetricsServer> metrics;
-  if (!ServeMetrics(metrics_flags, "worker", opts.registry, &metrics)) return kExitFailure;
-  opts.on_registered = [](uint32_t id, uint32_t) { PrintAddress("worker id", std::to_string(id)); };
-  opts.on_push_acked = [j](uint64_t seq, uint64_t clock, std::span<const uint32_t> samples) {
-    std::fprintf(j, "%.3f %lu %lu %zu\n", NowUnix(), static_cast<unsigned long>(seq),
-                 static_cast<unsigned long>(clock), samples.size());
-    std::fflush(j);
-  };
-  std::shared_ptr<FaultInjector> faults;
-  auto transport = MakeProcessTransport(TransportOptions{}, fault_flags, opts.registry.get(), &faults);
-  if (transport == nullptr) return kExitUsage;
-  opts.faults = faults;
-  worker::Worker w(transport.get(), opts);
-  static worker::Worker* g = &w;
-  std::signal(SIGTERM, [](int) { g->Cancel(); });
-  auto r = w.Run();
-  std::fclose(j);
-  if (!r.ok()) {
-    spdlog::error("{}", ErrorText(r.status()));
-    return kExitFailure;
-  }
-  return kExitOk;
-}
-
 }  // namespace
 }  // namespace pacer::chaos
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--worker-shim") return pacer::chaos::WorkerShim(argc, argv);
-  }
   std::string scenario_path, out, bin_dir;
   uint64_t seed = 1;
   CLI::App app{"pacer-chaos: runs a chaos scenario (YAML: the cluster, a timeline of faults, the "
@@ -1081,7 +1023,7 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, [](int) { pacer::chaos::g_interrupted = true; });
   std::signal(SIGTERM, [](int) { pacer::chaos::g_interrupted = true; });
   try {
-    pacer::chaos::Runner runner(*s, out, bin_dir, self, seed, netns);
+    pacer::chaos::Runner runner(*s, out, bin_dir, seed, netns);
     return runner.Run();  // its destructor kills what it started, then the namespaces go
   } catch (const pacer::chaos::Interrupted&) {
     std::fprintf(stderr, "pacer-chaos: interrupted; processes stopped (logs in %s)\n", out.c_str());

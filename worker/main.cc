@@ -98,6 +98,10 @@ int main(int argc, char** argv) {
   app.add_option("--sample-log", opts.sample_log,
                  "Append one line per acknowledged push to this file: partition, epoch, and the "
                  "training-set indices of the batch (for checking what was trained)");
+  app.add_option("--ack-log", opts.ack_log,
+                 "Append one line per acknowledged push to this file, the moment the client "
+                 "reports it, flushed at once: Unix time, push sequence number, clock, samples "
+                 "in the batch (the chaos runner's record of what the cluster acknowledged)");
   app.add_option("--step-log", opts.step_log,
                  "Append one line per iteration to this file: seconds since training started, "
                  "clock, batch, compute, communication and wait seconds");
@@ -217,6 +221,8 @@ int main(int argc, char** argv) {
   if (transport == nullptr) return pacer::kExitUsage;
   transport->SetServerKey(opts.monitor, keys->monitor_key);
   opts.faults = faults;
+  // Machine-readable, for scripts and the chaos runner: 'worker id N'.
+  opts.on_registered = [](uint32_t id, uint32_t) { pacer::PrintAddress("worker id", std::to_string(id)); };
   pacer::worker::Worker worker(transport.get(), opts);
   if (metrics) metrics->SetReadiness([&worker] { return worker.NotReadyReason(); });
   g_worker = &worker;

@@ -88,6 +88,16 @@ struct JobView {
 
 namespace {
 
+// A file opened to append to (the --*-log flags), closed when it goes; null
+// for an empty path.
+using LogFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+absl::StatusOr<LogFile> OpenLog(const std::string& path, const char* flag) {
+  if (path.empty()) return LogFile(nullptr, &std::fclose);
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return absl::InvalidArgumentError(std::string("cannot open ") + flag + " " + path);
+  return LogFile(f, &std::fclose);
+}
+
 // The gradient sink of a layer-wise push: sends each layer's part as the
 // backward pass finishes it. Straggler emulation stretches the compute
 // before each part (and the rest after the pass, Finish) by `factor`. An
@@ -730,27 +740,15 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   std::vector<float> x;
   std::vector<uint8_t> y;
   std::vector<uint32_t> samples;
-  std::FILE* sample_log = nullptr;
-  if (!o.sample_log.empty()) {
-    sample_log = std::fopen(o.sample_log.c_str(), "a");
-    if (sample_log == nullptr) {
-      return absl::InvalidArgumentError("cannot open --sample-log " + o.sample_log);
-    }
-  }
-  std::FILE* step_log = nullptr;
-  if (!o.step_log.empty()) {
-    step_log = std::fopen(o.step_log.c_str(), "a");
-    if (step_log == nullptr) {
-      if (sample_log != nullptr) std::fclose(sample_log);
-      return absl::InvalidArgumentError("cannot open --step-log " + o.step_log);
-    }
-  }
-  struct Closer {
-    std::FILE* f;
-    ~Closer() {
-      if (f != nullptr) std::fclose(f);
-    }
-  } close_log{sample_log}, close_step_log{step_log};
+  auto sample_file = OpenLog(o.sample_log, "--sample-log");
+  if (!sample_file.ok()) return sample_file.status();
+  auto step_file = OpenLog(o.step_log, "--step-log");
+  if (!step_file.ok()) return step_file.status();
+  auto ack_file = OpenLog(o.ack_log, "--ack-log");
+  if (!ack_file.ok()) return ack_file.status();
+  std::FILE* const sample_log = sample_file->get();
+  std::FILE* const step_log = step_file->get();
+  std::FILE* const ack_log = ack_file->get();
   spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
                readers.size(), partition_count, batch, view.start_clock);
   if (o.slowdown != 1.0 || !o.slowdown_schedule.empty()) {
@@ -989,6 +987,13 @@ absl::StatusOr<WorkerResult> Worker::Run() {
       }
       failure = pushed;
       break;
+    }
+    if (ack_log != nullptr) {
+      // The moment the client reported the acknowledgement.
+      std::fprintf(ack_log, "%.3f %lu %lu %zu\n", UnixSeconds(),
+                   static_cast<unsigned long>(client.push_seq()), static_cast<unsigned long>(clock),
+                   samples.size());
+      std::fflush(ack_log);
     }
     if (reader != nullptr) {
       // Consumed: record it, move the partition's position, tell the monitor.

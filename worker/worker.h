@@ -88,6 +88,11 @@ struct WorkerOptions {
   // Appends one line per acknowledged push (--sample-log): the partition,
   // its epoch, and the training-set indices of the batch. Empty: none.
   std::string sample_log;
+  // Appends one line per acknowledged push (--ack-log), written and flushed
+  // the moment the client reports the acknowledgement: Unix time (ms), the
+  // push's sequence number, its clock, and the samples in its batch (0: an
+  // empty push). The chaos runner's record of what was acknowledged.
+  std::string ack_log;
   // Appends one line per iteration (--step-log): seconds since training
   // started, the clock, the batch, and its compute, communication and
   // waiting seconds. Empty: none.
