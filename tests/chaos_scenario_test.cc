@@ -1,6 +1,6 @@
 // pacer-chaos's scenario files: every shipped one parses, and mistakes are
 // reported with where they are.
-#include "monitor/chaos_scenario.h"
+#include "tests/chaos/scenario.h"
 
 #include <gtest/gtest.h>
 

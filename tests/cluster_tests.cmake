@@ -1,8 +1,7 @@
 # Tests that run real processes on 127.0.0.1, and the in-process cluster.
-add_library(pacer_test_util STATIC process_util.cc)
-target_include_directories(pacer_test_util PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(pacer_test_util PUBLIC GTest::gtest pacer_ps)
-target_compile_definitions(pacer_test_util PUBLIC
+add_library(pacer_test_util INTERFACE)
+target_link_libraries(pacer_test_util INTERFACE GTest::gtest pacer_process pacer_ps)
+target_compile_definitions(pacer_test_util INTERFACE
   PACER_SERVER_BIN="$<TARGET_FILE:pacer-server>"
   PACER_MONITOR_BIN="$<TARGET_FILE:pacer-monitor>"
   PACER_WORKER_BIN="$<TARGET_FILE:pacer-worker>"
@@ -13,6 +12,11 @@ foreach(t cluster_test straggler_cluster_test bad_input_test help_test)
   add_dependencies(${t} pacer-server pacer-monitor pacer-worker)
 endforeach()
 set_tests_properties(help_test PROPERTIES LABELS unit)
+# The help test reads the binaries' --help and the READMEs of the source tree.
+add_dependencies(help_test pacerctl pacer-chaos pacer-sim)
+target_compile_definitions(help_test PRIVATE PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+  PACER_CHAOS_BIN="$<TARGET_FILE:pacer-chaos>" PACER_CHAOS_README="tests/chaos/README.md"
+  PACER_SIM_BIN="$<TARGET_FILE:pacer-sim>")
 
 pacer_test(inproc_cluster_test cluster pacer_monitor pacer_worker)
 

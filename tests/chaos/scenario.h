@@ -28,8 +28,8 @@
 // pacerctl fault, with shard:I/worker:I meaning the I-th started process,
 // and spec), clear-faults, partition (target worker:I or shard:I, seconds:
 // cut off from everyone for that long).
-#ifndef PACER_MONITOR_CHAOS_SCENARIO_H_
-#define PACER_MONITOR_CHAOS_SCENARIO_H_
+#ifndef PACER_TESTS_CHAOS_SCENARIO_H_
+#define PACER_TESTS_CHAOS_SCENARIO_H_
 
 #include <string>
 #include <vector>
@@ -88,4 +88,4 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& yaml);
 
 }  // namespace pacer::chaos
 
-#endif  // PACER_MONITOR_CHAOS_SCENARIO_H_
+#endif  // PACER_TESTS_CHAOS_SCENARIO_H_

@@ -1,4 +1,4 @@
-#include "monitor/chaos_netns.h"
+#include "tests/chaos/netns.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+
+#include "tests/process/process.h"
 
 namespace pacer::chaos {
 namespace {
@@ -17,8 +20,11 @@ namespace {
 constexpr const char* kNetnsDir = "/var/run/netns";
 constexpr const char* kPrefix = "pchaos";
 
-// Runs argv (PATH lookup, no shell) with stdout and stderr appended to
-// `log`; its exit code, or -1 when it could not run.
+// How long one ip or iptables command may take.
+constexpr std::chrono::seconds kCommandTimeout{30};
+
+// Runs argv (PATH lookup, no shell) with the command line and its output
+// appended to `log`; its exit code, or -1 when it could not run or end.
 int RunLogged(const std::vector<std::string>& argv, const std::string& log) {
   if (FILE* f = std::fopen(log.c_str(), "a")) {
     std::string line = "$";
@@ -26,24 +32,7 @@ int RunLogged(const std::vector<std::string>& argv, const std::string& log) {
     std::fprintf(f, "%s\n", line.c_str());
     std::fclose(f);
   }
-  const pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return test::RunLogged(argv, log, kCommandTimeout).value_or(-1);
 }
 
 }  // namespace

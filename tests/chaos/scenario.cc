@@ -1,4 +1,4 @@
-#include "monitor/chaos_scenario.h"
+#include "tests/chaos/scenario.h"
 
 #include <algorithm>
 #include <map>

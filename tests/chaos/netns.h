@@ -9,8 +9,8 @@
 // pairs are created inside the hub), no namespace has a default route, and
 // every process, pacer-chaos's own probes included, runs inside one, so no
 // packet can leave them. Nodes get 10.99.0.N/24.
-#ifndef PACER_MONITOR_CHAOS_NETNS_H_
-#define PACER_MONITOR_CHAOS_NETNS_H_
+#ifndef PACER_TESTS_CHAOS_NETNS_H_
+#define PACER_TESTS_CHAOS_NETNS_H_
 
 #include <map>
 #include <memory>
@@ -73,4 +73,4 @@ class NetnsLab {
 
 }  // namespace pacer::chaos
 
-#endif  // PACER_MONITOR_CHAOS_NETNS_H_
+#endif  // PACER_TESTS_CHAOS_NETNS_H_

@@ -1,0 +1,271 @@
+// The invariants of a chaos run, checked against the runner's own record
+// (the workers' --ack-log journals) once the run is over.
+#include <algorithm>
+#include <cstdio>
+
+#include "spdlog/fmt/fmt.h"
+#include "tests/chaos/runner.h"
+
+namespace pacer::chaos {
+namespace {
+
+// Of the series `values` (key: metric + labels), the sum of those named
+// `name` whose key contains every label.
+double Sum(const std::map<std::string, double>& values, const std::string& name,
+           const std::vector<std::string>& labels = {}) {
+  double sum = 0;
+  for (const auto& [key, v] : values) {
+    if (key.rfind(name, 0) != 0) continue;
+    const char next = key.size() > name.size() ? key[name.size()] : '\0';
+    if (next != '{' && next != '\0') continue;
+    bool all = true;
+    for (const auto& l : labels) all &= key.find(l) != std::string::npos;
+    if (all) sum += v;
+  }
+  return sum;
+}
+
+// Of `p`'s last scrapes, the sum of the series named `name` (as Sum does),
+// and the earliest ask and latest answer among those scrapes; nullopt when
+// no scrape had it.
+struct LastSum {
+  double value = 0, at = 0, done = 0;
+};
+std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last, const std::string& name) {
+  std::optional<LastSum> r;
+  for (const auto& [key, s] : last) {
+    if (key.rfind(name, 0) != 0) continue;
+    const char next = key.size() > name.size() ? key[name.size()] : '\0';
+    if (next != '{' && next != '\0') continue;
+    if (!r) r = LastSum{0, s.at, s.done};
+    r->value += s.value;
+    r->at = std::min(r->at, s.at);
+    r->done = std::max(r->done, s.done);
+  }
+  return r;
+}
+
+// The largest value seen of `name` (summed as Sum does) in `p`.
+double Seen(const Proc* p, const std::string& name, const std::vector<std::string>& labels = {}) {
+  return Sum(p->seen, name, labels);
+}
+
+}  // namespace
+
+void Runner::CheckInvariants() {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const std::vector<Ack> acks = Acks(i);
+    all_acks_.insert(all_acks_.end(), acks.begin(), acks.end());
+  }
+  const Invariants& inv = s_.invariants;
+  if (inv.progress_within > 0) CheckProgress();
+  if (inv.no_crash) CheckNoCrash();
+  if (inv.no_hang) CheckNoHang();
+  if (inv.lost_bound) CheckLostBound();
+  if (inv.no_double_apply) CheckNoDoubleApply();
+  if (inv.final_accuracy > 0) CheckFinalAccuracy();
+  if (inv.faults_in_metrics) CheckFaultsInMetrics();
+}
+
+void Runner::CheckProgress() {
+  const Invariants& inv = s_.invariants;
+  Verdict v{"progress_within", "progress after each fault heals", true, ""};
+  for (double h : heals_) {
+    if (h > t0_ + s_.seconds - 2) continue;  // no time left to show progress
+    const double until = std::min(h + inv.progress_within, t0_ + s_.seconds);
+    // Training moved: a push of a real batch (not an empty one) was
+    // acknowledged.
+    const bool moved = std::any_of(all_acks_.begin(), all_acks_.end(), [&](const Ack& a) {
+      return a.at > h && a.at <= until && a.samples > 0;
+    });
+    if (!moved) {
+      v.pass = false;
+      v.detail += fmt::format("no acknowledged batch in the {:.0f} s after t+{:.1f}s; ",
+                              until - h, h - t0_);
+    }
+  }
+  if (v.pass) v.detail = fmt::format("{} heal point(s), {} acknowledged pushes", heals_.size(),
+                                     all_acks_.size());
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckNoCrash() {
+  Verdict v{"no_crash", "no process crashes", true, ""};
+  for (Proc* p : All()) {
+    if (p->killed_on_purpose || p->stopped || p->hung || p->name().rfind("pacerctl", 0) == 0 ||
+        p->name() == "evaluate") {
+      continue;
+    }
+    if (p->exit_code() && *p->exit_code() != 0 && p->ended() < end_of_run_ + 60) {
+      v.pass = false;
+      v.detail += fmt::format("{} exited with {}; ", p->name(), *p->exit_code());
+    }
+  }
+  if (v.pass) v.detail = "every process not killed on purpose exited 0";
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckNoHang() {
+  Verdict v{"no_hang", "no process hangs", true, ""};
+  for (const auto& h : hung_) {
+    v.pass = false;
+    v.detail += h + " still running 20 s after the job stopped; ";
+  }
+  if (v.pass) v.detail = "every process left after the job stopped";
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckLostBound() {
+  Verdict v{"lost_bound", "lost updates within the bound", true, ""};
+  // Per shard: the pushes the runner saw acknowledged before the shard's
+  // last scrape, against the pushes its parameters hold at that scrape
+  // (every acknowledged push went to every shard and was applied before
+  // its ack was journaled). The difference was lost. The bound, from the
+  // scenario's settings rather than the shard's own account: a kill may
+  // lose what was acknowledged in the checkpoint interval before it, plus
+  // the checkpoint's write (twice any slow_disk delay) and 2 s for clocks
+  // still open at the snapshot.
+  const double window = s_.checkpoint_interval + 2 * max_disk_delay_ + 2;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const Proc* p = shards_[i];
+    if (p != nullptr && p->drained) continue;  // its keys and their history moved away
+    const auto model = p == nullptr ? std::nullopt : Last(p->last, "pacer_shard_model_updates");
+    if (!model) {
+      v.pass = false;
+      v.detail += fmt::format("shard{}: never scraped; ", i);
+      continue;
+    }
+    double acked = 0;
+    for (const Ack& a : all_acks_) acked += a.at >= p->counts_from && a.at < model->at;
+    const double held = model->value;
+    const double lost = std::max(0.0, acked - held);
+    double bound = 0;
+    for (const Kill& k : shard_kills_) {
+      if (k.shard != i) continue;
+      for (const Ack& a : all_acks_) bound += (a.at >= k.at - window && a.at <= k.at + 0.5);
+    }
+    const double reported = Seen(p, "pacer_shard_lost_updates_total");
+    if (lost > bound) {
+      v.pass = false;
+      v.detail += fmt::format("shard{}: {} acknowledged, {} held: {} lost, bound {}; ", i, acked,
+                              held, lost, bound);
+    } else if (lost > 0 || reported > 0) {
+      // Two counts, made differently: the runner's, acknowledged pushes
+      // (up to the shard's last scrape) its update counter does not hold;
+      // the shard's, the gap in each worker's push sequence numbers at
+      // its first push after the restore. A push acknowledged between
+      // the last scrape and the kill is in the shard's count only.
+      v.detail += fmt::format(
+          "shard{}: {} acknowledged pushes lost, within the bound of {} (those acknowledged in "
+          "the checkpoint window before a kill); the shard itself counted {} (from sequence-"
+          "number gaps after its restore, which also covers pushes acknowledged after its last "
+          "scrape); ",
+          i, lost, bound, reported);
+    }
+  }
+  if (v.pass && v.detail.empty()) v.detail = "no shard lost an acknowledged push";
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckNoDoubleApply() {
+  Verdict v{"no_double_apply", "no push applied twice", true, ""};
+  // A shard folds each acknowledged push in once: what it had applied at
+  // its last scrape is at most what was acknowledged from its start to the
+  // end of that scrape, plus one push per worker in flight.
+  for (Proc* p : All()) {
+    if (p->name().rfind("shard", 0) != 0) continue;
+    const auto counted = Last(p->last, "pacer_shard_updates_applied_total");
+    if (!counted) continue;  // never answered a scrape: nothing to compare
+    const double applied = counted->value;
+    double acked = 0;
+    for (const Ack& a : all_acks_) acked += (a.at >= p->started() && a.at <= counted->done);
+    const double slack = static_cast<double>(workers_.size());
+    if (applied > acked + slack) v.pass = false;
+    v.detail += fmt::format("{} applied {} pushes, {} acknowledged while it ran; ", p->name(),
+                            applied, acked);
+  }
+  v.detail += fmt::format(
+      "{} (a shard may have applied up to {} more than were acknowledged: one push per worker "
+      "whose reply was still on its way at the last scrape)",
+      v.pass ? "none applied twice" : "some applied twice", workers_.size());
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckFinalAccuracy() {
+  const Invariants& inv = s_.invariants;
+  Verdict v{"final_accuracy", "final test accuracy", true, ""};
+  v.pass = accuracy_ && *accuracy_ >= inv.final_accuracy;
+  v.detail = accuracy_ ? fmt::format("{:.4f} (threshold {})", *accuracy_, inv.final_accuracy)
+                       : "no model could be exported and evaluated";
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckFaultsInMetrics() {
+  Verdict v{"faults_in_metrics", "every injected fault shows in the metrics", true, ""};
+  for (const Injected& inj : injected_) {
+    double count = 0;
+    for (Proc* p : inj.procs) {
+      for (const auto& k : inj.kinds) count += Seen(p, "pacer_faults_injected_total", {"kind=\"" + k + "\""});
+    }
+    if (count <= 0) {
+      v.pass = false;
+      v.detail += inj.what + ": no pacer_faults_injected_total; ";
+    }
+  }
+  for (const auto& [metric, why] : expect_monitor_) {
+    double count = 0;
+    const auto brace = metric.find('{');
+    const std::string name = metric.substr(0, brace);
+    std::vector<std::string> labels;
+    if (brace != std::string::npos) labels.push_back(metric.substr(brace + 1, metric.size() - brace - 2));
+    for (Proc* p : All()) {
+      if (p->name().rfind("monitor", 0) == 0) count += Seen(p, name, labels);
+    }
+    if (count <= 0) {
+      v.pass = false;
+      v.detail += why + ": " + metric + " never rose; ";
+    }
+  }
+  if (v.pass) v.detail = fmt::format("{} fault(s), {} process event(s) seen", injected_.size(),
+                                     expect_monitor_.size());
+  if (injected_.empty() && expect_monitor_.empty()) {
+    v.applicable = false;
+    v.detail = "the scenario injected no fault: nothing to check";
+  }
+  verdicts_.push_back(v);
+}
+
+bool Runner::Report() {
+  auto expected = [&](const Verdict& v) {
+    return std::find(s_.expect_fail.begin(), s_.expect_fail.end(), v.key) != s_.expect_fail.end();
+  };
+  std::printf("scenario %s\n", s_.name.c_str());
+  bool ok = true;
+  for (const std::string& key : s_.expect_fail) {
+    if (std::none_of(verdicts_.begin(), verdicts_.end(),
+                     [&](const Verdict& v) { return v.key == key; })) {
+      ok = false;
+      std::printf("FAIL  %s: expected to fail, but not checked\n", key.c_str());
+    }
+  }
+  for (const Verdict& v : verdicts_) {
+    const bool want_fail = expected(v);
+    if (!v.applicable) {
+      ok &= !want_fail;
+      std::printf("N/A   %s: %s%s\n", v.name.c_str(), v.detail.c_str(),
+                  want_fail ? " (expected to FAIL, but not applicable)" : "");
+      continue;
+    }
+    ok &= v.pass != want_fail;
+    std::printf("%s  %s: %s%s\n", v.pass ? "PASS" : "FAIL", v.name.c_str(), v.detail.c_str(),
+                want_fail ? (v.pass ? " (expected to FAIL: the handling this scenario switches off "
+                                      "was not caught)"
+                                    : " (expected: this scenario switches its handling off)")
+                          : "");
+  }
+  std::printf("%s (logs in %s)\n", ok ? "scenario passed" : "scenario FAILED", dir_.c_str());
+  std::fflush(stdout);
+  return ok;
+}
+
+}  // namespace pacer::chaos
