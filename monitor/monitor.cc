@@ -30,10 +30,10 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
     : options_(options),
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
-      rejects_(*registry_, "monitor"),
-      guard_(*registry_, "monitor", clock),
+      server_(*registry_, "monitor", clock, spdlog::level::warn),
       created_at_(clock->Now()),
       policy_(PolicyFor(options)) {
+  server_.SetIdentity(options_.job_id, 0, "monitor");
   m_decisions_ = &prometheus::BuildCounter()
                       .Name("pacer_monitor_policy_decisions_total")
                       .Help("Policy rounds that changed some worker's batch size")
@@ -193,19 +193,9 @@ std::vector<uint32_t> MonitorCore::KnownShardIds() const {
   return ids;
 }
 
-Envelope MonitorCore::ReplyEnvelope(const Envelope& to) const {
-  Envelope env;
-  env.job_id = options_.job_id;
-  env.sender = 0;
-  env.request_id = to.request_id;
-  return env;
-}
-
 void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                              const std::string& reason, std::vector<Outgoing>* out) {
-  rejects_.Inc(code);
-  spdlog::warn("refused request {} from sender {}: {}", to.request_id, to.sender, reason);
-  out->push_back({peer, -1, EncodeError(to, 0, code, reason)});
+  out->push_back({peer, -1, server_.Error(to, code, reason)});
 }
 
 flatbuffers::Offset<wire::JobConfig> MonitorCore::BuildJob(flatbuffers::FlatBufferBuilder& fbb) const {
@@ -243,9 +233,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   Decoded d;
   DecodeError err;
   if (!Decode(frames, dopts, &d, &err)) {
-    rejects_.Inc(err.code);
-    spdlog::warn("rejected message: {} ({})", err.reason, ErrorCodeName(err.code));
-    if (err.env) out->push_back({peer, -1, EncodeError(*err.env, 0, err.code, err.reason)});
+    if (auto reply = server_.Undecodable(err)) out->push_back({peer, -1, std::move(*reply)});
     return;
   }
   if (!SenderMatchesKey(peer, d, out)) return;
@@ -255,7 +243,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                        (d.type() == wire::Body::FaultControl &&
                         d.As<wire::FaultControl>()->op() != wire::FaultOp::List);
   if (command) {
-    const std::string why = guard_.CheckOperator(peer.peer_key(), options_.operator_keys,
+    const std::string why = server_.guard().CheckOperator(peer.peer_key(), options_.operator_keys,
                                                  wire::EnumNameBody(d.type()));
     if (!why.empty()) return ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   }
@@ -278,7 +266,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
 bool MonitorCore::KeyMayClaim(const std::string& bound, const Frame& peer,
                               const std::string& what, const Decoded& d,
                               std::vector<Outgoing>* out) {
-  const std::string why = guard_.CheckClaim(peer.peer_key(), bound, what);
+  const std::string why = server_.guard().CheckClaim(peer.peer_key(), bound, what);
   if (why.empty()) return true;
   ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   return false;
@@ -297,9 +285,9 @@ bool MonitorCore::SenderMatchesKey(const Frame& peer, const Decoded& d,
       if (s.id == sender) bound = s.public_key;
     }
   }
-  const std::string why = guard_.Check(peer.peer_key(), bound, d);
-  if (why.empty()) return true;
-  ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  auto refused = server_.CheckSender(peer, bound, d);
+  if (!refused) return true;
+  out->push_back({peer, -1, std::move(*refused)});
   return false;
 }
 
@@ -335,7 +323,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
           dirty_ = true;
         }
         auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-        out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+        out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
         return;
       }
     }
@@ -352,7 +340,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     spdlog::info("shard {} registered at {}{}", s.id, address,
                  map_built_ ? " (idle: pacerctl add-shard gives it keys)" : "");
     auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
     return;
   }
   if (r->role() != wire::Role::Worker) {
@@ -365,7 +353,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
       const WorkerState& w = workers_.at(known->second);
       if (!KeyMayClaim(w.public_key, peer, std::string("worker ").append(std::to_string(w.id)), d, out)) return;
       auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
-      out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+      out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
       return;
     }
   }
@@ -396,7 +384,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   ChangeMembership("joined", "worker " + std::to_string(w.id) + " joined");
   workers_[w.id].joined_version = membership_version_;
   auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
 void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -452,7 +440,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   }
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
 uint32_t MonitorCore::LowestFreeRank() const {
@@ -588,7 +576,7 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
     }
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
 }
 
 void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -618,7 +606,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
                                                  stop_reason_.c_str(), false, nullptr, 0,
                                                  faults.c_str(), faults_version_);
-    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
     return;
   }
   auto it = workers_.find(d.env.sender);
@@ -626,7 +614,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     if (state_ == wire::JobState::Stopped) {
       auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
                                                    stop_reason_.c_str());
-      out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+      out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
       return;
     }
     return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
@@ -721,7 +709,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
                                          partition_count_, assignment, reason,
                                          state == wire::JobState::Running && Evaluator() == w.id,
                                          owned, pause_at_, faults, faults_version_);
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
 void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -741,7 +729,7 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
     spdlog::info("reached test accuracy {:.2f} after {:.2f} s", report_threshold_, *running);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   if (options_.target_accuracy > 0 && a->accuracy() >= options_.target_accuracy &&
       state_ == wire::JobState::Running) {
     StopJob(fmt::format("target accuracy {:g} reached", options_.target_accuracy), out);
@@ -780,7 +768,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
       fbb, state_, options_.mode, policy, stop_reason_.c_str(), seconds_running().value_or(-1),
       last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f, map, membership_version_,
       &model_, &shards, &workers, &positions, pause_at_, move_.has_value());
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
 uint64_t MonitorCore::PauseClock() const {
@@ -871,7 +859,7 @@ void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vecto
     entries.push_back(wire::CreateFaultEntryDirect(fbb, t.c_str(), sp.c_str()));
   }
   auto body = wire::CreateFaultControlReplyDirect(fbb, faults_version_, &entries);
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
 void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -881,7 +869,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   };
   auto ack = [&] {
     flatbuffers::FlatBufferBuilder fbb(64);
-    out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   };
   if (state_ != wire::JobState::Running) return refuse("the job is not running");
   switch (c->op()) {
@@ -1102,7 +1090,7 @@ void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vecto
   ChangeMembership("removed", "worker " + std::to_string(id) + " removed");
   if (map_built_) UpdatePolicyWorkers();
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
 }
 
 void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {

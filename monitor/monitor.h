@@ -24,7 +24,7 @@
 #include "ps/fault.h"
 #include "ps/metrics.h"
 #include "ps/rpc.h"
-#include "ps/sender_guard.h"
+#include "ps/server_core.h"
 #include "ps/transport.h"
 #include "ps/wire.h"
 
@@ -187,7 +187,7 @@ class MonitorCore {
   // above kMaxStalenessBound together.
   bool SetWorkerBounds(uint32_t worker, uint32_t staleness, uint32_t staleness_range);
   prometheus::Registry& registry() { return *registry_; }
-  double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }
+  double rejected(wire::ErrorCode code) const { return server_.rejected(code); }
 
   // The accuracy whose first crossing is timed (quickstart: 0.85).
   void set_report_threshold(double t) { report_threshold_ = t; }
@@ -255,7 +255,6 @@ class MonitorCore {
                    const Decoded& d, std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
-  Envelope ReplyEnvelope(const Envelope& to) const;
   void OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // A shard restarted from its checkpoint, claiming its old id.
   void OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -313,8 +312,7 @@ class MonitorCore {
   const MonitorOptions options_;
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
-  RejectCounters rejects_;
-  SenderGuard guard_;
+  ServerCore server_;  // replies, errors, the sender check
 
   wire::JobState state_ = wire::JobState::Waiting;
   std::string stop_reason_;

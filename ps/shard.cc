@@ -55,8 +55,7 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
     : options_(options),
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
-      rejects_(*registry_, "shard"),
-      guard_(*registry_, "shard", clock) {
+      server_(*registry_, "shard", clock, spdlog::level::debug) {
   auto& reqs = prometheus::BuildCounter()
                    .Name("pacer_shard_requests_total")
                    .Help("Push and pull requests served")
@@ -167,32 +166,12 @@ void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
   job_ = job;
   configured_ = true;
   shard_id_ = shard_id;
-  guard_.set_who("shard " + std::to_string(shard_id));
-}
-
-Envelope ShardCore::ReplyEnvelope(const Envelope& to) const {
-  Envelope env;
-  env.job_id = job_.job_id;
-  env.sender = shard_id_;
-  env.request_id = to.request_id;
-  return env;
+  server_.SetIdentity(job.job_id, shard_id, "shard " + std::to_string(shard_id));
 }
 
 void ShardCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                            const std::string& reason, std::vector<Outgoing>* out) {
-  if (code != wire::ErrorCode::DeadlineExceeded) rejects_.Inc(code);
-  SPDLOG_DEBUG("shard {}: refusing request {}: {}", shard_id_, to.request_id, reason);
-  out->push_back({peer, EncodeError(to, shard_id_, code, reason)});
-}
-
-void ShardCore::Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out) {
-  rejects_.Inc(err.code);
-  if (!err.env) {
-    // Nothing identifies the request: there is nobody to answer meaningfully.
-    SPDLOG_DEBUG("shard {}: dropped unreadable message: {}", shard_id_, err.reason);
-    return;
-  }
-  out->push_back({peer, EncodeError(*err.env, shard_id_, err.code, err.reason)});
+  out->push_back({peer, server_.Error(to, code, reason)});
 }
 
 void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
@@ -207,7 +186,10 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   dopts.check_crc = options_.check_crc && options_.verify_crc;
   Decoded d;
   DecodeError err;
-  if (!Decode(frames, dopts, &d, &err)) return Reject(peer, err, out);
+  if (!Decode(frames, dopts, &d, &err)) {
+    if (auto reply = server_.Undecodable(err)) out->push_back({peer, std::move(*reply)});
+    return;
+  }
   if (!configured_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "shard not registered yet", out);
   }
@@ -253,7 +235,7 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
       }
       stop_requested_ = true;
       flatbuffers::FlatBufferBuilder fbb(64);
-      out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+      out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
       return;
     }
     default:
@@ -328,7 +310,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
 }
 
 void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -372,7 +354,7 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
                  membership_version_, live_.size());
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   // A parked pull is checked again whenever the live set changes.
   Advance(out);
 }
@@ -409,7 +391,7 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
     spdlog::info("shard {}: parameters initialised by sender {}", shard_id_, d.env.sender);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   Advance(out);
 }
 
@@ -461,7 +443,7 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
   auto kv = fbb.CreateVectorOfStructs(moving);
   auto body = wire::CreateMoveData(fbb, kv, applied_clock_, steps_);
   Frame frame(payload, payload->data(), payload->size() * sizeof(float));
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, body,
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body,
                                    payload->empty() ? Frame() : std::move(frame), options_.check_crc)});
   move_ok_ = true;
 }
@@ -471,7 +453,7 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
   // The Ack first (the repeat cache keeps the first reply), then any
   // parked pull that can no longer be answered here.
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   move_ok_ = true;
   std::map<uint64_t, KeySlot> kept;
   size_t kept_total = 0, dropped = 0;
@@ -591,7 +573,7 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
   spdlog::info("shard {}: moved in {} keys ({} values) at applied clock {}", shard_id_,
                m->keys() ? m->keys()->size() : 0, incoming, applied_clock_);
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
   move_ok_ = true;
   Advance(out);
 }
@@ -710,9 +692,9 @@ bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vecto
   } else if (auto it = live_.find(d.env.sender); it != live_.end()) {
     bound = it->second.public_key;
   }
-  const std::string why = guard_.Check(peer.peer_key(), bound, d);
-  if (why.empty()) return true;
-  ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  auto refused = server_.CheckSender(peer, bound, d);
+  if (!refused) return true;
+  out->push_back({peer, std::move(*refused)});
   return false;
 }
 
@@ -755,7 +737,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       m_duplicates_->Increment();
       flatbuffers::FlatBufferBuilder fbb(64);
       out->push_back(
-          {peer, EncodeBody(ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, m->clock()))});
+          {peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, m->clock()))});
       return;
     }
   }
@@ -823,7 +805,7 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
   }
   if (st->received < st->parts) {
     flatbuffers::FlatBufferBuilder fbb(64);
-    out->push_back({peer, EncodeBody(ReplyEnvelope(d.env), fbb,
+    out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb,
                                      wire::CreatePushReply(fbb, m->clock(), /*complete=*/false))});
     return;
   }
@@ -923,7 +905,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
     m_clock_->Set(static_cast<double>(applied_clock_));
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
 }
 
@@ -990,7 +972,7 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
     m_duplicates_->Increment();
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
   Advance(out);
   return true;
 }
@@ -1126,7 +1108,7 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
   auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited), steps_);
-  out->push_back({peer, EncodeBody(ReplyEnvelope(to), fbb, body, std::move(payload),
+  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(to), fbb, body, std::move(payload),
                                    options_.check_crc)});
 }
 

@@ -22,7 +22,7 @@
 #include "ps/clock.h"
 #include "ps/metrics.h"
 #include "ps/optimizer.h"
-#include "ps/sender_guard.h"
+#include "ps/server_core.h"
 #include "ps/wire.h"
 
 namespace pacer {
@@ -138,7 +138,7 @@ class ShardCore {
   bool stop_requested() const { return stop_requested_; }
   uint64_t membership_version() const { return membership_version_; }
   size_t parked_pulls() const { return parked_.size(); }
-  double rejected(wire::ErrorCode code) const { return rejects_.Value(code); }
+  double rejected(wire::ErrorCode code) const { return server_.rejected(code); }
   prometheus::Registry& registry() { return *registry_; }
   // Parameters of one owned key (tests).
   std::span<const float> Param(uint64_t key) const;
@@ -218,7 +218,6 @@ class ShardCore {
     std::span<const float> values;
   };
 
-  void Reject(const Frame& peer, const DecodeError& err, std::vector<Outgoing>* out);
   // Under CURVE: whether the sender's id belongs to the key it came with
   // (else it is answered Refused and counted).
   bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -262,7 +261,6 @@ class ShardCore {
                   std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
-  Envelope ReplyEnvelope(const Envelope& to) const;
   std::vector<float> TakeBuffer();
   // The parameters, ready to be written: copied first if a reply or a
   // snapshot holds them.
@@ -283,8 +281,7 @@ class ShardCore {
   const ShardOptions options_;
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
-  RejectCounters rejects_;
-  SenderGuard guard_;
+  ServerCore server_;  // replies, errors, the sender check
 
   ShardJob job_;
   uint32_t shard_id_ = 0;  // set by Configure
