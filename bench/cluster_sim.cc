@@ -8,7 +8,7 @@
 #include <random>
 #include <set>
 
-#include "ps/clock.h"
+#include "ps/base/clock.h"
 #include "ps/staleness.h"
 
 namespace pacer::sim {

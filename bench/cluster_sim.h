@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "monitor/policy.h"
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer::sim {
 

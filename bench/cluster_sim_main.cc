@@ -4,7 +4,7 @@
 #include <map>
 
 #include "bench/cluster_sim.h"
-#include "ps/cli.h"
+#include "ps/base/cli.h"
 
 int main(int argc, char** argv) {
   pacer::sim::SimOptions o;

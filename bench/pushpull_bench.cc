@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "ps/cli.h"
+#include "ps/base/cli.h"
 #include "ps/client.h"
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 #include "tests/process_util.h"
 
 namespace {

@@ -29,8 +29,8 @@
 #include "CLI/CLI.hpp"
 #include "ps/checkpoint.h"
 #include "ps/client.h"
-#include "ps/rpc.h"
-#include "ps/transport.h"
+#include "ps/base/rpc.h"
+#include "ps/base/transport.h"
 #include "tests/process_util.h"
 
 namespace {

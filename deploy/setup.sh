@@ -42,7 +42,7 @@ done
 # Why each package is here:
 #  build tools; ZeroMQ + cppzmq (transport); flatbuffers + flatc (wire schema);
 #  RocksDB (checkpoints); prometheus-cpp (metrics); zlib (IDX .gz, and the
-#  reference CRC-32); ISA-L (the same CRC-32, 3x faster: ps/wire.h);
+#  reference CRC-32); ISA-L (the same CRC-32, 3x faster: ps/base/wire.h);
 #  Eigen + OpenBLAS (CPU compute: Eigen expressions, OpenBLAS GEMM, never the
 #  reference libblas3); CLI11 (flags); spdlog (logs); abseil (Status/StatusOr);
 #  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set;

@@ -5,8 +5,8 @@
 #include <random>
 
 #include "monitor/monitor.h"
-#include "ps/cli.h"
-#include "ps/rpc.h"
+#include "ps/base/cli.h"
+#include "ps/base/rpc.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 

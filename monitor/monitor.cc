@@ -7,7 +7,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "ps/partition.h"
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 

@@ -20,13 +20,13 @@
 #include "monitor/policy.h"
 #include "prometheus/registry.h"
 #include "ps/checkpoint.h"
-#include "ps/clock.h"
-#include "ps/fault.h"
-#include "ps/metrics.h"
-#include "ps/rpc.h"
-#include "ps/server_core.h"
-#include "ps/transport.h"
-#include "ps/wire.h"
+#include "ps/base/clock.h"
+#include "ps/base/fault.h"
+#include "ps/base/metrics.h"
+#include "ps/base/rpc.h"
+#include "ps/base/server_core.h"
+#include "ps/base/transport.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 
@@ -102,7 +102,7 @@ struct MonitorOptions {
   // How often the state is written while the job runs (also at once after
   // a registration, a membership change or a stop).
   Duration save_interval = std::chrono::milliseconds(500);
-  // The monitor's own fault layer (ps/fault.h; null: none), and the rules
+  // The monitor's own fault layer (ps/base/fault.h; null: none), and the rules
   // its --faults set, kept under the run-time ones.
   std::shared_ptr<FaultInjector> faults;
   std::vector<FaultRule> base_faults;

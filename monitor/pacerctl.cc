@@ -13,12 +13,12 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
-#include "ps/cli.h"
+#include "ps/base/cli.h"
 #include "ps/client.h"
 #include "ps/model_file.h"
-#include "ps/rpc.h"
-#include "ps/security.h"
-#include "ps/transport.h"
+#include "ps/base/rpc.h"
+#include "ps/base/security.h"
+#include "ps/base/transport.h"
 #include "spdlog/spdlog.h"
 
 namespace {

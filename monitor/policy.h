@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/clock.h"
-#include "ps/wire.h"
+#include "ps/base/clock.h"
+#include "ps/base/wire.h"
 
 namespace pacer::policy {
 

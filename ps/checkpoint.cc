@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <span>
 
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"

@@ -10,7 +10,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {

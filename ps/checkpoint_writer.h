@@ -9,8 +9,8 @@
 
 #include "absl/status/status.h"
 #include "ps/checkpoint.h"
-#include "ps/clock.h"
-#include "ps/fault.h"
+#include "ps/base/clock.h"
+#include "ps/base/fault.h"
 
 namespace prometheus {
 class Registry;

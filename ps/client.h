@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "ps/partition.h"
-#include "ps/rpc.h"
-#include "ps/transport.h"
+#include "ps/base/rpc.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 

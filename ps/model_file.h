@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 

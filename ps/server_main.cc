@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "ps/cli.h"
-#include "ps/rpc.h"
+#include "ps/base/cli.h"
+#include "ps/base/rpc.h"
 #include "ps/shard_server.h"
 #include "spdlog/spdlog.h"
 

@@ -19,11 +19,11 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "ps/checkpoint.h"
-#include "ps/clock.h"
-#include "ps/metrics.h"
+#include "ps/base/clock.h"
+#include "ps/base/metrics.h"
 #include "ps/optimizer.h"
-#include "ps/server_core.h"
-#include "ps/wire.h"
+#include "ps/base/server_core.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {

@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "ps/checkpoint_writer.h"
-#include "ps/fault.h"
+#include "ps/base/fault.h"
 #include "ps/shard.h"
-#include "ps/transport.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 
@@ -54,7 +54,7 @@ struct ShardServerOptions {
   // When set and true, Start stops trying to register and returns
   // Cancelled (SIGTERM before the monitor answered).
   const std::atomic<bool>* cancel = nullptr;
-  // This process's fault layer (ps/fault.h), for the run-time faults the
+  // This process's fault layer (ps/base/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.
   std::shared_ptr<FaultInjector> faults;
 };

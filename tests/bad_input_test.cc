@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "ps/client.h"
-#include "ps/rpc.h"
-#include "ps/wire.h"
+#include "ps/base/rpc.h"
+#include "ps/base/wire.h"
 #include "tests/process_util.h"
 #include "tests/wire_test_util.h"
 

@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "ps/rpc.h"
-#include "ps/transport.h"
-#include "ps/wire.h"
+#include "ps/base/rpc.h"
+#include "ps/base/transport.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 namespace {

@@ -1,11 +1,11 @@
-// The fault layer (ps/fault.h) on the in-process transport: rule parsing,
+// The fault layer (ps/base/fault.h) on the in-process transport: rule parsing,
 // and each kind of fault on real messages, seeded.
-#include "ps/fault.h"
+#include "ps/base/fault.h"
 
 #include <gtest/gtest.h>
 
 
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 namespace {

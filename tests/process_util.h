@@ -1,14 +1,14 @@
 // Test helpers for multi-process tests: processes (Process, TempDir,
-// ReadFile: tests/process/process.h) and /metrics (ps/scrape.h).
+// ReadFile: tests/process/process.h) and /metrics (ps/base/scrape.h).
 #ifndef PACER_TESTS_PROCESS_UTIL_H_
 #define PACER_TESTS_PROCESS_UTIL_H_
 
-#include "ps/scrape.h"
+#include "ps/base/scrape.h"
 #include "tests/process/process.h"
 
 namespace pacer::test {
 
-// HTTP and /metrics helpers live in ps/scrape.h (the chaos runner uses them).
+// HTTP and /metrics helpers live in ps/base/scrape.h (the chaos runner uses them).
 using pacer::FetchMetrics;
 using pacer::HttpGet;
 using pacer::HttpResponse;

@@ -12,8 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "ps/clock.h"
-#include "ps/transport.h"
+#include "ps/base/clock.h"
+#include "ps/base/transport.h"
 #include "tests/cluster_harness.h"
 #include "worker/worker.h"
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "ps/security.h"
-#include "ps/transport.h"
+#include "ps/base/security.h"
+#include "ps/base/transport.h"
 #include "tests/cluster_harness.h"
 
 namespace pacer::test {

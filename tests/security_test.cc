@@ -1,7 +1,7 @@
-// Transport security (ps/security.h, CURVE in ps/zmq_transport.cc): key and
+// Transport security (ps/base/security.h, CURVE in ps/base/zmq_transport.cc): key and
 // allowed-keys files, and the ZAP handler's decisions on a real ZeroMQ
 // transport over 127.0.0.1.
-#include "ps/security.h"
+#include "ps/base/security.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "ps/clock.h"
-#include "ps/sender_guard.h"
-#include "ps/transport.h"
+#include "ps/base/clock.h"
+#include "ps/base/sender_guard.h"
+#include "ps/base/transport.h"
 #include "tests/process_util.h"
 
 namespace pacer {

@@ -16,7 +16,7 @@
 
 #include "ps/optimizer.h"
 #include "ps/staleness.h"
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 namespace {

@@ -1,6 +1,6 @@
-// Tests of the wire edge (ps/wire.h): Encode/Decode round trips and every
+// Tests of the wire edge (ps/base/wire.h): Encode/Decode round trips and every
 // generic check Decode runs on a received message.
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 #include "tests/wire_test_util.h"
 
 #include <gtest/gtest.h>

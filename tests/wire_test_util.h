@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer::test {
 
-// Frame 0 laid out as ps/wire.h documents.
+// Frame 0 laid out as ps/base/wire.h documents.
 inline Frame RawEnvelope(uint16_t version, uint16_t type, uint64_t job, uint32_t sender,
                          uint32_t crc, uint64_t request, uint64_t payload_bytes,
                          uint32_t magic = kMagic) {

@@ -6,8 +6,8 @@
 #include <optional>
 #include <sstream>
 
-#include "ps/cli.h"
-#include "ps/rpc.h"
+#include "ps/base/cli.h"
+#include "ps/base/rpc.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker.h"
 

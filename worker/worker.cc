@@ -18,7 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "ps/model_file.h"
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu_backend.h"
 #include "worker/cuda_backend.h"

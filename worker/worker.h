@@ -16,15 +16,15 @@
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
 #include "ps/client.h"
-#include "ps/fault.h"
-#include "ps/transport.h"
+#include "ps/base/fault.h"
+#include "ps/base/transport.h"
 #include "worker/backend.h"
 #include "worker/mnist.h"
 #include "worker/straggler.h"
 
 namespace pacer::worker {
 
-// The worker's --unsafe-disable names (ps/cli.h), with what each does.
+// The worker's --unsafe-disable names (ps/base/cli.h), with what each does.
 inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = {
     {"retry", "an unanswered push or pull is not sent again: the worker waits out "
               "--request-timeout and fails"},
@@ -77,7 +77,7 @@ struct WorkerOptions {
   bool resend = true;
   bool interrupt_on_stop = true;
 
-  // This process's fault layer (ps/fault.h), for the run-time faults the
+  // This process's fault layer (ps/base/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.
   std::shared_ptr<FaultInjector> faults;
 

@@ -14,7 +14,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ps/cli.h"
+#include "ps/base/cli.h"
 #include "tests/chaos/runner.h"
 #include "tests/chaos/scenario.h"
 

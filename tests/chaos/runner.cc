@@ -11,10 +11,10 @@
 #include <sstream>
 
 #include "nlohmann/json.hpp"
-#include "ps/cli.h"
-#include "ps/fault.h"
-#include "ps/rpc.h"
-#include "ps/scrape.h"
+#include "ps/base/cli.h"
+#include "ps/base/fault.h"
+#include "ps/base/rpc.h"
+#include "ps/base/scrape.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer::chaos {

@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "ps/clock.h"
+#include "ps/base/clock.h"
 #include "tests/chaos/netns.h"
 #include "tests/chaos/scenario.h"
 #include "tests/process/process.h"

@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "ps/fault.h"
+#include "ps/base/fault.h"
 #include "yaml-cpp/yaml.h"
 
 namespace pacer::chaos {

@@ -1,8 +1,8 @@
 // libFuzzer target: the settings parsers. The first byte picks one; the
 // rest is its text:
 //   0: a --config file (CLI11's TOML-like reader, as every binary uses it)
-//   1: --faults / PACER_FAULTS rules (ps/fault.h ParseFaults)
-//   2: a key file (ps/security.h ParseKeyFile)
+//   1: --faults / PACER_FAULTS rules (ps/base/fault.h ParseFaults)
+//   2: a key file (ps/base/security.h ParseKeyFile)
 //   3: an allowed-keys file (ParseAllowedKeys)
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "ps/fault.h"
-#include "ps/security.h"
+#include "ps/base/fault.h"
+#include "ps/base/security.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -1,4 +1,4 @@
-// libFuzzer target: the frame decoder and verifier (ps/wire.h Decode), then
+// libFuzzer target: the frame decoder and verifier (ps/base/wire.h Decode), then
 // a configured shard's handler (ShardCore::Handle) and the monitor's
 // (MonitorCore::Handle) on the same message. Input: the frames of one
 // message, each as a 2-byte little-endian length and its bytes (the last one
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "monitor/monitor.h"
-#include "ps/clock.h"
+#include "ps/base/clock.h"
 #include "ps/shard.h"
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 #include "spdlog/spdlog.h"
 
 namespace {

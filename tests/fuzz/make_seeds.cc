@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ps/checkpoint.h"
-#include "ps/security.h"
-#include "ps/wire.h"
+#include "ps/base/security.h"
+#include "ps/base/wire.h"
 #include "rocksdb/db.h"
 
 namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ps/clock.h"
+#include "ps/base/clock.h"
 
 namespace pacer::test {
 

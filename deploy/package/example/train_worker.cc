@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <span>
 
-#include "ps/transport.h"
+#include "ps/base/transport.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {

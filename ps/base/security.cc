@@ -1,4 +1,4 @@
-#include "ps/security.h"
+#include "ps/base/security.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,11 +1,11 @@
-#include "ps/metrics.h"
+#include "ps/base/metrics.h"
 
 #include <sstream>
 
 #include "CivetServer.h"
 #include "absl/strings/escaping.h"
 #include "prometheus/text_serializer.h"
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 

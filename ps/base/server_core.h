@@ -2,19 +2,19 @@
 // envelope of a reply, an error reply (counted by reason in
 // pacer_rejected_messages_total{role} and logged), a message that could
 // not be decoded, and the sender check under CURVE (sender_guard.h).
-#ifndef PACER_PS_SERVER_CORE_H_
-#define PACER_PS_SERVER_CORE_H_
+#ifndef PACER_PS_BASE_SERVER_CORE_H_
+#define PACER_PS_BASE_SERVER_CORE_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "prometheus/registry.h"
-#include "ps/clock.h"
-#include "ps/frame.h"
-#include "ps/metrics.h"
-#include "ps/sender_guard.h"
-#include "ps/wire.h"
+#include "ps/base/clock.h"
+#include "ps/base/frame.h"
+#include "ps/base/metrics.h"
+#include "ps/base/sender_guard.h"
+#include "ps/base/wire.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
@@ -59,4 +59,4 @@ class ServerCore {
 
 }  // namespace pacer
 
-#endif  // PACER_PS_SERVER_CORE_H_
+#endif  // PACER_PS_BASE_SERVER_CORE_H_

@@ -1,4 +1,4 @@
-#include "ps/scrape.h"
+#include "ps/base/scrape.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,7 +1,7 @@
 // Small HTTP helpers for scraping a process's /metrics on loopback: the
 // chaos runner (pacer-chaos) and the tests read metrics with them.
-#ifndef PACER_PS_SCRAPE_H_
-#define PACER_PS_SCRAPE_H_
+#ifndef PACER_PS_BASE_SCRAPE_H_
+#define PACER_PS_BASE_SCRAPE_H_
 
 #include <optional>
 #include <string>
@@ -28,4 +28,4 @@ std::optional<double> MetricValue(const std::string& exposition, const std::stri
 
 }  // namespace pacer
 
-#endif  // PACER_PS_SCRAPE_H_
+#endif  // PACER_PS_BASE_SCRAPE_H_

@@ -1,4 +1,4 @@
-#include "ps/cli.h"
+#include "ps/base/cli.h"
 
 #include <malloc.h>
 
@@ -16,9 +16,9 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "prometheus/counter.h"
-#include "ps/rpc.h"
-#include "ps/security.h"
-#include "ps/sender_guard.h"
+#include "ps/base/rpc.h"
+#include "ps/base/security.h"
+#include "ps/base/sender_guard.h"
 
 namespace pacer {
 

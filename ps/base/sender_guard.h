@@ -8,8 +8,8 @@
 //    very same frames, so a request id seen again with another header or
 //    checksum is a forged message, not a retry.
 // Plain ZeroMQ (no key) authenticates nothing, and nothing here checks it.
-#ifndef PACER_PS_SENDER_GUARD_H_
-#define PACER_PS_SENDER_GUARD_H_
+#ifndef PACER_PS_BASE_SENDER_GUARD_H_
+#define PACER_PS_BASE_SENDER_GUARD_H_
 
 #include <chrono>
 #include <cstdint>
@@ -22,8 +22,8 @@
 
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
-#include "ps/clock.h"
-#include "ps/wire.h"
+#include "ps/base/clock.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 
@@ -94,4 +94,4 @@ class SenderGuard {
 
 }  // namespace pacer
 
-#endif  // PACER_PS_SENDER_GUARD_H_
+#endif  // PACER_PS_BASE_SENDER_GUARD_H_

@@ -1,4 +1,4 @@
-#include "ps/fault.h"
+#include "ps/base/fault.h"
 
 #include <algorithm>
 #include <deque>

@@ -1,4 +1,4 @@
-#include "ps/clock.h"
+#include "ps/base/clock.h"
 
 #include <thread>
 

@@ -1,8 +1,8 @@
 // The wire format: a fixed envelope, a Flatbuffers header and an optional raw
 // payload (see schema/pacer.fbs). Encoding and all checks on received
 // messages live here, at one edge; nothing else parses bytes.
-#ifndef PACER_PS_WIRE_H_
-#define PACER_PS_WIRE_H_
+#ifndef PACER_PS_BASE_WIRE_H_
+#define PACER_PS_BASE_WIRE_H_
 
 #include <cstdint>
 #include <optional>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "flatbuffers/flatbuffers.h"
-#include "ps/frame.h"
+#include "ps/base/frame.h"
 #include "ps/pacer_generated.h"
 
 namespace pacer {
@@ -129,4 +129,4 @@ Frames EncodeError(const Envelope& to, uint32_t sender, wire::ErrorCode code,
 
 }  // namespace pacer
 
-#endif  // PACER_PS_WIRE_H_
+#endif  // PACER_PS_BASE_WIRE_H_

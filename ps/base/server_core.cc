@@ -1,4 +1,4 @@
-#include "ps/server_core.h"
+#include "ps/base/server_core.h"
 
 namespace pacer {
 

@@ -2,8 +2,8 @@
 // it knows no message types. Two implementations: ZeroMQ (DEALER/ROUTER over
 // TCP or ipc) and an in-process one for tests that run a whole cluster in one
 // process.
-#ifndef PACER_PS_TRANSPORT_H_
-#define PACER_PS_TRANSPORT_H_
+#ifndef PACER_PS_BASE_TRANSPORT_H_
+#define PACER_PS_BASE_TRANSPORT_H_
 
 #include <functional>
 #include <memory>
@@ -13,9 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/clock.h"
-#include "ps/frame.h"
-#include "ps/security.h"
+#include "ps/base/clock.h"
+#include "ps/base/frame.h"
+#include "ps/base/security.h"
 
 namespace pacer {
 
@@ -36,7 +36,7 @@ class Socket {
   virtual std::string address() const = 0;
 };
 
-// ZeroMQ CURVE on every socket (ps/security.h). Without a keypair: plain.
+// ZeroMQ CURVE on every socket (ps/base/security.h). Without a keypair: plain.
 struct CurveOptions {
   CurveKeyPair keys;
   // Public keys (Z85) that may connect to this process's bound sockets; a
@@ -100,4 +100,4 @@ std::unique_ptr<Transport> MakeInProcTransport(const Clock* clock = Clock::Real(
 
 }  // namespace pacer
 
-#endif  // PACER_PS_TRANSPORT_H_
+#endif  // PACER_PS_BASE_TRANSPORT_H_

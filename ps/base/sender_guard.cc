@@ -1,4 +1,4 @@
-#include "ps/sender_guard.h"
+#include "ps/base/sender_guard.h"
 
 #include <functional>
 #include <string_view>

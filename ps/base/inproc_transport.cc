@@ -4,7 +4,7 @@
 #include <map>
 #include <mutex>
 
-#include "ps/transport.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 namespace {

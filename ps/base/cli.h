@@ -1,8 +1,8 @@
 // Helpers every binary's main() shares: flag parsing with usage errors mapped
 // to exit code 2, logging set-up, and the one parseable "listening" line.
 // Libraries never call these; only main() does.
-#ifndef PACER_PS_CLI_H_
-#define PACER_PS_CLI_H_
+#ifndef PACER_PS_BASE_CLI_H_
+#define PACER_PS_BASE_CLI_H_
 
 #include <optional>
 #include <string>
@@ -11,9 +11,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "ps/fault.h"
-#include "ps/metrics.h"
-#include "ps/transport.h"
+#include "ps/base/fault.h"
+#include "ps/base/metrics.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 
@@ -74,7 +74,7 @@ bool ServeMetrics(const MetricsFlags& flags, const std::string& role,
                   std::shared_ptr<prometheus::Registry> registry,
                   std::unique_ptr<MetricsServer>* server);
 
-// Fault injection flags (--faults, --fault-seed), see ps/fault.h.
+// Fault injection flags (--faults, --fault-seed), see ps/base/fault.h.
 struct FaultFlags {
   std::string faults;  // rules, as ParseFaults reads them
   uint64_t seed = 0;   // 0: random (logged)
@@ -104,7 +104,7 @@ std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
                                                 prometheus::Registry* registry,
                                                 std::shared_ptr<FaultInjector>* injector);
 
-// Transport security (ps/security.h): --key FILE (this process's keypair,
+// Transport security (ps/base/security.h): --key FILE (this process's keypair,
 // from pacerctl keygen) and --allowed-keys FILE (the public keys that may
 // connect; the one named "monitor" is the monitor's).
 struct SecurityFlags {
@@ -143,4 +143,4 @@ void TuneAllocatorForLargeBuffers();
 
 }  // namespace pacer
 
-#endif  // PACER_PS_CLI_H_
+#endif  // PACER_PS_BASE_CLI_H_

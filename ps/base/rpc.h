@@ -1,8 +1,8 @@
 // Request/reply over one connected (DEALER) socket: the request-tracking layer
 // between the transport and the roles. Replies are matched by request id;
 // a late reply to a request that already timed out is dropped.
-#ifndef PACER_PS_RPC_H_
-#define PACER_PS_RPC_H_
+#ifndef PACER_PS_BASE_RPC_H_
+#define PACER_PS_BASE_RPC_H_
 
 #include <memory>
 #include <optional>
@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "ps/transport.h"
-#include "ps/wire.h"
+#include "ps/base/transport.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 
@@ -116,4 +116,4 @@ class RpcChannel {
 
 }  // namespace pacer
 
-#endif  // PACER_PS_RPC_H_
+#endif  // PACER_PS_BASE_RPC_H_

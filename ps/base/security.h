@@ -14,8 +14,8 @@
 // The key named "monitor" is the one every process expects the monitor to
 // have; a shard's key reaches workers in the shard map; keys named
 // "operator" or "operator-..." may change the job through pacerctl.
-#ifndef PACER_PS_SECURITY_H_
-#define PACER_PS_SECURITY_H_
+#ifndef PACER_PS_BASE_SECURITY_H_
+#define PACER_PS_BASE_SECURITY_H_
 
 #include <string>
 #include <vector>
@@ -77,4 +77,4 @@ bool IsOperatorName(const std::string& name);
 
 }  // namespace pacer
 
-#endif  // PACER_PS_SECURITY_H_
+#endif  // PACER_PS_BASE_SECURITY_H_

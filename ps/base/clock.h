@@ -1,6 +1,6 @@
 // The one injected clock through which all of Pacer's time flows.
-#ifndef PACER_PS_CLOCK_H_
-#define PACER_PS_CLOCK_H_
+#ifndef PACER_PS_BASE_CLOCK_H_
+#define PACER_PS_BASE_CLOCK_H_
 
 #include <atomic>
 #include <chrono>
@@ -77,4 +77,4 @@ inline Duration FromSeconds(double s) {
 
 }  // namespace pacer
 
-#endif  // PACER_PS_CLOCK_H_
+#endif  // PACER_PS_BASE_CLOCK_H_

@@ -8,8 +8,8 @@
 // blocking B and one on B blocking A. Decisions come from one seeded RNG
 // per process; the seed is logged at start, so a run's fault decisions
 // replay with the same seed (message timing still varies).
-#ifndef PACER_PS_FAULT_H_
-#define PACER_PS_FAULT_H_
+#ifndef PACER_PS_BASE_FAULT_H_
+#define PACER_PS_BASE_FAULT_H_
 
 #include <atomic>
 #include <cstdint>
@@ -24,9 +24,9 @@
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
-#include "ps/clock.h"
-#include "ps/transport.h"
-#include "ps/wire.h"
+#include "ps/base/clock.h"
+#include "ps/base/transport.h"
+#include "ps/base/wire.h"
 
 namespace pacer {
 
@@ -132,4 +132,4 @@ std::unique_ptr<Transport> MakeFaultyTransport(std::unique_ptr<Transport> inner,
 
 }  // namespace pacer
 
-#endif  // PACER_PS_FAULT_H_
+#endif  // PACER_PS_BASE_FAULT_H_

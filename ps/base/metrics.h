@@ -1,8 +1,8 @@
 // Metrics helpers shared by every role: the HTTP endpoint (/metrics, /livez,
 // /readyz), pacer_build_info and the rejected-message counters. Naming
 // follows shared/CONVENTIONS.md.
-#ifndef PACER_PS_METRICS_H_
-#define PACER_PS_METRICS_H_
+#ifndef PACER_PS_BASE_METRICS_H_
+#define PACER_PS_BASE_METRICS_H_
 
 #include <functional>
 #include <map>
@@ -70,4 +70,4 @@ double ReadMetric(prometheus::Registry& registry, const std::string& name,
 
 }  // namespace pacer
 
-#endif  // PACER_PS_METRICS_H_
+#endif  // PACER_PS_BASE_METRICS_H_

@@ -1,4 +1,4 @@
-#include "ps/wire.h"
+#include "ps/base/wire.h"
 
 #include <isa-l/crc.h>
 

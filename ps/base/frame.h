@@ -1,8 +1,8 @@
 // Frames: the byte buffers the transport moves, with shared ownership so that
 // a payload can travel zero-copy from a sender's buffer into ZeroMQ and from
 // ZeroMQ's receive buffer into the code that reads it.
-#ifndef PACER_PS_FRAME_H_
-#define PACER_PS_FRAME_H_
+#ifndef PACER_PS_BASE_FRAME_H_
+#define PACER_PS_BASE_FRAME_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -68,4 +68,4 @@ using Frames = std::vector<Frame>;
 
 }  // namespace pacer
 
-#endif  // PACER_PS_FRAME_H_
+#endif  // PACER_PS_BASE_FRAME_H_

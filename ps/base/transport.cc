@@ -1,4 +1,4 @@
-#include "ps/transport.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 

@@ -1,4 +1,4 @@
-#include "ps/rpc.h"
+#include "ps/base/rpc.h"
 
 #include <algorithm>
 

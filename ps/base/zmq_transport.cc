@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "ps/transport.h"
+#include "ps/base/transport.h"
 
 namespace pacer {
 namespace {
