@@ -251,7 +251,7 @@ struct Worker::Impl {
   uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
   Duration heartbeat_interval = std::chrono::milliseconds(100);
 
-  std::mutex mu;
+  std::mutex mu;  // guards view, positions, progress, reported, monitor_up, paused, window
   std::condition_variable cv;
   JobView view;                       // guarded by mu
   std::atomic<uint64_t> clock_now{0};

@@ -367,7 +367,7 @@ absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std
   // Called from the transport's ZAP and socket-monitor threads; a peer can
   // cause refusals at will, so the log is throttled per reason.
   struct Throttle {
-    std::mutex mu;
+    std::mutex mu;  // guards log
     LogThrottle log;
   };
   auto throttle = std::make_shared<Throttle>();

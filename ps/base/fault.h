@@ -103,7 +103,7 @@ class FaultInjector {
   const uint64_t seed_;
   const Clock* const clock_;
   std::atomic<bool> any_{false};
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // guards rules_, set_at_, rng_, counts_
   std::vector<FaultRule> rules_;  // guarded by mu_
   TimePoint set_at_{};             // guarded by mu_
   std::mt19937_64 rng_;           // guarded by mu_

@@ -114,7 +114,7 @@ class InProcTransport final : public Transport {
 
  private:
   const Clock* clock_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards the maps and counters below
   std::condition_variable cv_;
   std::map<std::string, InProcSocket*> routers_;  // guarded by mu_
   std::map<uint64_t, InProcSocket*> dealers_;     // guarded by mu_

@@ -48,7 +48,7 @@ void SendText(mg_connection* conn, int status, const char* reason, const std::st
 struct MetricsServer::Impl {
   std::shared_ptr<prometheus::Registry> registry;
   std::string expected_auth;  // "Basic base64(user:password)"; empty: open
-  std::mutex mu;
+  std::mutex mu;  // guards readiness and process_labels (civetweb's threads read them)
   std::function<std::string()> readiness;  // guarded by mu
   std::map<std::string, std::string> process_labels;  // guarded by mu
 

@@ -239,7 +239,7 @@ class ZapHandler {
   zmq::socket_t socket_;
   std::atomic<bool> stop_{false};
   std::atomic<int> watched_{0};
-  std::mutex mu_;
+  std::mutex mu_;                        // guards pending_
   std::vector<zmq::socket_t> pending_;  // event sockets for Run to take over
   std::thread thread_;
 };
@@ -353,7 +353,7 @@ class ZmqTransport final : public Transport {
   const Clock* clock_;
   zmq::context_t context_;
   std::unique_ptr<ZapHandler> zap_;  // before any socket binds
-  std::mutex mu_;
+  std::mutex mu_;                                   // guards server_keys_
   std::map<std::string, std::string> server_keys_;  // address -> public key
 };
 
