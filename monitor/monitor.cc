@@ -31,137 +31,10 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       server_(*registry_, "monitor", clock, spdlog::level::warn),
+      metrics_(*registry_),
       created_at_(clock->Now()),
       policy_(PolicyFor(options)) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
-  m_decisions_ = &prometheus::BuildCounter()
-                      .Name("pacer_monitor_policy_decisions_total")
-                      .Help("Policy rounds that changed some worker's batch size")
-                      .Register(*registry_)
-                      .Add({});
-  m_batch_ = &prometheus::BuildGauge()
-                  .Name("pacer_monitor_worker_batch_size")
-                  .Help("Batch size the policy assigns to each worker")
-                  .Register(*registry_);
-  m_live_workers_ = &prometheus::BuildGauge()
-                         .Name("pacer_monitor_live_workers")
-                         .Help("Workers in the current membership")
-                         .Register(*registry_)
-                         .Add({});
-  m_shards_ = &prometheus::BuildGauge()
-                   .Name("pacer_monitor_shards")
-                   .Help("Registered shards")
-                   .Register(*registry_)
-                   .Add({});
-  m_shards_up_ = &prometheus::BuildGauge()
-                      .Name("pacer_monitor_shards_up")
-                      .Help("Registered shards that are serving (heartbeating, not left)")
-                      .Register(*registry_)
-                      .Add({});
-  m_map_version_ = &prometheus::BuildGauge()
-                        .Name("pacer_monitor_shard_map_version")
-                        .Help("Version of the shard map (0: not built yet)")
-                        .Register(*registry_)
-                        .Add({});
-  m_shard_restarts_ = &prometheus::BuildCounter()
-                           .Name("pacer_monitor_shard_restarts_total")
-                           .Help("Shards that registered again from their checkpoint")
-                           .Register(*registry_)
-                           .Add({});
-  m_membership_ = &prometheus::BuildGauge()
-                       .Name("pacer_monitor_membership_version")
-                       .Help("Version of the live-worker set")
-                       .Register(*registry_)
-                       .Add({});
-  m_accuracy_ = &prometheus::BuildGauge()
-                     .Name("pacer_training_test_accuracy_ratio")
-                     .Help("Last test accuracy reported by the evaluating worker")
-                     .Register(*registry_)
-                     .Add({});
-  auto& changes = prometheus::BuildCounter()
-                      .Name("pacer_monitor_membership_changes_total")
-                      .Help("Membership changes (each bumps the membership version), by reason: "
-                            "joined, finished, removed, lost (lease expired), bounds (staleness "
-                            "bounds changed), started, restarted (the monitor)")
-                      .Register(*registry_);
-  for (const char* r : {"joined", "finished", "removed", "lost", "bounds", "started", "restarted"}) {
-    m_membership_changes_[r] = &changes.Add({{"reason", r}});
-  }
-  auto& state = prometheus::BuildGauge()
-                    .Name("pacer_monitor_state")
-                    .Help("The job's state: 1 for the current one (waiting, running, stopped)")
-                    .Register(*registry_);
-  for (const char* st : {"waiting", "running", "stopped"}) {
-    m_state_[st] = &state.Add({{"state", st}});
-  }
-  m_state_["waiting"]->Set(1);
-  m_straggler_ = &prometheus::BuildGauge()
-                      .Name("pacer_monitor_worker_straggler_score")
-                      .Help("A worker's fitted compute time for an even share of the global "
-                            "batch over the median of the live workers' (1: typical; 2: twice "
-                            "as slow)")
-                      .Register(*registry_);
-  m_fixed_cost_ = &prometheus::BuildGauge()
-                       .Name("pacer_monitor_worker_fixed_cost_seconds")
-                       .Help("The policy's fitted fixed compute cost of one iteration of a "
-                             "worker, whatever its batch")
-                       .Register(*registry_);
-  m_sample_cost_ = &prometheus::BuildGauge()
-                        .Name("pacer_monitor_worker_sample_cost_seconds")
-                        .Help("The policy's fitted compute cost of one more sample in a "
-                              "worker's batch")
-                        .Register(*registry_);
-  auto& rounds = prometheus::BuildCounter()
-                     .Name("pacer_monitor_policy_rounds_total")
-                     .Help("Rounds of the batch-size policy, by why they ran (interval, "
-                           "level_shift: a confirmed change of a worker's speed, membership, "
-                           "memory_limit)")
-                     .Register(*registry_);
-  for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
-    m_rounds_[r] = &rounds.Add(
-        {{"reason", policy::RoundReasonName(static_cast<policy::RoundReason>(r))}});
-  }
-  m_lag_ = &prometheus::BuildGauge()
-                .Name("pacer_monitor_worker_clock_lag")
-                .Help("Clocks a live worker is behind the most advanced live worker")
-                .Register(*registry_);
-  m_worker_sps_ = &prometheus::BuildGauge()
-                       .Name("pacer_monitor_worker_samples_per_second")
-                       .Help("Training samples per second a live worker last reported")
-                       .Register(*registry_);
-  m_worker_clock_ = &prometheus::BuildGauge()
-                         .Name("pacer_monitor_worker_clock")
-                         .Help("The clock (iteration) a live worker last reported")
-                         .Register(*registry_);
-  m_shard_up_ = &prometheus::BuildGauge()
-                     .Name("pacer_monitor_shard_up")
-                     .Help("1 while a registered shard heartbeats, 0 once it left or missed its "
-                           "lease (it keeps its key range)")
-                     .Register(*registry_);
-  m_shard_clock_ = &prometheus::BuildGauge()
-                        .Name("pacer_monitor_shard_applied_clock")
-                        .Help("The highest clock a shard reported applied (-1: none)")
-                        .Register(*registry_);
-  m_shard_ckpt_age_ = &prometheus::BuildGauge()
-                           .Name("pacer_monitor_shard_checkpoint_age_seconds")
-                           .Help("Age of a shard's last checkpoint, from its heartbeats (shards "
-                                 "with --data-dir only)")
-                           .Register(*registry_);
-  m_test_loss_ = &prometheus::BuildGauge()
-                      .Name("pacer_training_test_loss")
-                      .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")
-                      .Register(*registry_)
-                      .Add({});
-  m_accuracy_reports_ = &prometheus::BuildCounter()
-                             .Name("pacer_training_evaluations_total")
-                             .Help("Test-set evaluations reported by the evaluating worker")
-                             .Register(*registry_)
-                             .Add({});
-  m_dead_ = &prometheus::BuildCounter()
-                 .Name("pacer_monitor_workers_lost_total")
-                 .Help("Workers declared dead after missing their lease")
-                 .Register(*registry_)
-                 .Add({});
 }
 
 bool MonitorCore::finished() const {
@@ -318,7 +191,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
           s.public_key = peer.peer_key();
           if (map_built_) {  // workers learn its new key with the map
             ++map_version_;
-            m_map_version_->Set(static_cast<double>(map_version_));
+            metrics_.map_version->Set(static_cast<double>(map_version_));
           }
           dirty_ = true;
         }
@@ -418,12 +291,12 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   s.public_key = peer.peer_key();
   if (!retry) {
     ++s.restarts;
-    m_shard_restarts_->Increment();
+    metrics_.shard_restarts->Increment();
     if (moved || new_key) {
       s.address = address;
       if (map_built_) {  // workers learn its new address (or key) with the map
         ++map_version_;
-        m_map_version_->Set(static_cast<double>(map_version_));
+        metrics_.map_version->Set(static_cast<double>(map_version_));
       }
     }
     // Tell it its keys and the membership again.
@@ -523,8 +396,8 @@ uint32_t MonitorCore::Evaluator() const {
 }
 
 void MonitorCore::UpdateShardGauges() {
-  m_shards_->Set(static_cast<double>(shards_.size()));
-  m_shards_up_->Set(static_cast<double>(
+  metrics_.shards->Set(static_cast<double>(shards_.size()));
+  metrics_.shards_up->Set(static_cast<double>(
       std::count_if(shards_.begin(), shards_.end(), [](const ShardState& s) { return !s.down; })));
 }
 
@@ -715,9 +588,9 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
 void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const auto* a = d.As<wire::AccuracyReport>();
   last_accuracy_ = a->accuracy();
-  m_accuracy_->Set(a->accuracy());
-  m_test_loss_->Set(a->loss());
-  m_accuracy_reports_->Increment();
+  metrics_.accuracy->Set(a->accuracy());
+  metrics_.test_loss->Set(a->loss());
+  metrics_.accuracy_reports->Increment();
   auto running = seconds_running();
   // The time schedule's line keeps its form; the clock schedule's names itself.
   const std::string every =
@@ -1064,7 +937,7 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
                       EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
     }
     ++map_version_;
-    m_map_version_->Set(static_cast<double>(map_version_));
+    metrics_.map_version->Set(static_cast<double>(map_version_));
     dirty_ = true;
     spdlog::info("shard map v{}: keys [{}, {}) now on shard {}{} ({:.2f} s)", map_version_,
                  m.key_begin, m.key_end, shards_[m.to].id,
@@ -1095,13 +968,13 @@ void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vecto
 
 void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {
   dirty_ = true;
-  if (auto it = m_membership_changes_.find(reason); it != m_membership_changes_.end()) {
+  if (auto it = metrics_.membership_changes.find(reason); it != metrics_.membership_changes.end()) {
     it->second->Increment();
   }
   AssignPartitions();
   ++membership_version_;
-  m_membership_->Set(static_cast<double>(membership_version_));
-  m_live_workers_->Set(static_cast<double>(LiveWorkers().size()));
+  metrics_.membership->Set(static_cast<double>(membership_version_));
+  metrics_.live_workers->Set(static_cast<double>(LiveWorkers().size()));
   SPDLOG_DEBUG("membership v{}: {}", membership_version_, why);
   (void)why;
 }
@@ -1116,7 +989,7 @@ bool MonitorCore::ApplyAssignments() {
     w.batch = a.batch;
     w.staleness = a.staleness;
     w.staleness_range = a.staleness_range;
-    m_batch_->Add({{"worker_rank", std::to_string(w.rank)}}).Set(a.batch);
+    metrics_.batch->Add({{"worker_rank", std::to_string(w.rank)}}).Set(a.batch);
     gauged_ranks_.insert(w.rank);  // so that its series goes when it does
   }
   return bounds;
@@ -1242,7 +1115,7 @@ void MonitorCore::RunPolicy(TimePoint now) {
     spdlog::info("policy: iteration times {:.0f}% out of balance; dssp slack {}",
                  100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
   }
-  m_decisions_->Increment();
+  metrics_.decisions->Increment();
   dirty_ = true;
   SyncPolicyCounters();
   // Routine rounds (sizes moved within the deadband) go to debug: a calm
@@ -1303,7 +1176,7 @@ std::string MonitorCore::PolicySummary() const {
 void MonitorCore::SyncPolicyCounters() {
   for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
     const uint64_t now = policy_.rounds(static_cast<policy::RoundReason>(r));
-    if (now > rounds_counted_[r]) m_rounds_[r]->Increment(static_cast<double>(now - rounds_counted_[r]));
+    if (now > rounds_counted_[r]) metrics_.rounds[r]->Increment(static_cast<double>(now - rounds_counted_[r]));
     rounds_counted_[r] = now;
   }
 }
@@ -1312,7 +1185,7 @@ void MonitorCore::UpdateWorkerGauges() {
   const char* state = state_ == wire::JobState::Running   ? "running"
                       : state_ == wire::JobState::Stopped ? "stopped"
                                                           : "waiting";
-  for (auto& [name, g] : m_state_) g->Set(name == state ? 1 : 0);
+  for (auto& [name, g] : metrics_.state) g->Set(name == state ? 1 : 0);
   const std::vector<uint32_t> live = LiveWorkers();
   std::vector<double> speeds;
   uint64_t newest = 0;
@@ -1338,21 +1211,21 @@ void MonitorCore::UpdateWorkerGauges() {
     const prometheus::Labels labels{{"worker_rank", std::to_string(w.rank)}};
     ranks.insert(w.rank);
     auto p = compute_at_even(id);
-    m_straggler_->Add(labels).Set(p && median > 0 ? *p / median : 1.0);
+    metrics_.straggler->Add(labels).Set(p && median > 0 ? *p / median : 1.0);
     if (auto c = policy_.cost(id)) {
-      m_fixed_cost_->Add(labels).Set(c->fixed_seconds);
-      m_sample_cost_->Add(labels).Set(c->per_sample_seconds);
+      metrics_.fixed_cost->Add(labels).Set(c->fixed_seconds);
+      metrics_.sample_cost->Add(labels).Set(c->per_sample_seconds);
     }
-    m_lag_->Add(labels).Set(static_cast<double>(newest - w.clock));
-    m_worker_sps_->Add(labels).Set(w.samples_per_second);
-    m_worker_clock_->Add(labels).Set(static_cast<double>(w.clock));
+    metrics_.lag->Add(labels).Set(static_cast<double>(newest - w.clock));
+    metrics_.worker_sps->Add(labels).Set(w.samples_per_second);
+    metrics_.worker_clock->Add(labels).Set(static_cast<double>(w.clock));
   }
   // A departed worker's series go, so that max() and count() see live ones.
   for (uint32_t rank : gauged_ranks_) {
     if (ranks.count(rank)) continue;
     const prometheus::Labels labels{{"worker_rank", std::to_string(rank)}};
-    for (auto* family : {m_straggler_, m_lag_, m_worker_sps_, m_worker_clock_, m_batch_,
-                         m_fixed_cost_, m_sample_cost_}) {
+    for (auto* family : {metrics_.straggler, metrics_.lag, metrics_.worker_sps, metrics_.worker_clock, metrics_.batch,
+                         metrics_.fixed_cost, metrics_.sample_cost}) {
       family->Remove(&family->Add(labels));
     }
   }
@@ -1362,15 +1235,15 @@ void MonitorCore::UpdateWorkerGauges() {
     const ShardState& sh = shards_[i];
     const prometheus::Labels labels{{"shard", std::to_string(sh.id)}};
     if (sh.drained) {
-      for (auto* family : {m_shard_up_, m_shard_clock_, m_shard_ckpt_age_}) {
+      for (auto* family : {metrics_.shard_up, metrics_.shard_clock, metrics_.shard_ckpt_age}) {
         family->Remove(&family->Add(labels));
       }
       continue;
     }
-    m_shard_up_->Add(labels).Set(sh.down ? 0 : 1);
-    m_shard_clock_->Add(labels).Set(static_cast<double>(sh.applied_clock));
+    metrics_.shard_up->Add(labels).Set(sh.down ? 0 : 1);
+    metrics_.shard_clock->Add(labels).Set(static_cast<double>(sh.applied_clock));
     // -1 (no checkpoint reported) leaves the series out rather than lying.
-    if (sh.checkpoint_age >= 0) m_shard_ckpt_age_->Add(labels).Set(sh.checkpoint_age);
+    if (sh.checkpoint_age >= 0) metrics_.shard_ckpt_age->Add(labels).Set(sh.checkpoint_age);
   }
 }
 
@@ -1394,7 +1267,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     if (!options_.lease_expiry) break;
     if (w.alive && !w.done && now - w.last_seen > options_.lease) {
       w.alive = false;
-      m_dead_->Increment();
+      metrics_.dead->Increment();
       spdlog::warn("worker {} (rank {}) missed its lease ({:.1f} s without a heartbeat); declared dead",
                    id, w.rank, ToSeconds(now - w.last_seen));
       ChangeMembership("lost", "worker " + std::to_string(id) + " lost");
@@ -1411,7 +1284,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     for (const auto& r : ranges) ranges_.emplace_back(r.begin, r.end);
     map_built_ = true;
     map_version_ = 1;
-    m_map_version_->Set(1);
+    metrics_.map_version->Set(1);
     std::vector<uint32_t> live = LiveWorkers();
     partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
                                                      : static_cast<uint32_t>(live.size());
@@ -1625,7 +1498,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
     policy_.SetWorkers(LiveWorkers());
     policy_.Restore(saved, st->slack_open());
     ApplyAssignments();
-    m_map_version_->Set(static_cast<double>(map_version_));
+    metrics_.map_version->Set(static_cast<double>(map_version_));
   }
   // A new version, so that every shard takes the live set from us again.
   ChangeMembership("restarted", "monitor restarted");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "monitor/monitor_metrics.h"
 #include "monitor/policy.h"
 #include "prometheus/registry.h"
 #include "ps/checkpoint.h"
@@ -313,6 +314,7 @@ class MonitorCore {
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   ServerCore server_;  // replies, errors, the sender check
+  MonitorMetrics metrics_;
 
   wire::JobState state_ = wire::JobState::Waiting;
   std::string stop_reason_;
@@ -350,35 +352,11 @@ class MonitorCore {
   std::optional<double> time_to_target_;
   double report_threshold_ = 0.85;
 
-  prometheus::Gauge* m_live_workers_ = nullptr;
-  prometheus::Gauge* m_shards_ = nullptr;
-  prometheus::Gauge* m_shards_up_ = nullptr;
-  prometheus::Gauge* m_map_version_ = nullptr;
-  prometheus::Counter* m_shard_restarts_ = nullptr;
-  prometheus::Gauge* m_membership_ = nullptr;
-  prometheus::Gauge* m_accuracy_ = nullptr;
-  prometheus::Counter* m_dead_ = nullptr;
-  prometheus::Counter* m_decisions_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_batch_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_straggler_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_fixed_cost_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_sample_cost_ = nullptr;
-  prometheus::Counter* m_rounds_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
   uint64_t rounds_counted_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
   // Interval rounds that changed a size are logged at most every
   // kPolicyLogEvery (the rest at debug); these count the ones in between.
   TimePoint policy_logged_at_{};
   uint64_t policy_unlogged_ = 0;
-  prometheus::Family<prometheus::Gauge>* m_lag_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_worker_sps_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_worker_clock_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_shard_up_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_shard_clock_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* m_shard_ckpt_age_ = nullptr;
-  prometheus::Gauge* m_test_loss_ = nullptr;
-  prometheus::Counter* m_accuracy_reports_ = nullptr;
-  std::map<std::string, prometheus::Counter*> m_membership_changes_;
-  std::map<std::string, prometheus::Gauge*> m_state_;
   std::set<uint32_t> gauged_ranks_;  // ranks with per-worker series
   TimePoint next_gauges_{};
 };

@@ -55,111 +55,8 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
     : options_(options),
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
-      server_(*registry_, "shard", clock, spdlog::level::debug) {
-  auto& reqs = prometheus::BuildCounter()
-                   .Name("pacer_shard_requests_total")
-                   .Help("Push and pull requests served")
-                   .Register(*registry_);
-  m_push_ = &reqs.Add({{"op", "push"}});
-  m_pull_ = &reqs.Add({{"op", "pull"}});
-  auto& bytes = prometheus::BuildCounter()
-                    .Name("pacer_shard_payload_bytes_total")
-                    .Help("Payload bytes received (push) and sent (pull)")
-                    .Register(*registry_);
-  m_push_bytes_ = &bytes.Add({{"op", "push"}});
-  m_pull_bytes_ = &bytes.Add({{"op", "pull"}});
-  m_steps_ = &prometheus::BuildCounter()
-                  .Name("pacer_shard_steps_total")
-                  .Help("Optimizer steps taken (one per closed clock in BSP)")
-                  .Register(*registry_)
-                  .Add({});
-  m_incomplete_ = &prometheus::BuildCounter()
-                       .Name("pacer_shard_incomplete_steps_total")
-                       .Help("BSP steps whose pushes differ from the live set at close: they include "
-                             "pushes from workers that have since left")
-                       .Register(*registry_)
-                       .Add({});
-  m_updates_ = &prometheus::BuildCounter()
-                    .Name("pacer_shard_updates_applied_total")
-                    .Help("Worker pushes folded into the parameters")
-                    .Register(*registry_)
-                    .Add({});
-  m_model_updates_ = &prometheus::BuildGauge()
-                          .Name("pacer_shard_model_updates")
-                          .Help("Pushes applied to this shard's parameters (or to a clock "
-                                "still open), those restored from its checkpoint included; a "
-                                "restart starts from the checkpoint's count, without the pushes "
-                                "it lost")
-                          .Register(*registry_)
-                          .Add({});
-  m_dropped_ = &prometheus::BuildCounter()
-                    .Name("pacer_shard_dropped_pushes_total")
-                    .Help("Backup mode: pushes that arrived after their clock closed, dropped")
-                    .Register(*registry_)
-                    .Add({});
-  m_duplicates_ = &prometheus::BuildCounter()
-                       .Name("pacer_shard_duplicate_pushes_total")
-                       .Help("Pushes received again (retries), acknowledged and not applied")
-                       .Register(*registry_)
-                       .Add({});
-  m_push_parts_ = &prometheus::BuildCounter()
-                       .Name("pacer_shard_push_parts_total")
-                       .Help("Messages that carried one part of a push sent in parts (layer-wise "
-                             "push); a push in one message is not counted")
-                       .Register(*registry_)
-                       .Add({});
-  m_lost_ = &prometheus::BuildCounter()
-                 .Name("pacer_shard_lost_updates_total")
-                 .Help("Acknowledged pushes a restored shard lost: applied after its last "
-                       "checkpoint (counted from each worker's push sequence)")
-                 .Register(*registry_)
-                 .Add({});
-  m_grants_ = &prometheus::BuildCounter()
-                   .Name("pacer_shard_dssp_extra_iterations_total")
-                   .Help("DSSP: sum of r* over the reads that went past their lower bound s_L")
-                   .Register(*registry_)
-                   .Add({});
-  m_staleness_ = &prometheus::BuildHistogram()
-                       .Name("pacer_shard_push_staleness_steps")
-                       .Help("Steps a pushed gradient's parameters were behind the step it joins")
-                       .Register(*registry_)
-                       .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
-  auto& latency = prometheus::BuildHistogram()
-                      .Name("pacer_shard_request_duration_seconds")
-                      .Help("From a request's arrival to its reply being queued (a pull's wait "
-                            "on the consistency rule included)")
-                      .Register(*registry_);
-  const prometheus::Histogram::BucketBoundaries latency_buckets{
-      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-  m_push_seconds_ = &latency.Add({{"op", "push"}}, latency_buckets);
-  m_pull_seconds_ = &latency.Add({{"op", "pull"}}, latency_buckets);
-  m_pull_wait_ = &prometheus::BuildHistogram()
-                      .Name("pacer_shard_pull_wait_seconds")
-                      .Help("Time a pull waited on the consistency rule (BSP barrier, SSP/DSSP "
-                            "bound) before its answer")
-                      .Register(*registry_)
-                      .Add({}, latency_buckets);
-  m_clock_ = &prometheus::BuildGauge()
-                  .Name("pacer_shard_applied_clock")
-                  .Help("Highest clock whose step has been applied (-1: none)")
-                  .Register(*registry_)
-                  .Add({});
-  m_clock_->Set(-1);
-  m_keys_ = &prometheus::BuildGauge()
-                 .Name("pacer_shard_keys")
-                 .Help("Keys (tensor blocks) held by this shard")
-                 .Register(*registry_)
-                 .Add({});
-  m_live_ = &prometheus::BuildGauge()
-                 .Name("pacer_shard_live_workers")
-                 .Help("Live workers in the shard's current membership")
-                 .Register(*registry_)
-                 .Add({});
-  m_parked_ = &prometheus::BuildGauge()
-                   .Name("pacer_shard_parked_pulls")
-                   .Help("Pulls waiting on the barrier")
-                   .Register(*registry_)
-                   .Add({});
+      server_(*registry_, "shard", clock, spdlog::level::debug),
+      metrics_(*registry_) {
 }
 
 void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
@@ -200,7 +97,7 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::Init: return OnInit(peer, d, out);
     case wire::Body::Push: {
       OnPush(peer, d, out);
-      m_push_seconds_->Observe(ToSeconds(clock_->Now() - handle_start_));
+      metrics_.push_seconds->Observe(ToSeconds(clock_->Now() - handle_start_));
       return;
     }
     case wire::Body::Pull: return OnPull(peer, d, out);
@@ -306,7 +203,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     slots_ = std::move(slots);
     params_ = std::make_shared<std::vector<float>>(total, 0.0f);
     velocity_ = std::make_shared<std::vector<float>>(total, 0.0f);
-    m_keys_->Set(static_cast<double>(slots_.size()));
+    metrics_.keys->Set(static_cast<double>(slots_.size()));
     spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
   flatbuffers::FlatBufferBuilder fbb(64);
@@ -349,7 +246,7 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
       }
     }
     live_ = std::move(next);
-    m_live_->Set(static_cast<double>(live_.size()));
+    metrics_.live->Set(static_cast<double>(live_.size()));
     SPDLOG_DEBUG("shard {}: membership v{} with {} workers", shard_id_,
                  membership_version_, live_.size());
   }
@@ -485,7 +382,7 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
     spare_acc_.clear();
     ++key_version_;
     for (auto& [id, member] : live_) member.staged.reset();  // may name keys gone
-    m_keys_->Set(static_cast<double>(slots_.size()));
+    metrics_.keys->Set(static_cast<double>(slots_.size()));
     // Parked pulls that name a key gone from here: the reader must ask the new owner.
     for (auto it = parked_.begin(); it != parked_.end();) {
       const bool gone = std::any_of(it->keys.begin(), it->keys.end(),
@@ -566,10 +463,10 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
   if (!initialized_ || applied_clock_ < m->applied_clock()) {
     applied_clock_ = m->applied_clock();
     steps_ = std::max(steps_, m->steps());
-    m_clock_->Set(static_cast<double>(applied_clock_));
+    metrics_.clock->Set(static_cast<double>(applied_clock_));
   }
   initialized_ = true;
-  m_keys_->Set(static_cast<double>(slots_.size()));
+  metrics_.keys->Set(static_cast<double>(slots_.size()));
   spdlog::info("shard {}: moved in {} keys ({} values) at applied clock {}", shard_id_,
                m->keys() ? m->keys()->size() : 0, incoming, applied_clock_);
   flatbuffers::FlatBufferBuilder fbb(64);
@@ -637,13 +534,13 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   applied_clock_ = s.applied_clock;
   steps_ = s.steps;
   updates_applied_ = s.updates_applied;
-  m_model_updates_->Set(static_cast<double>(updates_applied_));
+  metrics_.model_updates->Set(static_cast<double>(updates_applied_));
   restored_marks_ = s.workers;
   map_version_ = s.map_version;
   restored_ = true;
   initialized_ = true;
-  m_keys_->Set(static_cast<double>(slots_.size()));
-  m_clock_->Set(static_cast<double>(applied_clock_));
+  metrics_.keys->Set(static_cast<double>(slots_.size()));
+  metrics_.clock->Set(static_cast<double>(applied_clock_));
   spdlog::info("shard {}: restored {} keys, {} values at applied clock {} (step {}, {} updates)",
                shard_id_, slots_.size(), total, applied_clock_, steps_, updates_applied_);
   return absl::OkStatus();
@@ -714,8 +611,8 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
                           std::to_string(membership_version_),
                       out);
   }
-  m_push_->Increment();
-  m_push_bytes_->Increment(static_cast<double>(d.payload.size()));
+  metrics_.push->Increment();
+  metrics_.push_bytes->Increment(static_cast<double>(d.payload.size()));
   Member& mem = member->second;
   if (const uint64_t seq = m->seq(); seq != 0) {
     if (mem.check_gap) {
@@ -725,7 +622,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       if (seq > mem.seq + 1) {
         const uint64_t lost = seq - 1 - mem.seq;
         lost_updates_ += lost;
-        m_lost_->Increment(static_cast<double>(lost));
+        metrics_.lost->Increment(static_cast<double>(lost));
         spdlog::warn("shard {}: recovery: worker {} lost {} acknowledged push(es) (seq {}..{}); "
                      "{} lost so far",
                      shard_id_, d.env.sender, lost, mem.seq + 1, seq - 1, lost_updates_);
@@ -734,7 +631,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
     if (seq <= mem.seq && options_.dedup) {
       // A retry of a push already handled (before a timeout, or before the
       // snapshot this shard restarted from): acknowledged, not applied.
-      m_duplicates_->Increment();
+      metrics_.duplicates->Increment();
       flatbuffers::FlatBufferBuilder fbb(64);
       out->push_back(
           {peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, m->clock()))});
@@ -768,7 +665,7 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
                           " parts and a part below their count",
                       out);
   }
-  m_push_parts_->Increment();
+  metrics_.push_parts->Increment();
   std::vector<uint64_t> keys;
   if (m->keys() != nullptr) {
     for (const wire::KeyLen* k : *m->keys()) keys.push_back(k->key());
@@ -853,7 +750,7 @@ float ShardCore::StalenessWeight(const PushArgs& push) {
     // through read_applied, so it missed the steps read_applied+1 .. c-1.
     tau = std::max<int64_t>(0, static_cast<int64_t>(push.clock) - 1 - *read);
   }
-  m_staleness_->Observe(static_cast<double>(tau));
+  metrics_.staleness->Observe(static_cast<double>(tau));
   if (tau > 0) ++stale_pushes_;
   return job_.staleness_aware_lr ? 1.0f / static_cast<float>(1 + tau) : 1.0f;
 }
@@ -869,7 +766,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   const uint64_t clock = push.clock;
   if (push.seq == 0 && static_cast<int64_t>(clock) <= member.pushed && options_.dedup) {
     // A retry of a push already applied (no seq: clocks only move forward).
-    m_duplicates_->Increment();
+    metrics_.duplicates->Increment();
   } else {
     // One step on this gradient, weighted b_i / B (an empty push, batch 0,
     // is recorded and changes nothing).
@@ -900,9 +797,9 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
     RecordPush(member, clock);
     CountApplied();
     ++steps_;
-    m_steps_->Increment();
+    metrics_.steps->Increment();
     applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
-    m_clock_->Set(static_cast<double>(applied_clock_));
+    metrics_.clock->Set(static_cast<double>(applied_clock_));
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
@@ -920,7 +817,7 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
     member.seq = std::max(member.seq, push.seq);
     if (job_.mode == wire::Mode::Backup) {
       ++dropped_pushes_;
-      m_dropped_->Increment();
+      metrics_.dropped->Increment();
     }
     ReplyError(peer, env, wire::ErrorCode::Stale,
                "clock " + std::to_string(clock) + " is already closed (applied through " +
@@ -969,7 +866,7 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
     RecordPush(member, clock);
     CountApplied();
   } else {
-    m_duplicates_->Increment();
+    metrics_.duplicates->Increment();
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
@@ -978,9 +875,9 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
 }
 
 void ShardCore::CountApplied() {
-  m_updates_->Increment();
+  metrics_.updates->Increment();
   ++updates_applied_;
-  m_model_updates_->Set(static_cast<double>(updates_applied_));
+  metrics_.model_updates->Set(static_cast<double>(updates_applied_));
 }
 
 int64_t ShardCore::slowest_pushed() const {
@@ -1020,7 +917,7 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
       if (!SspReadAllowed(clock, applied_clock_, s + r)) return false;
       // Counted once per read that needed the grant.
       me->second.last_grant = r;
-      m_grants_->Increment(r);
+      metrics_.grants->Increment(r);
       return true;
     }
     default:  // Bsp, Backup: the previous clock's step has been applied
@@ -1037,7 +934,7 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
   if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
     return ReplyError(peer, d.env, code, why, out);
   }
-  m_pull_->Increment();
+  metrics_.pull->Increment();
   if (restored_ && !m->latest() && job_.mode != wire::Mode::Asp) {
     // A read of clock c comes after the reader's push of c - 1.
     auto me = live_.find(d.env.sender);
@@ -1059,7 +956,7 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   const TimePoint now = clock_->Now();
   parked_.push_back({peer, d.env, m->clock(), std::move(keys), now, now + options_.pull_timeout});
-  m_parked_->Set(static_cast<double>(parked_.size()));
+  metrics_.parked->Set(static_cast<double>(parked_.size()));
 }
 
 std::shared_ptr<std::vector<float>> ShardCore::ReplyBuffer(size_t floats) {
@@ -1101,10 +998,10 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
     }
     payload = Frame(buf, buf->data(), total * sizeof(float));
   }
-  m_pull_bytes_->Increment(static_cast<double>(total * sizeof(float)));
+  metrics_.pull_bytes->Increment(static_cast<double>(total * sizeof(float)));
   // A parked pull: its time parked; else the time since it arrived.
-  m_pull_seconds_->Observe(waited > 0 ? waited : ToSeconds(clock_->Now() - handle_start_));
-  m_pull_wait_->Observe(waited);
+  metrics_.pull_seconds->Observe(waited > 0 ? waited : ToSeconds(clock_->Now() - handle_start_));
+  metrics_.pull_wait->Observe(waited);
   flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
   auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
   auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited), steps_);
@@ -1130,7 +1027,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
         // Every push of this clock was lost in the crash: close it as is.
         ++skipped_clocks_;
         applied_clock_ = next;
-        m_clock_->Set(static_cast<double>(applied_clock_));
+        metrics_.clock->Set(static_cast<double>(applied_clock_));
         continue;
       }
       OpenClock& oc = it->second;
@@ -1146,12 +1043,12 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       }
       if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left
-        m_incomplete_->Increment();
+        metrics_.incomplete->Increment();
       }
       ++steps_;
-      m_steps_->Increment();
+      metrics_.steps->Increment();
       applied_clock_ = static_cast<int64_t>(it->first);
-      m_clock_->Set(static_cast<double>(applied_clock_));
+      metrics_.clock->Set(static_cast<double>(applied_clock_));
       spare_acc_.push_back(std::move(oc.acc));
       open_.erase(it);
     }
@@ -1165,7 +1062,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       ++it;
     }
   }
-  m_parked_->Set(static_cast<double>(parked_.size()));
+  metrics_.parked->Set(static_cast<double>(parked_.size()));
 }
 
 void ShardCore::Tick(std::vector<Outgoing>* out) {
@@ -1208,7 +1105,7 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
       ++it;
     }
   }
-  m_parked_->Set(static_cast<double>(parked_.size()));
+  metrics_.parked->Set(static_cast<double>(parked_.size()));
 }
 
 TimePoint ShardCore::NextDeadline() const {

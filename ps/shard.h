@@ -23,6 +23,7 @@
 #include "ps/base/metrics.h"
 #include "ps/optimizer.h"
 #include "ps/base/server_core.h"
+#include "ps/shard_metrics.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -282,6 +283,7 @@ class ShardCore {
   const Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   ServerCore server_;  // replies, errors, the sender check
+  ShardMetrics metrics_;
 
   ShardJob job_;
   uint32_t shard_id_ = 0;  // set by Configure
@@ -335,29 +337,7 @@ class ShardCore {
   uint64_t lost_updates_ = 0;
   uint64_t skipped_clocks_ = 0;
 
-  // Metrics.
-  TimePoint handle_start_{};  // when Handle began with the current message
-  prometheus::Histogram* m_push_seconds_ = nullptr;
-  prometheus::Histogram* m_pull_seconds_ = nullptr;
-  prometheus::Histogram* m_pull_wait_ = nullptr;
-  prometheus::Counter* m_push_ = nullptr;
-  prometheus::Counter* m_pull_ = nullptr;
-  prometheus::Counter* m_push_bytes_ = nullptr;
-  prometheus::Counter* m_pull_bytes_ = nullptr;
-  prometheus::Counter* m_steps_ = nullptr;
-  prometheus::Counter* m_incomplete_ = nullptr;
-  prometheus::Counter* m_updates_ = nullptr;
-  prometheus::Gauge* m_model_updates_ = nullptr;
-  prometheus::Counter* m_dropped_ = nullptr;
-  prometheus::Counter* m_duplicates_ = nullptr;
-  prometheus::Counter* m_push_parts_ = nullptr;
-  prometheus::Counter* m_grants_ = nullptr;
-  prometheus::Counter* m_lost_ = nullptr;
-  prometheus::Histogram* m_staleness_ = nullptr;
-  prometheus::Gauge* m_clock_ = nullptr;
-  prometheus::Gauge* m_keys_ = nullptr;
-  prometheus::Gauge* m_live_ = nullptr;
-  prometheus::Gauge* m_parked_ = nullptr;
+  TimePoint handle_start_{};  // when Handle began with the current message (latency metrics)
 };
 
 }  // namespace pacer

@@ -1,0 +1,48 @@
+// The monitor's metrics (pacer_monitor_*, pacer_training_*), registered in
+// one place; MonitorCore sets them.
+#ifndef PACER_MONITOR_MONITOR_METRICS_H_
+#define PACER_MONITOR_MONITOR_METRICS_H_
+
+#include <map>
+#include <string>
+
+#include "monitor/policy.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace pacer {
+
+struct MonitorMetrics {
+  explicit MonitorMetrics(prometheus::Registry& r);
+
+  prometheus::Gauge* live_workers = nullptr;
+  prometheus::Gauge* shards = nullptr;
+  prometheus::Gauge* shards_up = nullptr;
+  prometheus::Gauge* map_version = nullptr;
+  prometheus::Counter* shard_restarts = nullptr;
+  prometheus::Gauge* membership = nullptr;
+  prometheus::Gauge* accuracy = nullptr;
+  prometheus::Counter* dead = nullptr;
+  prometheus::Counter* decisions = nullptr;
+  prometheus::Family<prometheus::Gauge>* batch = nullptr;
+  prometheus::Family<prometheus::Gauge>* straggler = nullptr;
+  prometheus::Family<prometheus::Gauge>* fixed_cost = nullptr;
+  prometheus::Family<prometheus::Gauge>* sample_cost = nullptr;
+  prometheus::Counter* rounds[static_cast<size_t>(policy::RoundReason::kCount)] = {};
+  prometheus::Family<prometheus::Gauge>* lag = nullptr;
+  prometheus::Family<prometheus::Gauge>* worker_sps = nullptr;
+  prometheus::Family<prometheus::Gauge>* worker_clock = nullptr;
+  prometheus::Family<prometheus::Gauge>* shard_up = nullptr;
+  prometheus::Family<prometheus::Gauge>* shard_clock = nullptr;
+  prometheus::Family<prometheus::Gauge>* shard_ckpt_age = nullptr;
+  prometheus::Gauge* test_loss = nullptr;
+  prometheus::Counter* accuracy_reports = nullptr;
+  std::map<std::string, prometheus::Counter*> membership_changes;
+  std::map<std::string, prometheus::Gauge*> state;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_MONITOR_MONITOR_METRICS_H_

@@ -1,0 +1,41 @@
+// A shard's metrics (pacer_shard_*), registered in one place; ShardCore
+// sets them.
+#ifndef PACER_PS_SHARD_METRICS_H_
+#define PACER_PS_SHARD_METRICS_H_
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace pacer {
+
+struct ShardMetrics {
+  explicit ShardMetrics(prometheus::Registry& r);
+
+  prometheus::Histogram* push_seconds = nullptr;
+  prometheus::Histogram* pull_seconds = nullptr;
+  prometheus::Histogram* pull_wait = nullptr;
+  prometheus::Counter* push = nullptr;
+  prometheus::Counter* pull = nullptr;
+  prometheus::Counter* push_bytes = nullptr;
+  prometheus::Counter* pull_bytes = nullptr;
+  prometheus::Counter* steps = nullptr;
+  prometheus::Counter* incomplete = nullptr;
+  prometheus::Counter* updates = nullptr;
+  prometheus::Gauge* model_updates = nullptr;
+  prometheus::Counter* dropped = nullptr;
+  prometheus::Counter* duplicates = nullptr;
+  prometheus::Counter* push_parts = nullptr;
+  prometheus::Counter* grants = nullptr;
+  prometheus::Counter* lost = nullptr;
+  prometheus::Histogram* staleness = nullptr;
+  prometheus::Gauge* clock = nullptr;
+  prometheus::Gauge* keys = nullptr;
+  prometheus::Gauge* live = nullptr;
+  prometheus::Gauge* parked = nullptr;
+};
+
+}  // namespace pacer
+
+#endif  // PACER_PS_SHARD_METRICS_H_
