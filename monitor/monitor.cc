@@ -475,10 +475,10 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
         UpdateShardGauges();
       }
     }
-    const std::string faults = FaultsFor("server", d.env.sender);
+    const std::string faults = faults_.For("server", d.env.sender);
     auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
                                                  stop_reason_.c_str(), false, nullptr, 0,
-                                                 faults.c_str(), faults_version_);
+                                                 faults.c_str(), faults_.version());
     out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
     return;
   }
@@ -577,11 +577,11 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   auto owned = fbb.CreateVectorOfStructs(mine);
   uint32_t partition = mine.empty() ? 0 : mine[0].index();
-  auto faults = fbb.CreateString(FaultsFor("worker", w.id));
+  auto faults = fbb.CreateString(faults_.For("worker", w.id));
   auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
                                          partition_count_, assignment, reason,
                                          state == wire::JobState::Running && Evaluator() == w.id,
-                                         owned, pause_at_, faults, faults_version_);
+                                         owned, pause_at_, faults, faults_.version());
   out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -650,88 +650,27 @@ uint64_t MonitorCore::PauseClock() const {
   return c + 2;  // past every worker, heartbeats being a little behind
 }
 
-std::string MonitorCore::FaultsFor(const std::string& role, uint32_t id) const {
-  std::string spec;
-  for (const std::string& target : {std::string("all"), role, role + ":" + std::to_string(id)}) {
-    auto it = faults_.find(target);
-    if (it == faults_.end() || it->second.empty()) continue;
-    spec += (spec.empty() ? "" : ";") + it->second;
-  }
-  return spec;
-}
-
 void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const auto* c = d.As<wire::FaultControl>();
   const std::string target = c->target() ? c->target()->str() : "";
   const std::string spec = c->spec() ? c->spec()->str() : "";
-  auto refuse = [&](const std::string& why) {
-    ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
-  };
-  auto valid_target = [](const std::string& t) {
-    if (t == "all" || t == "monitor" || t == "server" || t == "worker") return true;
-    for (const char* role : {"server:", "worker:"}) {
-      const std::string r = role;
-      if (t.rfind(r, 0) == 0 && t.size() > r.size() &&
-          t.find_first_not_of("0123456789", r.size()) == std::string::npos) {
-        return true;
-      }
-    }
-    return false;
-  };
-  switch (c->op()) {
-    case wire::FaultOp::List: break;
-    case wire::FaultOp::Set: {
-      if (!valid_target(target)) {
-        return refuse("fault target '" + target +
-                      "' is not all, monitor, server, worker, server:ID or worker:ID");
-      }
-      // worker:ID and server:ID name a process the monitor knows: a typo
-      // would otherwise set faults nobody ever gets.
-      for (const auto& [role, ids] :
-           {std::pair<std::string, std::vector<uint32_t>>{"worker:", KnownWorkerIds()},
-            std::pair<std::string, std::vector<uint32_t>>{"server:", KnownShardIds()}}) {
-        if (target.rfind(role, 0) != 0) continue;
-        // Digits only (valid_target), but maybe more than an id holds.
-        const std::string digits = target.substr(role.size());
-        const uint64_t id = digits.size() <= 10 ? std::stoull(digits) : UINT64_MAX;
-        if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
-        std::string known;
-        for (uint32_t k : ids) known += (known.empty() ? "" : ", ") + std::to_string(k);
-        return refuse("no " + role.substr(0, role.size() - 1) + " has id " + digits +
-                      (known.empty() ? std::string(" (none has registered)")
-                                     : " (ids: " + known + "; pacerctl status lists them)"));
-      }
-      auto rules = ParseFaults(spec);
-      if (!rules.ok()) return refuse(std::string(rules.status().message()));
-      faults_[target] = FaultsToString(*rules);
-      ++faults_version_;
-      spdlog::warn("faults for {}: {} (version {})", target, faults_[target], faults_version_);
-      break;
-    }
-    case wire::FaultOp::Clear:
-      if (target.empty()) {
-        faults_.clear();
-      } else if (faults_.erase(target) == 0) {
-        return refuse("no faults are set for '" + target + "'");
-      }
-      ++faults_version_;
-      spdlog::warn("faults cleared for {} (version {})", target.empty() ? "every target" : target,
-                   faults_version_);
-      break;
-  }
+  absl::Status st;
+  if (c->op() == wire::FaultOp::Set) st = faults_.Set(target, spec, KnownWorkerIds(), KnownShardIds());
+  if (c->op() == wire::FaultOp::Clear) st = faults_.Clear(target);
+  if (!st.ok()) return ReplyError(peer, d.env, wire::ErrorCode::Refused, std::string(st.message()), out);
   if (c->op() != wire::FaultOp::List && options_.faults) {
     // The monitor's own share, applied at once.
-    auto own = ParseFaults(FaultsFor("monitor", 0));
+    auto own = ParseFaults(faults_.For("monitor", 0));
     std::vector<FaultRule> rules = options_.base_faults;
     if (own.ok()) rules.insert(rules.end(), own->begin(), own->end());
     options_.faults->SetRules(std::move(rules));
   }
   flatbuffers::FlatBufferBuilder fbb(256);
   std::vector<flatbuffers::Offset<wire::FaultEntry>> entries;
-  for (const auto& [t, sp] : faults_) {
+  for (const auto& [t, sp] : faults_.entries()) {
     entries.push_back(wire::CreateFaultEntryDirect(fbb, t.c_str(), sp.c_str()));
   }
-  auto body = wire::CreateFaultControlReplyDirect(fbb, faults_version_, &entries);
+  auto body = wire::CreateFaultControlReplyDirect(fbb, faults_.version(), &entries);
   out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
 }
 
@@ -772,8 +711,8 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     }
     return b;
   };
-  Move m;
-  m.op = c->op();
+  size_t move_from = 0, move_to = 0;
+  uint64_t key_begin = 0, key_end = 0;
   if (c->op() == wire::ShardOp::Add) {
     if (has_range(target) || shards_[target].drained || shards_[target].down) {
       return refuse("shard " + std::to_string(c->shard_id()) + " is not an idle, live shard");
@@ -797,10 +736,10 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
       split = i + 1;
       if (2 * acc >= total) break;
     }
-    m.from = from;
-    m.to = target;
-    m.key_begin = keys[split].key();
-    m.key_end = ranges_[from].second;
+    move_from = from;
+    move_to = target;
+    key_begin = keys[split].key();
+    key_end = ranges_[from].second;
   } else {
     if (!has_range(target)) return refuse("shard " + std::to_string(c->shard_id()) + " holds no keys");
     size_t to = SIZE_MAX;
@@ -811,38 +750,37 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
       if (i != target && has_range(i) && ranges_[i].first == ranges_[target].second) to = i;
     }
     if (to == SIZE_MAX) return refuse("no other shard can take the range: add one first");
-    m.from = target;
-    m.to = to;
-    m.key_begin = ranges_[target].first;
-    m.key_end = ranges_[target].second;
+    move_from = target;
+    move_to = to;
+    key_begin = ranges_[target].first;
+    key_end = ranges_[target].second;
   }
-  if (shards_[m.from].down || shards_[m.to].down) {
-    return refuse("shard " + std::to_string(shards_[shards_[m.from].down ? m.from : m.to].id) +
+  if (shards_[move_from].down || shards_[move_to].down) {
+    return refuse("shard " +
+                  std::to_string(shards_[shards_[move_from].down ? move_from : move_to].id) +
                   " is down");
   }
   uint64_t moving = 0;
   for (const auto& k : model_) {
-    if (k.key() >= m.key_begin && k.key() < m.key_end) moving += k.length();
+    if (k.key() >= key_begin && k.key() < key_end) moving += k.length();
   }
   if (2 * moving * sizeof(float) + 65536 > options_.max_message_bytes) {
     return refuse("the range holds " + std::to_string(moving) +
                   " values; moving them with their momentum needs more than --max-message-bytes");
   }
-  m.started = clock_->Now();
-  move_ = std::move(m);
+  move_.emplace(move_from, move_to, key_begin, key_end, options_.job_id, clock_->Now());
+  move_op_ = c->op();
   if (pause_at_ == 0) pause_at_ = PauseClock();
   spdlog::info("{} shard {}: keys [{}, {}) move from shard {} to shard {}; workers held at clock {}",
-               c->op() == wire::ShardOp::Add ? "adding" : "draining", c->shard_id(),
-               move_->key_begin, move_->key_end, shards_[move_->from].id, shards_[move_->to].id,
-               pause_at_);
+               c->op() == wire::ShardOp::Add ? "adding" : "draining", c->shard_id(), key_begin,
+               key_end, shards_[move_from].id, shards_[move_to].id, pause_at_);
   return ack();
 }
 
 void MonitorCore::StepMove(std::vector<Outgoing>* out) {
   if (!move_) return;
   const TimePoint now = clock_->Now();
-  Move& m = *move_;
-  if (m.stage == Move::Stage::kHolding) {
+  if (move_->stage() == KeyMove::Stage::kHolding) {
     // Every live worker held at the pause clock, every shard caught up with
     // it: no clock is open anywhere.
     for (uint32_t id : LiveWorkers()) {
@@ -853,102 +791,53 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
       if (ranges_[i].first == ranges_[i].second || shards_[i].drained) continue;
       if (shards_[i].reported_applied < static_cast<int64_t>(pause_at_) - 1) return;
     }
-    Envelope env;
-    env.job_id = options_.job_id;
-    env.request_id = m.request = NewRequestId();
-    flatbuffers::FlatBufferBuilder fbb(64);
-    m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end));
-    m.target = m.from;
-    m.stage = Move::Stage::kCopying;
-    m.sent = now;
-    out->push_back({Frame(), static_cast<int>(m.from), m.pending});
+    KeyMove::Request r = move_->Start(now);
+    out->push_back({Frame(), static_cast<int>(r.shard), std::move(r.frames)});
     return;
   }
-  // Later stages: re-send the same request (same id: the shards answer a
-  // repeat with the same reply) until it is answered.
-  if (now - m.sent >= std::chrono::seconds(1)) {
-    m.sent = now;
-    out->push_back({Frame(), static_cast<int>(m.target), m.pending});
-  }
+  if (auto r = move_->Resend(now)) out->push_back({Frame(), static_cast<int>(r->shard), std::move(r->frames)});
 }
 
 void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out) {
-  Move& m = *move_;
-  if (index != m.target) return;
-  if (reply.type() == wire::Body::Error) {
-    const auto* e = reply.As<wire::Error>();
-    // Not quiet yet, or the like: the same request goes again in a second.
-    SPDLOG_DEBUG("shard {} refused a move step: {}", shards_[index].id,
-                 e->reason() ? e->reason()->str() : "");
-    (void)e;
-    return;
+  if (auto r = move_->OnReply(index, reply, clock_->Now())) {
+    out->push_back({Frame(), static_cast<int>(r->shard), std::move(r->frames)});
   }
-  if (m.stage == Move::Stage::kCopying && reply.type() == wire::Body::MoveData) {
-    // The keys and their values, on to the new owner.
-    const auto* md = reply.As<wire::MoveData>();
-    std::vector<wire::KeyLen> keys;
-    if (md->keys() != nullptr) {
-      for (const wire::KeyLen* k : *md->keys()) keys.push_back(*k);
-    }
-    Envelope env;
-    env.job_id = options_.job_id;
-    env.request_id = m.request = NewRequestId();
-    flatbuffers::FlatBufferBuilder fbb(128 + keys.size() * sizeof(wire::KeyLen));
-    auto kv = fbb.CreateVectorOfStructs(keys);
-    m.pending = EncodeBody(env, fbb, wire::CreateMoveData(fbb, kv, md->applied_clock(), md->steps()),
-                           reply.payload);
-    m.target = m.to;
-    m.stage = Move::Stage::kSending;
-    m.sent = clock_->Now();
-    out->push_back({Frame(), static_cast<int>(m.to), m.pending});
-    return;
-  }
-  if (m.stage == Move::Stage::kSending && reply.type() == wire::Body::Ack) {
-    // The new owner has the keys: now the old one drops them.
-    Envelope env;
-    env.job_id = options_.job_id;
-    env.request_id = m.request = NewRequestId();
-    flatbuffers::FlatBufferBuilder fbb(64);
-    m.pending = EncodeBody(env, fbb, wire::CreateMoveOut(fbb, m.key_begin, m.key_end, /*drop=*/true));
-    m.target = m.from;
-    m.stage = Move::Stage::kDropping;
-    m.sent = clock_->Now();
-    out->push_back({Frame(), static_cast<int>(m.from), m.pending});
-    return;
-  }
-  if (m.stage == Move::Stage::kDropping && reply.type() == wire::Body::Ack) {
-    // Moved: the new map.
-    if (m.op == wire::ShardOp::Add) {
-      ranges_[m.to] = {m.key_begin, m.key_end};
-      ranges_[m.from].second = m.key_begin;
+  if (move_->done()) FinishMove(out);
+}
+
+void MonitorCore::FinishMove(std::vector<Outgoing>* out) {
+  const KeyMove& m = *move_;
+  const size_t from = m.from(), to = m.to();
+  if (move_op_ == wire::ShardOp::Add) {
+    ranges_[to] = {m.key_begin(), m.key_end()};
+    ranges_[from].second = m.key_begin();
+  } else {
+    if (ranges_[to].second == m.key_begin()) {
+      ranges_[to].second = m.key_end();
     } else {
-      if (ranges_[m.to].second == m.key_begin) {
-        ranges_[m.to].second = m.key_end;
-      } else {
-        ranges_[m.to].first = m.key_begin;
-      }
-      ranges_[m.from] = {0, 0};
-      shards_[m.from].drained = true;
-      Envelope env;
-      env.job_id = options_.job_id;
-      env.request_id = NewRequestId();
-      flatbuffers::FlatBufferBuilder fbb(128);
-      out->push_back({Frame(), static_cast<int>(m.from),
-                      EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
+      ranges_[to].first = m.key_begin();
     }
-    ++map_version_;
-    metrics_.map_version->Set(static_cast<double>(map_version_));
-    dirty_ = true;
-    spdlog::info("shard map v{}: keys [{}, {}) now on shard {}{} ({:.2f} s)", map_version_,
-                 m.key_begin, m.key_end, shards_[m.to].id,
-                 m.op == wire::ShardOp::Drain
-                     ? "; shard " + std::to_string(shards_[m.from].id) + " drained and stopped"
-                     : "",
-                 ToSeconds(clock_->Now() - m.started));
-    move_.reset();
-    if (!operator_pause_) pause_at_ = 0;
-    UpdateShardGauges();
+    ranges_[from] = {0, 0};
+    shards_[from].drained = true;
+    Envelope env;
+    env.job_id = options_.job_id;
+    env.request_id = NewRequestId();
+    flatbuffers::FlatBufferBuilder fbb(128);
+    out->push_back({Frame(), static_cast<int>(from),
+                    EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
   }
+  ++map_version_;
+  metrics_.map_version->Set(static_cast<double>(map_version_));
+  dirty_ = true;
+  spdlog::info("shard map v{}: keys [{}, {}) now on shard {}{} ({:.2f} s)", map_version_,
+               m.key_begin(), m.key_end(), shards_[to].id,
+               move_op_ == wire::ShardOp::Drain
+                   ? "; shard " + std::to_string(shards_[from].id) + " drained and stopped"
+                   : "",
+               ToSeconds(clock_->Now() - m.started()));
+  move_.reset();
+  if (!operator_pause_) pause_at_ = 0;
+  UpdateShardGauges();
 }
 
 void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -1076,7 +965,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
 void MonitorCore::HandleShardReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out) {
   if (index >= shards_.size()) return;
   ShardState& s = shards_[index];
-  if (move_ && reply.env.request_id == move_->request) return OnMoveReply(index, reply, out);
+  if (move_ && move_->Answers(reply)) return OnMoveReply(index, reply, out);
   if (reply.type() == wire::Body::Error) {
     const auto* e = reply.As<wire::Error>();
     spdlog::warn("shard {} refused an update: {}", s.id, e->reason() ? e->reason()->str() : "");

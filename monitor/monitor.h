@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "monitor/fault_table.h"
+#include "monitor/key_move.h"
 #include "monitor/monitor_metrics.h"
 #include "monitor/policy.h"
 #include "prometheus/registry.h"
@@ -227,23 +229,6 @@ class MonitorCore {
     int64_t reported_applied = -1;  // the clock of its last heartbeat
     bool drained = false;        // its range moved away; stopped
   };
-  // A shard move in progress (pacerctl add-shard / drain-shard).
-  struct Move {
-    wire::ShardOp op = wire::ShardOp::Add;
-    size_t from = 0, to = 0;  // shard indexes
-    uint64_t key_begin = 0, key_end = 0;
-    enum class Stage {
-      kHolding,   // holding the workers at the pause clock
-      kCopying,   // copy asked of the old owner
-      kSending,   // keys sent to the new owner
-      kDropping,  // drop asked of the old owner
-    };
-    Stage stage = Stage::kHolding;
-    size_t target = 0;      // the shard the pending request went to
-    uint64_t request = 0;   // its request id
-    Frames pending;         // re-sent until answered
-    TimePoint started{}, sent{};
-  };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
   // Under CURVE: whether the sender's id belongs to the key its message
@@ -278,12 +263,12 @@ class MonitorCore {
   void OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // pacerctl fault: sets, clears or lists the run-time fault table.
   void OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  // The run-time fault spec for process ROLE:ID: the specs of "all", ROLE
-  // and ROLE:ID joined.
-  std::string FaultsFor(const std::string& role, uint32_t id) const;
-  // Elastic shards: advances the move in progress.
+  // Elastic shards: starts the move in progress once the cluster is quiet,
+  // re-sends its pending step.
   void StepMove(std::vector<Outgoing>* out);
+  // A reply to the move's pending step; the new shard map once it is done.
   void OnMoveReply(size_t index, const Decoded& reply, std::vector<Outgoing>* out);
+  void FinishMove(std::vector<Outgoing>* out);
   // A clock past every live worker's, to hold them at.
   uint64_t PauseClock() const;
   // `reason` is one of the labels of pacer_monitor_membership_changes_total.
@@ -324,7 +309,8 @@ class MonitorCore {
 
   bool dirty_ = true;
   bool awaiting_workers_ = false;  // resumed with no live worker yet
-  std::optional<Move> move_;
+  std::optional<KeyMove> move_;  // a shard move in progress (pacerctl add-shard / drain-shard)
+  wire::ShardOp move_op_ = wire::ShardOp::Add;
   uint64_t pause_at_ = 0;         // workers hold before this clock (0: no pause)
   bool operator_pause_ = false;   // pacerctl pause
   uint32_t next_id_ = 1;  // 0 is the monitor itself
@@ -343,10 +329,7 @@ class MonitorCore {
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard
 
-  // Run-time faults (pacerctl fault): target -> spec, and its version
-  // (sent with every heartbeat reply; not kept across a monitor restart).
-  std::map<std::string, std::string> faults_;
-  uint64_t faults_version_ = 0;
+  FaultTable faults_;  // run-time faults (pacerctl fault), sent with heartbeat replies
 
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
@@ -399,10 +382,6 @@ class MonitorServer {
   std::string address_;
   std::atomic<bool> shutdown_{false};
   std::atomic<bool> done_{false};
-  // Run-time faults (pacerctl fault): target -> spec, and its version
-  // (sent with every heartbeat reply; not kept across a monitor restart).
-  std::map<std::string, std::string> faults_;
-  uint64_t faults_version_ = 0;
 
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;

@@ -1,6 +1,6 @@
 // Tests of MonitorCore (monitor/monitor.h) with a fake clock: registration,
 // the start of a run, worker leases and membership, model declarations and
-// the target-accuracy stop.
+// the target-accuracy stop; and the key-move machine (monitor/key_move.h).
 #include "monitor/monitor.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "monitor/key_move.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -788,6 +789,66 @@ TEST_F(MonitorTest, PartitionsFollowTheWorkersAndSurviveARestart) {
   ASSERT_EQ(parts->size(), 2u);
   EXPECT_EQ(parts->Get(0)->index(), 0u);
   EXPECT_EQ(parts->Get(0)->offset(), 640u);
+}
+
+
+// KeyMove (monitor/key_move.h): copy from the old owner, adopt at the new
+// one, drop at the old one, each request re-sent unchanged until answered.
+TEST(KeyMoveTest, CopiesAdoptsThenDropsAndResendsEachStepUntilAnswered) {
+  FakeClock clock;
+  KeyMove m(/*from=*/1, /*to=*/2, 100, 200, /*job_id=*/7, clock.Now());
+  EXPECT_EQ(m.stage(), KeyMove::Stage::kHolding);
+  EXPECT_FALSE(m.Resend(clock.Now() + std::chrono::seconds(5))) << "nothing sent yet";
+  auto reply = [](const Decoded& to, auto make) {
+    Envelope env;
+    env.job_id = 7;
+    env.request_id = to.env.request_id;
+    flatbuffers::FlatBufferBuilder fbb(128);
+    return MustDecode(EncodeBody(env, fbb, make(fbb)));
+  };
+  // Copy: MoveOut [100, 200) to the old owner.
+  KeyMove::Request copy = m.Start(clock.Now());
+  EXPECT_EQ(copy.shard, 1u);
+  const Decoded ask = MustDecode(copy.frames);
+  ASSERT_EQ(ask.type(), wire::Body::MoveOut);
+  EXPECT_EQ(ask.As<wire::MoveOut>()->key_begin(), 100u);
+  EXPECT_FALSE(ask.As<wire::MoveOut>()->drop());
+  // Unanswered for a second: the very same request again.
+  EXPECT_FALSE(m.Resend(clock.Now() + std::chrono::milliseconds(999)));
+  clock.Advance(std::chrono::seconds(1));
+  auto again = m.Resend(clock.Now());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(MustDecode(again->frames).env.request_id, ask.env.request_id);
+  // A refusal (not quiet yet) moves nothing; a reply from another shard is ignored.
+  EXPECT_FALSE(m.OnReply(1, reply(ask, [](auto& fbb) {
+    return wire::CreateErrorDirect(fbb, wire::ErrorCode::NotReady, "busy");
+  }), clock.Now()));
+  EXPECT_FALSE(m.OnReply(2, reply(ask, [](auto& fbb) { return wire::CreateAck(fbb); }), clock.Now()));
+  EXPECT_EQ(m.stage(), KeyMove::Stage::kCopying);
+  // The old owner's keys go to the new owner.
+  auto send = m.OnReply(1, reply(ask, [](auto& fbb) {
+    std::vector<wire::KeyLen> keys = {wire::KeyLen(150, 0)};
+    return wire::CreateMoveData(fbb, fbb.CreateVectorOfStructs(keys), 41, 9);
+  }), clock.Now());
+  ASSERT_TRUE(send);
+  EXPECT_EQ(send->shard, 2u);
+  const Decoded adopt = MustDecode(send->frames);
+  ASSERT_EQ(adopt.type(), wire::Body::MoveData);
+  EXPECT_EQ(adopt.As<wire::MoveData>()->applied_clock(), 41);
+  EXPECT_NE(adopt.env.request_id, ask.env.request_id);
+  EXPECT_FALSE(m.Answers(reply(ask, [](auto& fbb) { return wire::CreateAck(fbb); })))
+      << "an answer to the old step is stale";
+  // Adopted: the old owner drops them; once it has, the move is done.
+  auto drop = m.OnReply(2, reply(adopt, [](auto& fbb) { return wire::CreateAck(fbb); }), clock.Now());
+  ASSERT_TRUE(drop);
+  EXPECT_EQ(drop->shard, 1u);
+  const Decoded dropping = MustDecode(drop->frames);
+  ASSERT_EQ(dropping.type(), wire::Body::MoveOut);
+  EXPECT_TRUE(dropping.As<wire::MoveOut>()->drop());
+  EXPECT_FALSE(m.done());
+  EXPECT_FALSE(m.OnReply(1, reply(dropping, [](auto& fbb) { return wire::CreateAck(fbb); }), clock.Now()));
+  EXPECT_TRUE(m.done());
+  EXPECT_FALSE(m.Resend(clock.Now() + std::chrono::seconds(5)));
 }
 
 }  // namespace
