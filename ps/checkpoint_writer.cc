@@ -122,8 +122,8 @@ CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
                      .Name("pacer_shard_checkpoint_duration_seconds")
                      .Help("Time to write one checkpoint (synced)")
                      .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{
-                                  0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+                     .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                      0.25, 0.5, 1, 2.5, 5, 10});
   s.m_bytes = &prometheus::BuildGauge()
                    .Name("pacer_shard_checkpoint_size_bytes")
                    .Help("Bytes written by the last successful checkpoint")
@@ -131,14 +131,16 @@ CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
                    .Add({});
   s.m_age = &prometheus::BuildGauge()
                  .Name("pacer_shard_checkpoint_age_seconds")
-                 .Help("Age of the state in the last successful checkpoint, in seconds "
-                       "(since start when none)")
+                 .Help(
+                     "Age of the state in the last successful checkpoint, in seconds "
+                     "(since start when none)")
                  .Register(r)
                  .Add({});
   s.m_last = &prometheus::BuildGauge()
                   .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
-                  .Help("Unix time the state in the last successful checkpoint was "
-                        "captured (0: none yet)")
+                  .Help(
+                      "Unix time the state in the last successful checkpoint was "
+                      "captured (0: none yet)")
                   .Register(r)
                   .Add({});
   prometheus::BuildGauge()
@@ -154,20 +156,29 @@ CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
   s.m_ok = &done.Add({{"result", "ok"}});
   s.m_failed = &done.Add({{"result", "failed"}});
   // The thread holds the state too: it can outlive this object.
-  std::thread([state = state_] { state->Loop(); }).detach();
+  thread_ = std::thread([state = state_] { state->Loop(); });
 }
 
 CheckpointWriter::~CheckpointWriter() {
   State& s = *state_;
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.exit = true;
-  s.cv.notify_all();
-  const TimePoint until = s.clock->Now() + kJoinWait;
-  while (!s.done && s.clock->Now() < until) s.clock->WaitUntil(s.cv, lock, until);
-  if (!s.done) {
-    spdlog::warn("shard {}: the checkpoint writer is still in the disk; leaving it to finish",
-                 s.shard);
+  bool done = false;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.exit = true;
+    s.cv.notify_all();
+    const TimePoint until = s.clock->Now() + kJoinWait;
+    while (!s.done && s.clock->Now() < until) s.clock->WaitUntil(s.cv, lock, until);
+    done = s.done;
   }
+  if (done) {
+    // Joined, so that the store is closed when this returns (a shard
+    // restarted in the same process opens it again).
+    thread_.join();
+    return;
+  }
+  spdlog::warn("shard {}: the checkpoint writer is still in the disk; leaving it to finish",
+               s.shard);
+  thread_.detach();
 }
 
 bool CheckpointWriter::Offer(ShardSnapshot snap) {

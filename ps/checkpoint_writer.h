@@ -6,11 +6,12 @@
 #define PACER_PS_CHECKPOINT_WRITER_H_
 
 #include <memory>
+#include <thread>
 
 #include "absl/status/status.h"
-#include "ps/checkpoint.h"
 #include "ps/base/clock.h"
 #include "ps/base/fault.h"
+#include "ps/checkpoint.h"
 
 namespace prometheus {
 class Registry;
@@ -24,11 +25,12 @@ class CheckpointWriter {
   // (pacer_shard_checkpoint_*) in `registry`; `interval` is only reported
   // (pacer_shard_checkpoint_interval_seconds). `faults` may be null; its
   // slow_disk rules delay each write. `shard` names the shard in logs.
-  CheckpointWriter(std::unique_ptr<CheckpointStore> store, std::shared_ptr<prometheus::Registry> registry,
-                   Duration interval, const Clock* clock, std::shared_ptr<FaultInjector> faults,
-                   uint32_t shard);
-  // Stops the thread. One stuck in the disk past a second is left to finish
-  // on its own (it owns what it uses), so that destruction never hangs.
+  CheckpointWriter(std::unique_ptr<CheckpointStore> store,
+                   std::shared_ptr<prometheus::Registry> registry, Duration interval,
+                   const Clock* clock, std::shared_ptr<FaultInjector> faults, uint32_t shard);
+  // Stops and joins the thread, so the store is closed on return. One stuck
+  // in the disk past a second is left to finish on its own (it owns what it
+  // uses), so that destruction never hangs.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -52,6 +54,7 @@ class CheckpointWriter {
  private:
   struct State;  // shared with the thread, which may outlive this object
   std::shared_ptr<State> state_;
+  std::thread thread_;  // joined once it ended, else left to finish (detached)
 };
 
 }  // namespace pacer
