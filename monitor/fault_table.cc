@@ -26,11 +26,13 @@ absl::Status FaultTable::Set(const std::string& target, const std::string& spec,
                              const std::vector<uint32_t>& worker_ids,
                              const std::vector<uint32_t>& shard_ids) {
   if (!ValidTarget(target)) {
-    return absl::InvalidArgumentError("fault target '" + target +
-                                      "' is not all, monitor, server, worker, server:ID or worker:ID");
+    return absl::InvalidArgumentError(
+        "fault target '" + target +
+        "' is not all, monitor, server, worker, server:ID or worker:ID");
   }
-  for (const auto& [role, ids] : {std::pair<std::string, const std::vector<uint32_t>&>{"worker:", worker_ids},
-                                  std::pair<std::string, const std::vector<uint32_t>&>{"server:", shard_ids}}) {
+  for (const auto& [role, ids] :
+       {std::pair<std::string, const std::vector<uint32_t>&>{"worker:", worker_ids},
+        std::pair<std::string, const std::vector<uint32_t>&>{"server:", shard_ids}}) {
     if (target.rfind(role, 0) != 0) continue;
     // Digits only (ValidTarget), but maybe more than an id holds.
     const std::string digits = target.substr(role.size());

@@ -16,97 +16,103 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) {
   push_bytes = &bytes.Add({{"op", "push"}});
   pull_bytes = &bytes.Add({{"op", "pull"}});
   steps = &prometheus::BuildCounter()
-                  .Name("pacer_shard_steps_total")
-                  .Help("Optimizer steps taken (one per closed clock in BSP)")
-                  .Register(r)
-                  .Add({});
+               .Name("pacer_shard_steps_total")
+               .Help("Optimizer steps taken (one per closed clock in BSP)")
+               .Register(r)
+               .Add({});
   incomplete = &prometheus::BuildCounter()
-                       .Name("pacer_shard_incomplete_steps_total")
-                       .Help("BSP steps whose pushes differ from the live set at close: they include "
-                             "pushes from workers that have since left")
-                       .Register(r)
-                       .Add({});
+                    .Name("pacer_shard_incomplete_steps_total")
+                    .Help(
+                        "BSP steps whose pushes differ from the live set at close: they include "
+                        "pushes from workers that have since left")
+                    .Register(r)
+                    .Add({});
   updates = &prometheus::BuildCounter()
-                    .Name("pacer_shard_updates_applied_total")
-                    .Help("Worker pushes folded into the parameters")
-                    .Register(r)
-                    .Add({});
-  model_updates = &prometheus::BuildGauge()
-                          .Name("pacer_shard_model_updates")
-                          .Help("Pushes applied to this shard's parameters (or to a clock "
-                                "still open), those restored from its checkpoint included; a "
-                                "restart starts from the checkpoint's count, without the pushes "
-                                "it lost")
-                          .Register(r)
-                          .Add({});
-  dropped = &prometheus::BuildCounter()
-                    .Name("pacer_shard_dropped_pushes_total")
-                    .Help("Backup mode: pushes that arrived after their clock closed, dropped")
-                    .Register(r)
-                    .Add({});
-  duplicates = &prometheus::BuildCounter()
-                       .Name("pacer_shard_duplicate_pushes_total")
-                       .Help("Pushes received again (retries), acknowledged and not applied")
-                       .Register(r)
-                       .Add({});
-  push_parts = &prometheus::BuildCounter()
-                       .Name("pacer_shard_push_parts_total")
-                       .Help("Messages that carried one part of a push sent in parts (layer-wise "
-                             "push); a push in one message is not counted")
-                       .Register(r)
-                       .Add({});
-  lost = &prometheus::BuildCounter()
-                 .Name("pacer_shard_lost_updates_total")
-                 .Help("Acknowledged pushes a restored shard lost: applied after its last "
-                       "checkpoint (counted from each worker's push sequence)")
+                 .Name("pacer_shard_updates_applied_total")
+                 .Help("Worker pushes folded into the parameters")
                  .Register(r)
                  .Add({});
-  grants = &prometheus::BuildCounter()
-                   .Name("pacer_shard_dssp_extra_iterations_total")
-                   .Help("DSSP: sum of r* over the reads that went past their lower bound s_L")
-                   .Register(r)
-                   .Add({});
-  staleness = &prometheus::BuildHistogram()
-                       .Name("pacer_shard_push_staleness_steps")
-                       .Help("Steps a pushed gradient's parameters were behind the step it joins")
+  model_updates = &prometheus::BuildGauge()
+                       .Name("pacer_shard_model_updates")
+                       .Help(
+                           "Pushes applied to this shard's parameters (or to a clock "
+                           "still open), those restored from its checkpoint included; a "
+                           "restart starts from the checkpoint's count, without the pushes "
+                           "it lost")
                        .Register(r)
-                       .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
+                       .Add({});
+  dropped = &prometheus::BuildCounter()
+                 .Name("pacer_shard_dropped_pushes_total")
+                 .Help("Backup mode: pushes that arrived after their clock closed, dropped")
+                 .Register(r)
+                 .Add({});
+  duplicates = &prometheus::BuildCounter()
+                    .Name("pacer_shard_duplicate_pushes_total")
+                    .Help("Pushes received again (retries), acknowledged and not applied")
+                    .Register(r)
+                    .Add({});
+  push_parts = &prometheus::BuildCounter()
+                    .Name("pacer_shard_push_parts_total")
+                    .Help(
+                        "Messages that carried one part of a push sent in parts (layer-wise "
+                        "push); a push in one message is not counted")
+                    .Register(r)
+                    .Add({});
+  lost = &prometheus::BuildCounter()
+              .Name("pacer_shard_lost_updates_total")
+              .Help(
+                  "Acknowledged pushes a restored shard lost: applied after its last "
+                  "checkpoint (counted from each worker's push sequence)")
+              .Register(r)
+              .Add({});
+  grants = &prometheus::BuildCounter()
+                .Name("pacer_shard_dssp_extra_iterations_total")
+                .Help("DSSP: sum of r* over the reads that went past their lower bound s_L")
+                .Register(r)
+                .Add({});
+  staleness = &prometheus::BuildHistogram()
+                   .Name("pacer_shard_push_staleness_steps")
+                   .Help("Steps a pushed gradient's parameters were behind the step it joins")
+                   .Register(r)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
   auto& latency = prometheus::BuildHistogram()
                       .Name("pacer_shard_request_duration_seconds")
-                      .Help("From a request's arrival to its reply being queued (a pull's wait "
-                            "on the consistency rule included)")
+                      .Help(
+                          "From a request's arrival to its reply being queued (a pull's wait "
+                          "on the consistency rule included)")
                       .Register(r);
   const prometheus::Histogram::BucketBoundaries latency_buckets{
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   push_seconds = &latency.Add({{"op", "push"}}, latency_buckets);
   pull_seconds = &latency.Add({{"op", "pull"}}, latency_buckets);
   pull_wait = &prometheus::BuildHistogram()
-                      .Name("pacer_shard_pull_wait_seconds")
-                      .Help("Time a pull waited on the consistency rule (BSP barrier, SSP/DSSP "
-                            "bound) before its answer")
-                      .Register(r)
-                      .Add({}, latency_buckets);
+                   .Name("pacer_shard_pull_wait_seconds")
+                   .Help(
+                       "Time a pull waited on the consistency rule (BSP barrier, SSP/DSSP "
+                       "bound) before its answer")
+                   .Register(r)
+                   .Add({}, latency_buckets);
   clock = &prometheus::BuildGauge()
-                  .Name("pacer_shard_applied_clock")
-                  .Help("Highest clock whose step has been applied (-1: none)")
-                  .Register(r)
-                  .Add({});
+               .Name("pacer_shard_applied_clock")
+               .Help("Highest clock whose step has been applied (-1: none)")
+               .Register(r)
+               .Add({});
   clock->Set(-1);
   keys = &prometheus::BuildGauge()
-                 .Name("pacer_shard_keys")
-                 .Help("Keys (tensor blocks) held by this shard")
-                 .Register(r)
-                 .Add({});
+              .Name("pacer_shard_keys")
+              .Help("Keys (tensor blocks) held by this shard")
+              .Register(r)
+              .Add({});
   live = &prometheus::BuildGauge()
-                 .Name("pacer_shard_live_workers")
-                 .Help("Live workers in the shard's current membership")
-                 .Register(r)
-                 .Add({});
+              .Name("pacer_shard_live_workers")
+              .Help("Live workers in the shard's current membership")
+              .Register(r)
+              .Add({});
   parked = &prometheus::BuildGauge()
-                   .Name("pacer_shard_parked_pulls")
-                   .Help("Pulls waiting on the barrier")
-                   .Register(r)
-                   .Add({});
+                .Name("pacer_shard_parked_pulls")
+                .Help("Pulls waiting on the barrier")
+                .Register(r)
+                .Add({});
 }
 
 }  // namespace pacer

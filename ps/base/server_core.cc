@@ -4,7 +4,10 @@ namespace pacer {
 
 ServerCore::ServerCore(prometheus::Registry& registry, const std::string& role, const Clock* clock,
                        spdlog::level::level_enum refusal_level)
-    : rejects_(registry, role), guard_(registry, role, clock), refusal_level_(refusal_level), who_(role) {}
+    : rejects_(registry, role),
+      guard_(registry, role, clock),
+      refusal_level_(refusal_level),
+      who_(role) {}
 
 void ServerCore::SetIdentity(uint64_t job_id, uint32_t sender, const std::string& who) {
   job_id_ = job_id;

@@ -31,7 +31,8 @@ double Sum(const std::map<std::string, double>& values, const std::string& name,
 struct LastSum {
   double value = 0, at = 0, done = 0;
 };
-std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last, const std::string& name) {
+std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last,
+                            const std::string& name) {
   std::optional<LastSum> r;
   for (const auto& [key, s] : last) {
     if (key.rfind(name, 0) != 0) continue;
@@ -80,12 +81,13 @@ void Runner::CheckProgress() {
     });
     if (!moved) {
       v.pass = false;
-      v.detail += fmt::format("no acknowledged batch in the {:.0f} s after t+{:.1f}s; ",
-                              until - h, h - t0_);
+      v.detail += fmt::format("no acknowledged batch in the {:.0f} s after t+{:.1f}s; ", until - h,
+                              h - t0_);
     }
   }
-  if (v.pass) v.detail = fmt::format("{} heal point(s), {} acknowledged pushes", heals_.size(),
-                                     all_acks_.size());
+  if (v.pass)
+    v.detail =
+        fmt::format("{} heal point(s), {} acknowledged pushes", heals_.size(), all_acks_.size());
   verdicts_.push_back(v);
 }
 
@@ -205,7 +207,8 @@ void Runner::CheckFaultsInMetrics() {
   for (const Injected& inj : injected_) {
     double count = 0;
     for (Proc* p : inj.procs) {
-      for (const auto& k : inj.kinds) count += Seen(p, "pacer_faults_injected_total", {"kind=\"" + k + "\""});
+      for (const auto& k : inj.kinds)
+        count += Seen(p, "pacer_faults_injected_total", {"kind=\"" + k + "\""});
     }
     if (count <= 0) {
       v.pass = false;
@@ -217,7 +220,8 @@ void Runner::CheckFaultsInMetrics() {
     const auto brace = metric.find('{');
     const std::string name = metric.substr(0, brace);
     std::vector<std::string> labels;
-    if (brace != std::string::npos) labels.push_back(metric.substr(brace + 1, metric.size() - brace - 2));
+    if (brace != std::string::npos)
+      labels.push_back(metric.substr(brace + 1, metric.size() - brace - 2));
     for (Proc* p : All()) {
       if (p->name().rfind("monitor", 0) == 0) count += Seen(p, name, labels);
     }
@@ -226,8 +230,9 @@ void Runner::CheckFaultsInMetrics() {
       v.detail += why + ": " + metric + " never rose; ";
     }
   }
-  if (v.pass) v.detail = fmt::format("{} fault(s), {} process event(s) seen", injected_.size(),
-                                     expect_monitor_.size());
+  if (v.pass)
+    v.detail = fmt::format("{} fault(s), {} process event(s) seen", injected_.size(),
+                           expect_monitor_.size());
   if (injected_.empty() && expect_monitor_.empty()) {
     v.applicable = false;
     v.detail = "the scenario injected no fault: nothing to check";

@@ -21,13 +21,15 @@
 int main(int argc, char** argv) {
   std::string scenario_path, out, bin_dir;
   uint64_t seed = 1;
-  CLI::App app{"pacer-chaos: runs a chaos scenario (YAML: the cluster, a timeline of faults, the "
-               "invariants) against a local cluster on 127.0.0.1 and reports PASS or FAIL for "
-               "each invariant. Scenarios ship in deploy/chaos/.",
-               "pacer-chaos"};
+  CLI::App app{
+      "pacer-chaos: runs a chaos scenario (YAML: the cluster, a timeline of faults, the "
+      "invariants) against a local cluster on 127.0.0.1 and reports PASS or FAIL for "
+      "each invariant. Scenarios ship in deploy/chaos/.",
+      "pacer-chaos"};
   app.add_option("SCENARIO", scenario_path, "The scenario file (YAML)")->required();
-  app.add_option("--out", out, "Directory for every process's logs and the journals (default: "
-                               "a new one under /tmp)");
+  app.add_option("--out", out,
+                 "Directory for every process's logs and the journals (default: "
+                 "a new one under /tmp)");
   app.add_option("--seed", seed, "Seed of every process's fault decisions")
       ->capture_default_str()
       // Not PACER_SEED: the monitor's --seed seeds the model and the data.
@@ -38,9 +40,10 @@ int main(int argc, char** argv) {
                "others only (veth pairs to a bridge in a hub namespace, no link to the host's, "
                "no default route), partitions made with iptables. Needs root and iptables; "
                "without them the run is skipped with exit code 77");
-  app.add_option("--bin-dir", bin_dir, "Where pacer-monitor, pacer-server, pacer-worker and "
-                                       "pacerctl are (default: next to pacer-chaos, or the build "
-                                       "tree's folders)");
+  app.add_option("--bin-dir", bin_dir,
+                 "Where pacer-monitor, pacer-server, pacer-worker and "
+                 "pacerctl are (default: next to pacer-chaos, or the build "
+                 "tree's folders)");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("chaos", "info");
   std::ifstream in(scenario_path);
@@ -74,7 +77,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pacer-chaos: interrupted; processes stopped (logs in %s)\n", out.c_str());
     return pacer::kExitFailure;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pacer-chaos: %s; processes stopped (logs in %s)\n", e.what(), out.c_str());
+    std::fprintf(stderr, "pacer-chaos: %s; processes stopped (logs in %s)\n", e.what(),
+                 out.c_str());
     return pacer::kExitFailure;
   }
 }

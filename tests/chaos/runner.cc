@@ -135,7 +135,8 @@ int Runner::WaitForTraining() {
   heals_.push_back(t0_);
   // Ids, for fault targets: shards registered in order; workers print theirs.
   std::string status;
-  for (Proc* w : workers_) worker_ids_.push_back(std::stoul(w->WaitLine("worker id ", Millis(1000)).value_or("0")));
+  for (Proc* w : workers_)
+    worker_ids_.push_back(std::stoul(w->WaitLine("worker id ", Millis(1000)).value_or("0")));
   Ctl({"status", "-o", "json"}, &status);
   const auto j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
   if (j.is_object()) {
@@ -155,7 +156,8 @@ void Runner::PlayTimeline() {
     }
   }
   // Until 4 s before the end: scrape; then take the model and let it stop.
-  while (UnixSeconds() < t0_ + s_.seconds - 4 && monitor_->Running()) ScrapeUntil(UnixSeconds() + 0.25);
+  while (UnixSeconds() < t0_ + s_.seconds - 4 && monitor_->Running())
+    ScrapeUntil(UnixSeconds() + 0.25);
   if (lab_ != nullptr) LiftPartitions(/*all=*/true);
   Scrape();
 }
@@ -241,7 +243,8 @@ void Runner::LiftPartitions(bool all) {
       ++it;
       continue;
     }
-    if (auto st = lab_->Cut(it->second, false); !st.ok()) spdlog::error("--netns: {}", ErrorText(st));
+    if (auto st = lab_->Cut(it->second, false); !st.ok())
+      spdlog::error("--netns: {}", ErrorText(st));
     spdlog::info("t+{:.1f}s: --netns: {} let back", now - t0_, it->second);
     for (Proc* p : All()) {
       if (p->name() == it->second || p->name() == it->second + "-restarted") p->cut_off = false;
@@ -261,12 +264,25 @@ void Runner::ScrapeUntil(double until) {
 }
 
 bool Runner::StartMonitor(const std::string& listen) {
-  std::vector<std::string> a = {Bin("pacer-monitor"), "--listen", listen, "--metrics-addr",
-                                Host("monitor") + ":0", "--data-dir", dir_ + "/monitor", "--min-shards",
-                                std::to_string(s_.shards), "--min-workers",
-                                std::to_string(s_.workers), "--time-cap",
-                                std::to_string(s_.seconds), "--target-accuracy", "0",
-                                "--eval-interval", "1", "--fault-seed", std::to_string(seed_)};
+  std::vector<std::string> a = {Bin("pacer-monitor"),
+                                "--listen",
+                                listen,
+                                "--metrics-addr",
+                                Host("monitor") + ":0",
+                                "--data-dir",
+                                dir_ + "/monitor",
+                                "--min-shards",
+                                std::to_string(s_.shards),
+                                "--min-workers",
+                                std::to_string(s_.workers),
+                                "--time-cap",
+                                std::to_string(s_.seconds),
+                                "--target-accuracy",
+                                "0",
+                                "--eval-interval",
+                                "1",
+                                "--fault-seed",
+                                std::to_string(seed_)};
   if (!s_.mode.empty()) a.insert(a.end(), {"--mode", s_.mode});
   a.insert(a.end(), s_.monitor_args.begin(), s_.monitor_args.end());
   procs_.push_back(Proc::Start(a, dir_, monitor_ ? "monitor-restarted" : "monitor", Ns("monitor")));
@@ -281,12 +297,21 @@ bool Runner::StartMonitor(const std::string& listen) {
 
 bool Runner::StartShard(size_t i) {
   const std::string node = "shard" + std::to_string(i);
-  std::vector<std::string> a = {Bin("pacer-server"), "--listen", "tcp://" + Host(node) + ":0",
-                                "--monitor", monitor_address_, "--metrics-addr", Host(node) + ":0",
+  std::vector<std::string> a = {Bin("pacer-server"),
+                                "--listen",
+                                "tcp://" + Host(node) + ":0",
+                                "--monitor",
+                                monitor_address_,
+                                "--metrics-addr",
+                                Host(node) + ":0",
                                 "--data-dir",
-                                dir_ + "/shard" + std::to_string(i), "--checkpoint-interval",
-                                std::to_string(s_.checkpoint_interval), "--fault-seed",
-                                std::to_string(seed_ + 1 + i), "--register-timeout", "60"};
+                                dir_ + "/shard" + std::to_string(i),
+                                "--checkpoint-interval",
+                                std::to_string(s_.checkpoint_interval),
+                                "--fault-seed",
+                                std::to_string(seed_ + 1 + i),
+                                "--register-timeout",
+                                "60"};
   a.insert(a.end(), s_.shard_args.begin(), s_.shard_args.end());
   const bool again = i < shards_.size() && shards_[i] != nullptr;
   procs_.push_back(Proc::Start(a, dir_, node + (again ? "-restarted" : ""), Ns(node)));
@@ -302,12 +327,18 @@ bool Runner::StartShard(size_t i) {
 bool Runner::StartWorker() {
   const size_t i = workers_.size();
   journals_.push_back(dir_ + "/worker" + std::to_string(i) + ".acks");
-  std::vector<std::string> a = {Bin("pacer-worker"), "--monitor", monitor_address_,
-                                "--ack-log", journals_.back(), "--metrics-addr",
+  std::vector<std::string> a = {Bin("pacer-worker"),
+                                "--monitor",
+                                monitor_address_,
+                                "--ack-log",
+                                journals_.back(),
+                                "--metrics-addr",
                                 Host("worker" + std::to_string(i)) + ":0",
-                                "--fault-seed", std::to_string(seed_ + 100 + i)};
+                                "--fault-seed",
+                                std::to_string(seed_ + 100 + i)};
   a.insert(a.end(), s_.worker_args.begin(), s_.worker_args.end());
-  procs_.push_back(Proc::Start(a, dir_, "worker" + std::to_string(i), Ns("worker" + std::to_string(i))));
+  procs_.push_back(
+      Proc::Start(a, dir_, "worker" + std::to_string(i), Ns("worker" + std::to_string(i))));
   workers_.push_back(procs_.back().get());
   auto m = workers_.back()->WaitLine("metrics ", Millis(10000));
   if (!m) return false;
@@ -369,8 +400,10 @@ int Runner::Ctl(const std::vector<std::string>& args, std::string* out) {
 }
 
 std::string Runner::FaultTarget(const std::string& t) {
-  if (t.rfind("shard:", 0) == 0) return "server:" + std::to_string(shard_ids_.at(std::stoul(t.substr(6))));
-  if (t.rfind("worker:", 0) == 0) return "worker:" + std::to_string(worker_ids_.at(std::stoul(t.substr(7))));
+  if (t.rfind("shard:", 0) == 0)
+    return "server:" + std::to_string(shard_ids_.at(std::stoul(t.substr(6))));
+  if (t.rfind("worker:", 0) == 0)
+    return "worker:" + std::to_string(worker_ids_.at(std::stoul(t.substr(7))));
   return t;
 }
 
@@ -412,8 +445,8 @@ bool Runner::DoRestart(const Action& a, double now) {
   heals_.push_back(now);
   if (a.target == "monitor") {
     if (monitor_->Running()) return false;
-    expect_monitor_.push_back({"pacer_monitor_membership_changes_total{reason=\"restarted\"}",
-                               "monitor restarted"});
+    expect_monitor_.push_back(
+        {"pacer_monitor_membership_changes_total{reason=\"restarted\"}", "monitor restarted"});
     return StartMonitor(monitor_address_);
   }
   if (a.target.rfind("shard:", 0) == 0) return StartShard(std::stoul(a.target.substr(6)));
@@ -505,7 +538,8 @@ bool Runner::DoDrainShard(const Action& a) {
 // partition with --netns: iptables in the node's namespace.
 bool Runner::DoCut(const Action& a, double now) {
   // Real network: the kernel drops every packet to and from the node.
-  const std::string node = a.target.substr(0, a.target.find(':')) + a.target.substr(a.target.find(':') + 1);
+  const std::string node =
+      a.target.substr(0, a.target.find(':')) + a.target.substr(a.target.find(':') + 1);
   if (auto st = lab_->Cut(node, true); !st.ok()) {
     spdlog::error("--netns: {}", ErrorText(st));
     return false;
@@ -513,7 +547,8 @@ bool Runner::DoCut(const Action& a, double now) {
   if (Proc* p = Target(a.target)) p->cut_off = true;
   lifts_.push_back({now + a.seconds, node});
   if (a.target.rfind("worker:", 0) == 0) {
-    expect_monitor_.push_back({"pacer_monitor_workers_lost_total", "worker partitioned (iptables)"});
+    expect_monitor_.push_back(
+        {"pacer_monitor_workers_lost_total", "worker partitioned (iptables)"});
   }
   return true;
 }
@@ -540,8 +575,9 @@ bool Runner::DoFaults(const Action& a, double now) {
   if (target == "all") {
     inj.procs = All();
   } else if (target == "server" || target == "worker" || target == "monitor") {
-    for (Proc* p : target == "server" ? shards_ : target == "worker" ? workers_
-                                                                     : std::vector<Proc*>{monitor_}) {
+    for (Proc* p : target == "server"   ? shards_
+                   : target == "worker" ? workers_
+                                        : std::vector<Proc*>{monitor_}) {
       inj.procs.push_back(p);
     }
   } else {
@@ -579,6 +615,5 @@ std::vector<Ack> Runner::Acks(size_t worker) const {
   }
   return acks;
 }
-
 
 }  // namespace pacer::chaos

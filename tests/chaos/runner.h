@@ -68,11 +68,11 @@ class Proc {
   // SIGSTOPped by the timeline and not continued (a slow action's cycler
   // reads it, so as not to wake a process the timeline froze).
   std::atomic<bool> stopped{false};
-  bool hung = false;               // still running long after the job stopped
-  bool cut_off = false;            // --netns: partitioned by iptables (not scraped)
-  bool drained = false;            // drain-shard: its keys moved away and it left
-  double counts_from = 0;          // a shard: acknowledged pushes reach it from then (unix s)
-  std::string metrics;             // its /metrics address
+  bool hung = false;       // still running long after the job stopped
+  bool cut_off = false;    // --netns: partitioned by iptables (not scraped)
+  bool drained = false;    // drain-shard: its keys moved away and it left
+  double counts_from = 0;  // a shard: acknowledged pushes reach it from then (unix s)
+  std::string metrics;     // its /metrics address
   // Largest value seen of each scraped series key (metric + labels).
   std::map<std::string, double> seen;
   // Each series' value at the last scrape that had it, with when that
@@ -113,7 +113,11 @@ class Runner {
   // binaries are. `netns`: each process in its own network namespace
   // (netns.h); else all on 127.0.0.1.
   Runner(Scenario s, std::string dir, std::string bin_dir, uint64_t seed, bool netns)
-      : s_(std::move(s)), dir_(std::move(dir)), bin_(std::move(bin_dir)), seed_(seed), netns_(netns) {}
+      : s_(std::move(s)),
+        dir_(std::move(dir)),
+        bin_(std::move(bin_dir)),
+        seed_(seed),
+        netns_(netns) {}
   ~Runner();
 
   // The whole run: exit code 0 when it passed (every invariant holds but
@@ -193,7 +197,7 @@ class Runner {
   uint64_t seed_;
   bool netns_;
   const Clock* clock_ = Clock::Real();
-  std::unique_ptr<NetnsLab> lab_;  // before procs_: its namespaces outlive them
+  std::unique_ptr<NetnsLab> lab_;                      // before procs_: its namespaces outlive them
   std::vector<std::pair<double, std::string>> lifts_;  // --netns: (unix s, node) to let back
   std::string monitor_address_;
   std::vector<std::unique_ptr<Proc>> procs_;  // every process ever started
