@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/base/messages.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
@@ -13,7 +14,12 @@ constexpr Duration kResendAfter = std::chrono::seconds(1);
 
 KeyMove::KeyMove(size_t from, size_t to, uint64_t key_begin, uint64_t key_end, uint64_t job_id,
                  TimePoint now)
-    : from_(from), to_(to), key_begin_(key_begin), key_end_(key_end), job_id_(job_id), started_(now) {}
+    : from_(from),
+      to_(to),
+      key_begin_(key_begin),
+      key_end_(key_end),
+      job_id_(job_id),
+      started_(now) {}
 
 Envelope KeyMove::NewEnvelope() {
   Envelope env;
@@ -31,8 +37,7 @@ KeyMove::Request KeyMove::Send(size_t shard, Frames frames, Stage next, TimePoin
 }
 
 KeyMove::Request KeyMove::Start(TimePoint now) {
-  flatbuffers::FlatBufferBuilder fbb(64);
-  Frames f = EncodeBody(NewEnvelope(), fbb, wire::CreateMoveOut(fbb, key_begin_, key_end_));
+  Frames f = EncodeMessage(NewEnvelope(), msg::MoveOut{key_begin_, key_end_, /*drop=*/false});
   return Send(from_, std::move(f), Stage::kCopying, now);
 }
 
@@ -44,35 +49,23 @@ std::optional<KeyMove::Request> KeyMove::Resend(TimePoint now) {
   return Request{target_, pending_};
 }
 
-std::optional<KeyMove::Request> KeyMove::OnReply(size_t shard, const Decoded& reply, TimePoint now) {
+std::optional<KeyMove::Request> KeyMove::OnReply(size_t shard, const Decoded& reply,
+                                                 TimePoint now) {
   if (shard != target_ || !Answers(reply)) return std::nullopt;
   if (reply.type() == wire::Body::Error) {
     // Not quiet yet, or the like: the same request goes again in a second.
-    const auto* e = reply.As<wire::Error>();
     SPDLOG_DEBUG("shard index {} refused a move step: {}", shard,
-                 e->reason() ? e->reason()->str() : "");
-    (void)e;
+                 msg::Read<msg::Error>(reply).reason);
     return std::nullopt;
   }
   if (stage_ == Stage::kCopying && reply.type() == wire::Body::MoveData) {
     // The keys and their values, on to the new owner.
-    const auto* md = reply.As<wire::MoveData>();
-    std::vector<wire::KeyLen> keys;
-    if (md->keys() != nullptr) {
-      for (const wire::KeyLen* k : *md->keys()) keys.push_back(*k);
-    }
-    flatbuffers::FlatBufferBuilder fbb(128 + keys.size() * sizeof(wire::KeyLen));
-    auto kv = fbb.CreateVectorOfStructs(keys);
-    Frames f = EncodeBody(NewEnvelope(), fbb,
-                          wire::CreateMoveData(fbb, kv, md->applied_clock(), md->steps()),
-                          reply.payload);
+    Frames f = EncodeMessage(NewEnvelope(), msg::Read<msg::MoveData>(reply), reply.payload);
     return Send(to_, std::move(f), Stage::kSending, now);
   }
   if (stage_ == Stage::kSending && reply.type() == wire::Body::Ack) {
     // The new owner has the keys: now the old one drops them.
-    flatbuffers::FlatBufferBuilder fbb(64);
-    Frames f = EncodeBody(NewEnvelope(), fbb,
-                          wire::CreateMoveOut(fbb, key_begin_, key_end_, /*drop=*/true));
+    Frames f = EncodeMessage(NewEnvelope(), msg::MoveOut{key_begin_, key_end_, /*drop=*/true});
     return Send(from_, std::move(f), Stage::kDropping, now);
   }
   if (stage_ == Stage::kDropping && reply.type() == wire::Body::Ack) {

@@ -6,8 +6,9 @@
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
-#include "ps/partition.h"
+#include "ps/base/messages.h"
 #include "ps/base/rpc.h"
+#include "ps/partition.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
@@ -71,28 +72,40 @@ void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorC
   out->push_back({peer, -1, server_.Error(to, code, reason)});
 }
 
-flatbuffers::Offset<wire::JobConfig> MonitorCore::BuildJob(flatbuffers::FlatBufferBuilder& fbb) const {
-  wire::Policy p = wire::Policy::Fixed;
-  if (options_.policy.kind == policy::Kind::kAdaptiveBatch) p = wire::Policy::AdaptiveBatch;
-  if (options_.policy.kind == policy::Kind::kPacer) p = wire::Policy::Pacer;
-  return wire::CreateJobConfig(fbb, options_.mode, options_.learning_rate, options_.momentum,
-                               options_.global_batch, options_.epochs, options_.time_cap_seconds,
-                               options_.target_accuracy, options_.seed,
-                               options_.eval_interval_seconds, options_.heartbeat_interval_ms,
-                               options_.backup_workers, p, options_.staleness_aware_lr,
-                               options_.eval_interval_clocks);
+msg::JobConfig MonitorCore::Job() const {
+  msg::JobConfig j;
+  j.mode = options_.mode;
+  j.learning_rate = options_.learning_rate;
+  j.momentum = options_.momentum;
+  j.global_batch = options_.global_batch;
+  j.epochs = options_.epochs;
+  j.time_cap_seconds = options_.time_cap_seconds;
+  j.target_accuracy = options_.target_accuracy;
+  j.seed = options_.seed;
+  j.eval_interval_seconds = options_.eval_interval_seconds;
+  j.heartbeat_interval_ms = options_.heartbeat_interval_ms;
+  j.backup_workers = options_.backup_workers;
+  j.policy = WirePolicy();
+  j.staleness_aware_lr = options_.staleness_aware_lr;
+  j.eval_interval_clocks = options_.eval_interval_clocks;
+  return j;
 }
 
-flatbuffers::Offset<wire::ShardMap> MonitorCore::BuildShardMap(
-    flatbuffers::FlatBufferBuilder& fbb) const {
-  std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
+wire::Policy MonitorCore::WirePolicy() const {
+  if (options_.policy.kind == policy::Kind::kAdaptiveBatch) return wire::Policy::AdaptiveBatch;
+  if (options_.policy.kind == policy::Kind::kPacer) return wire::Policy::Pacer;
+  return wire::Policy::Fixed;
+}
+
+msg::ShardMap MonitorCore::Map() const {
+  msg::ShardMap m;
+  m.version = map_version_;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
-    infos.push_back(wire::CreateShardInfoDirect(
-        fbb, shards_[i].id, shards_[i].address.c_str(), ranges_[i].first, ranges_[i].second,
-        shards_[i].public_key.empty() ? nullptr : shards_[i].public_key.c_str()));
+    m.shards.push_back({shards_[i].id, shards_[i].address, ranges_[i].first, ranges_[i].second,
+                        shards_[i].public_key});
   }
-  return wire::CreateShardMapDirect(fbb, map_version_, &infos);
+  return m;
 }
 
 void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
@@ -114,7 +127,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   const bool command = d.type() == wire::Body::RemoveWorker ||
                        d.type() == wire::Body::ShardControl ||
                        (d.type() == wire::Body::FaultControl &&
-                        d.As<wire::FaultControl>()->op() != wire::FaultOp::List);
+                        msg::Read<msg::FaultControl>(d).op != wire::FaultOp::List);
   if (command) {
     const std::string why = server_.guard().CheckOperator(peer.peer_key(), options_.operator_keys,
                                                  wire::EnumNameBody(d.type()));
@@ -165,28 +178,27 @@ bool MonitorCore::SenderMatchesKey(const Frame& peer, const Decoded& d,
 }
 
 void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* r = d.As<wire::Register>();
+  const msg::Register r = msg::Read<msg::Register>(d);
   if (state_ == wire::JobState::Stopped) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "the job has stopped", out);
   }
-  flatbuffers::FlatBufferBuilder fbb(256);
-  if (r->role() == wire::Role::Shard) {
-    std::string address = r->address() ? r->address()->str() : "";
+  if (r.role == wire::Role::Shard) {
+    std::string address = r.address;
     if (address.empty()) {
       return ReplyError(peer, d.env, wire::ErrorCode::BadHeader, "a shard must give its address", out);
     }
-    if (r->shard_id() != 0) return OnShardReturn(peer, d, out);
+    if (r.shard_id != 0) return OnShardReturn(peer, d, out);
     for (auto& s : shards_) {
       if (s.address == address) {  // a retried registration, or a restart
         if (!KeyMayClaim(s.public_key, peer, std::string("shard ").append(std::to_string(s.id)), d, out)) return;
-        if (map_built_ && r->incarnation() != s.incarnation) {
+        if (map_built_ && r.incarnation != s.incarnation) {
           return ReplyError(peer, d.env, wire::ErrorCode::Refused,
                             "shard " + std::to_string(s.id) + " at " + address +
                                 " restarted without a checkpoint: its parameters are lost (run "
                                 "shards with --data-dir to make them survive a restart)",
                             out);
         }
-        s.incarnation = r->incarnation();
+        s.incarnation = r.incarnation;
         if (s.public_key != peer.peer_key()) {
           s.public_key = peer.peer_key();
           if (map_built_) {  // workers learn its new key with the map
@@ -195,8 +207,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
           }
           dirty_ = true;
         }
-        auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-        out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+        out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{s.id, 0, Job()})});
         return;
       }
     }
@@ -204,7 +215,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     s.id = next_id_++;
     s.address = address;
     s.last_seen = clock_->Now();
-    s.incarnation = r->incarnation();
+    s.incarnation = r.incarnation;
     s.public_key = peer.peer_key();
     shards_.push_back(s);
     if (map_built_) ranges_.emplace_back(0, 0);  // idle until pacerctl add-shard
@@ -212,21 +223,19 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     UpdateShardGauges();
     spdlog::info("shard {} registered at {}{}", s.id, address,
                  map_built_ ? " (idle: pacerctl add-shard gives it keys)" : "");
-    auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+    out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{s.id, 0, Job()})});
     return;
   }
-  if (r->role() != wire::Role::Worker) {
+  if (r.role != wire::Role::Worker) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only workers and shards register", out);
   }
-  const std::string token = r->address() ? r->address()->str() : "";
+  const std::string token = r.address;
   if (!token.empty()) {
     auto known = worker_tokens_.find(token);
     if (known != worker_tokens_.end()) {  // a retried registration
       const WorkerState& w = workers_.at(known->second);
       if (!KeyMayClaim(w.public_key, peer, std::string("worker ").append(std::to_string(w.id)), d, out)) return;
-      auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
-      out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+      out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{w.id, w.rank, Job()})});
       return;
     }
   }
@@ -256,24 +265,23 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
   if (map_built_) UpdatePolicyWorkers();
   ChangeMembership("joined", "worker " + std::to_string(w.id) + " joined");
   workers_[w.id].joined_version = membership_version_;
-  auto body = wire::CreateRegisterReply(fbb, w.id, w.rank, BuildJob(fbb));
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{w.id, w.rank, Job()})});
 }
 
 void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* r = d.As<wire::Register>();
-  const std::string address = r->address()->str();
-  if (r->checkpoint_job() != options_.job_id) {
+  const msg::Register r = msg::Read<msg::Register>(d);
+  const std::string address = r.address;
+  if (r.checkpoint_job != options_.job_id) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                      "the shard's checkpoint belongs to job " + std::to_string(r->checkpoint_job()) +
+                      "the shard's checkpoint belongs to job " + std::to_string(r.checkpoint_job) +
                           ", this is job " + std::to_string(options_.job_id),
                       out);
   }
   auto it = std::find_if(shards_.begin(), shards_.end(),
-                         [&](const ShardState& s) { return s.id == r->shard_id(); });
+                         [&](const ShardState& s) { return s.id == r.shard_id; });
   if (it == shards_.end()) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                      "this monitor has no shard " + std::to_string(r->shard_id()) + " in job " +
+                      "this monitor has no shard " + std::to_string(r.shard_id) + " in job " +
                           std::to_string(options_.job_id) +
                           " (was the monitor restarted without its --data-dir?)",
                       out);
@@ -285,8 +293,8 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   if (!KeyMayClaim(s.public_key, peer, std::string("shard ").append(std::to_string(s.id)), d, out)) return;
   const bool moved = s.address != address;
   // The same process asking again (its reply was lost) changes nothing.
-  const bool retry = r->incarnation() != 0 && r->incarnation() == s.incarnation;
-  s.incarnation = r->incarnation();
+  const bool retry = r.incarnation != 0 && r.incarnation == s.incarnation;
+  s.incarnation = r.incarnation;
   const bool new_key = s.public_key != peer.peer_key();
   s.public_key = peer.peer_key();
   if (!retry) {
@@ -308,12 +316,10 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
     dirty_ = true;
     UpdateShardGauges();
     spdlog::info("shard {} is back from its checkpoint (map v{}) at {}{}", s.id,
-                 r->checkpoint_map_version(), address,
+                 r.checkpoint_map_version, address,
                  moved ? "; it moved: shard map v" + std::to_string(map_version_) : "");
   }
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = wire::CreateRegisterReply(fbb, s.id, 0, BuildJob(fbb));
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{s.id, 0, Job()})});
 }
 
 uint32_t MonitorCore::LowestFreeRank() const {
@@ -402,11 +408,7 @@ void MonitorCore::UpdateShardGauges() {
 }
 
 void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::DeclareModel>();
-  std::vector<wire::KeyLen> keys;
-  if (m->keys() != nullptr) {
-    for (const wire::KeyLen* k : *m->keys()) keys.push_back(*k);
-  }
+  std::vector<wire::KeyLen> keys = msg::Read<msg::DeclareModel>(d).keys;
   std::sort(keys.begin(), keys.end(), [](auto& a, auto& b) { return a.key() < b.key(); });
   for (size_t i = 1; i < keys.size(); ++i) {
     if (keys[i].key() == keys[i - 1].key()) {
@@ -448,46 +450,48 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
                         "model declaration differs from the one already declared", out);
     }
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
 
 void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* hb = d.As<wire::Heartbeat>();
-  flatbuffers::FlatBufferBuilder fbb(512);
-  if (hb->role() == wire::Role::Shard) {
+  const msg::Heartbeat hb = msg::Read<msg::Heartbeat>(d);
+  if (hb.role == wire::Role::Shard) {
     auto shard = std::find_if(shards_.begin(), shards_.end(),
                               [&](const ShardState& s) { return s.id == d.env.sender; });
     if (shard != shards_.end()) {
       shard->last_seen = clock_->Now();
       // The heartbeat says max(0, applied clock).
-      shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb->clock()));
-      shard->checkpoint_age = hb->checkpoint_age_seconds();
-      shard->reported_applied = static_cast<int64_t>(hb->clock());
-      if (hb->done() && !shard->down) {
+      shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb.clock));
+      shard->checkpoint_age = hb.checkpoint_age_seconds;
+      shard->reported_applied = static_cast<int64_t>(hb.clock);
+      if (hb.done && !shard->down) {
         shard->down = true;
         spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
                      "until it registers again",
                      shard->id);
         UpdateShardGauges();
-      } else if (!hb->done() && shard->down && shard->acked_model) {
+      } else if (!hb.done && shard->down && shard->acked_model) {
         shard->down = false;  // it was only silent for a while
         UpdateShardGauges();
       }
     }
-    const std::string faults = faults_.For("server", d.env.sender);
-    auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
-                                                 stop_reason_.c_str(), false, nullptr, 0,
-                                                 faults.c_str(), faults_.version());
-    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+    msg::HeartbeatReply reply;
+    reply.state = state_;
+    reply.membership_version = membership_version_;
+    reply.stop_reason = stop_reason_;
+    reply.faults = faults_.For("server", d.env.sender);
+    reply.faults_version = faults_.version();
+    out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
     return;
   }
   auto it = workers_.find(d.env.sender);
   if (it == workers_.end() || !it->second.alive) {
     if (state_ == wire::JobState::Stopped) {
-      auto body = wire::CreateHeartbeatReplyDirect(fbb, state_, 0, membership_version_, 0, 0, 0, 0,
-                                                   stop_reason_.c_str());
-      out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+      msg::HeartbeatReply reply;
+      reply.state = state_;
+      reply.membership_version = membership_version_;
+      reply.stop_reason = stop_reason_;
+      out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
       return;
     }
     return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
@@ -497,8 +501,8 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   WorkerState& w = it->second;
   w.last_seen = clock_->Now();
-  w.samples_per_second = hb->samples_per_second();
-  w.paused = hb->paused();
+  w.samples_per_second = hb.samples_per_second;
+  w.paused = hb.paused;
   if (pause_at_ != 0 && w.clock > pause_at_) {
     // It was further along than the monitor knew (heartbeats lag a few
     // iterations) and holds at a later clock: the others run up to it.
@@ -506,21 +510,19 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
                  pause_at_);
     pause_at_ = w.clock;
   }
-  w.clock = std::max(w.clock, hb->clock());
+  w.clock = std::max(w.clock, hb.clock);
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
   std::set<uint32_t> reading;
-  if (hb->positions() != nullptr) {
-    for (const wire::PartitionPosition* pp : *hb->positions()) {
-      if (pp->index() >= partitions_.size()) continue;
-      reading.insert(pp->index());
-      PartitionState& ps = partitions_[pp->index()];
-      // Only the worker reading a partition moves it, and only forward.
-      const bool reader = ps.releasing != 0 ? ps.releasing == w.id : ps.owner == w.id;
-      if (!reader) continue;
-      if (std::make_pair(pp->epoch(), pp->offset()) > std::make_pair(ps.epoch, ps.offset)) {
-        ps.epoch = pp->epoch();
-        ps.offset = pp->offset();
-      }
+  for (const wire::PartitionPosition& pp : hb.positions) {
+    if (pp.index() >= partitions_.size()) continue;
+    reading.insert(pp.index());
+    PartitionState& ps = partitions_[pp.index()];
+    // Only the worker reading a partition moves it, and only forward.
+    const bool reader = ps.releasing != 0 ? ps.releasing == w.id : ps.owner == w.id;
+    if (!reader) continue;
+    if (std::make_pair(pp.epoch(), pp.offset()) > std::make_pair(ps.epoch, ps.offset)) {
+      ps.epoch = pp.epoch();
+      ps.offset = pp.offset();
     }
   }
   for (auto& ps : partitions_) {
@@ -529,9 +531,9 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
       ps.releasing = 0;
     }
   }
-  if (hb->done() && !w.done) {
+  if (hb.done && !w.done) {
     w.done = true;
-    spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb->clock());
+    spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb.clock);
     ChangeMembership("finished", "worker " + std::to_string(w.id) + " finished");
     if (map_built_) UpdatePolicyWorkers();
   } else {
@@ -539,21 +541,21 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
     // that finished no iteration: a straggler stuck in a long one must not
     // look as if it kept its old pace.
     policy::TimingReport r;
-    r.iterations = hb->iterations();
-    r.samples = uint64_t{hb->iterations()} * hb->batch();
-    r.compute_seconds = double{hb->compute_seconds_per_sample()} * static_cast<double>(r.samples);
-    if (hb->samples() > 0 && hb->iterations() > 0) {
-      r.samples = hb->samples();
-      r.compute_seconds = hb->compute_seconds();
-      r.batch_squares = hb->batch_squares();
-      r.batch_compute = hb->batch_compute();
-      r.min_compute = hb->compute_min_seconds();
-      r.max_compute = hb->compute_max_seconds();
+    r.iterations = hb.iterations;
+    r.samples = uint64_t{hb.iterations} * hb.batch;
+    r.compute_seconds = double{hb.compute_seconds_per_sample} * static_cast<double>(r.samples);
+    if (hb.samples > 0 && hb.iterations > 0) {
+      r.samples = hb.samples;
+      r.compute_seconds = hb.compute_seconds;
+      r.batch_squares = hb.batch_squares;
+      r.batch_compute = hb.batch_compute;
+      r.min_compute = hb.compute_min_seconds;
+      r.max_compute = hb.compute_max_seconds;
     }
-    r.communication_seconds = double{hb->communication_seconds()} * hb->iterations();
-    r.wait_seconds = double{hb->wait_seconds()} * hb->iterations();
-    r.memory_limit_batch = hb->memory_limit_batch();
-    r.clock = hb->clock();
+    r.communication_seconds = double{hb.communication_seconds} * hb.iterations;
+    r.wait_seconds = double{hb.wait_seconds} * hb.iterations;
+    r.memory_limit_batch = hb.memory_limit_batch;
+    r.clock = hb.clock;
     r.at = w.last_seen;
     policy_.Report(w.id, r);
     // A worker whose speed just shifted gets its new size in this reply
@@ -565,83 +567,82 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   if (state == wire::JobState::Running && MinAckedMembership() < w.joined_version) {
     state = wire::JobState::Waiting;
   }
-  flatbuffers::Offset<wire::ShardMap> map = 0;
-  if (state == wire::JobState::Running) map = BuildShardMap(fbb);
-  auto assignment = wire::CreateAssignment(fbb, w.batch, w.staleness, w.staleness_range);
-  auto reason = fbb.CreateString(stop_reason_);
-  std::vector<wire::PartitionPosition> mine;
+  msg::HeartbeatReply reply;
+  reply.state = state;
+  if (state == wire::JobState::Running) reply.shard_map = Map();
+  reply.membership_version = membership_version_;
+  reply.start_clock = w.clock;
+  reply.partition_count = partition_count_;
+  reply.assignment = msg::Assignment{w.batch, w.staleness, w.staleness_range};
+  reply.stop_reason = stop_reason_;
   for (size_t p = 0; p < partitions_.size(); ++p) {
     if (partitions_[p].owner == w.id && partitions_[p].releasing == 0) {
-      mine.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
+      reply.partitions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch,
+                                    partitions_[p].offset);
     }
   }
-  auto owned = fbb.CreateVectorOfStructs(mine);
-  uint32_t partition = mine.empty() ? 0 : mine[0].index();
-  auto faults = fbb.CreateString(faults_.For("worker", w.id));
-  auto body = wire::CreateHeartbeatReply(fbb, state, map, membership_version_, w.clock, partition,
-                                         partition_count_, assignment, reason,
-                                         state == wire::JobState::Running && Evaluator() == w.id,
-                                         owned, pause_at_, faults, faults_.version());
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+  reply.partition_index = reply.partitions.empty() ? 0 : reply.partitions[0].index();
+  reply.evaluate = state == wire::JobState::Running && Evaluator() == w.id;
+  reply.pause_at = pause_at_;
+  reply.faults = faults_.For("worker", w.id);
+  reply.faults_version = faults_.version();
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
 }
 
 void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* a = d.As<wire::AccuracyReport>();
-  last_accuracy_ = a->accuracy();
-  metrics_.accuracy->Set(a->accuracy());
-  metrics_.test_loss->Set(a->loss());
+  const msg::AccuracyReport a = msg::Read<msg::AccuracyReport>(d);
+  last_accuracy_ = a.accuracy;
+  metrics_.accuracy->Set(a.accuracy);
+  metrics_.test_loss->Set(a.loss);
   metrics_.accuracy_reports->Increment();
   auto running = seconds_running();
   // The time schedule's line keeps its form; the clock schedule's names itself.
   const std::string every =
-      a->every_clocks() > 0 ? fmt::format(" (every {} clocks)", a->every_clocks()) : "";
+      a.every_clocks > 0 ? fmt::format(" (every {} clocks)", a.every_clocks) : "";
   spdlog::info("clock {}{}: test accuracy {:.4f}, loss {:.4f} ({} samples) after {:.2f} s",
-               a->clock(), every, a->accuracy(), a->loss(), a->samples(), running.value_or(0));
-  if (!time_to_target_ && a->accuracy() >= report_threshold_ && running) {
+               a.clock, every, a.accuracy, a.loss, a.samples, running.value_or(0));
+  if (!time_to_target_ && a.accuracy >= report_threshold_ && running) {
     time_to_target_ = *running;
     spdlog::info("reached test accuracy {:.2f} after {:.2f} s", report_threshold_, *running);
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
-  if (options_.target_accuracy > 0 && a->accuracy() >= options_.target_accuracy &&
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
+  if (options_.target_accuracy > 0 && a.accuracy >= options_.target_accuracy &&
       state_ == wire::JobState::Running) {
     StopJob(fmt::format("target accuracy {:g} reached", options_.target_accuracy), out);
   }
 }
 
 void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  flatbuffers::FlatBufferBuilder fbb(4096);
-  std::vector<flatbuffers::Offset<wire::ShardStatus>> shards;
+  msg::StatusReply r;
+  r.state = state_;
+  r.mode = options_.mode;
+  r.policy = WirePolicy();
+  r.stop_reason = stop_reason_;
+  r.seconds_running = seconds_running().value_or(-1);
+  r.last_accuracy = last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f;
+  if (map_built_) r.shard_map = Map();
+  r.membership_version = membership_version_;
+  r.model = model_;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
-    shards.push_back(wire::CreateShardStatusDirect(fbb, sh.id, sh.address.c_str(), range.first,
-                                                   range.second, !sh.down, sh.applied_clock,
-                                                   sh.checkpoint_age, sh.restarts));
+    r.shards.push_back({sh.id, sh.address, range.first, range.second, !sh.down, sh.applied_clock,
+                        sh.checkpoint_age, sh.restarts});
   }
-  std::vector<flatbuffers::Offset<wire::WorkerStatus>> workers;
   for (const auto& [id, w] : workers_) {
-    std::vector<uint32_t> parts;
+    msg::WorkerStatus ws{w.id,    w.rank,  w.batch, w.staleness, w.staleness_range, w.clock,
+                         w.alive, w.done, w.samples_per_second, {}, w.paused};
     for (size_t p = 0; p < partitions_.size(); ++p) {
-      if (partitions_[p].owner == id) parts.push_back(static_cast<uint32_t>(p));
+      if (partitions_[p].owner == id) ws.partitions.push_back(static_cast<uint32_t>(p));
     }
-    workers.push_back(wire::CreateWorkerStatusDirect(fbb, w.id, w.rank, w.batch, w.staleness,
-                                                     w.staleness_range, w.clock, w.alive, w.done,
-                                                     w.samples_per_second, &parts, w.paused));
+    r.workers.push_back(std::move(ws));
   }
-  std::vector<wire::PartitionPosition> positions;
   for (size_t p = 0; p < partitions_.size(); ++p) {
-    positions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
+    r.partitions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
   }
-  wire::Policy policy = wire::Policy::Fixed;
-  if (options_.policy.kind == policy::Kind::kAdaptiveBatch) policy = wire::Policy::AdaptiveBatch;
-  if (options_.policy.kind == policy::Kind::kPacer) policy = wire::Policy::Pacer;
-  auto map = map_built_ ? BuildShardMap(fbb) : 0;
-  auto body = wire::CreateStatusReplyDirect(
-      fbb, state_, options_.mode, policy, stop_reason_.c_str(), seconds_running().value_or(-1),
-      last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f, map, membership_version_,
-      &model_, &shards, &workers, &positions, pause_at_, move_.has_value());
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+  r.pause_at = pause_at_;
+  r.moving = move_.has_value();
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), r)});
 }
 
 uint64_t MonitorCore::PauseClock() const {
@@ -651,40 +652,36 @@ uint64_t MonitorCore::PauseClock() const {
 }
 
 void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* c = d.As<wire::FaultControl>();
-  const std::string target = c->target() ? c->target()->str() : "";
-  const std::string spec = c->spec() ? c->spec()->str() : "";
+  const msg::FaultControl c = msg::Read<msg::FaultControl>(d);
+  const std::string& target = c.target;
+  const std::string& spec = c.spec;
   absl::Status st;
-  if (c->op() == wire::FaultOp::Set) st = faults_.Set(target, spec, KnownWorkerIds(), KnownShardIds());
-  if (c->op() == wire::FaultOp::Clear) st = faults_.Clear(target);
+  if (c.op == wire::FaultOp::Set) st = faults_.Set(target, spec, KnownWorkerIds(), KnownShardIds());
+  if (c.op == wire::FaultOp::Clear) st = faults_.Clear(target);
   if (!st.ok()) return ReplyError(peer, d.env, wire::ErrorCode::Refused, std::string(st.message()), out);
-  if (c->op() != wire::FaultOp::List && options_.faults) {
+  if (c.op != wire::FaultOp::List && options_.faults) {
     // The monitor's own share, applied at once.
     auto own = ParseFaults(faults_.For("monitor", 0));
     std::vector<FaultRule> rules = options_.base_faults;
     if (own.ok()) rules.insert(rules.end(), own->begin(), own->end());
     options_.faults->SetRules(std::move(rules));
   }
-  flatbuffers::FlatBufferBuilder fbb(256);
-  std::vector<flatbuffers::Offset<wire::FaultEntry>> entries;
-  for (const auto& [t, sp] : faults_.entries()) {
-    entries.push_back(wire::CreateFaultEntryDirect(fbb, t.c_str(), sp.c_str()));
-  }
-  auto body = wire::CreateFaultControlReplyDirect(fbb, faults_.version(), &entries);
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body)});
+  msg::FaultControlReply reply;
+  reply.version = faults_.version();
+  reply.entries.assign(faults_.entries().begin(), faults_.entries().end());
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
 }
 
 void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* c = d.As<wire::ShardControl>();
+  const msg::ShardControl c = msg::Read<msg::ShardControl>(d);
   auto refuse = [&](const std::string& why) {
     ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
   };
   auto ack = [&] {
-    flatbuffers::FlatBufferBuilder fbb(64);
-    out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+    out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   };
   if (state_ != wire::JobState::Running) return refuse("the job is not running");
-  switch (c->op()) {
+  switch (c.op) {
     case wire::ShardOp::Pause:
       operator_pause_ = true;
       if (pause_at_ == 0) pause_at_ = PauseClock();
@@ -700,8 +697,8 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   }
   if (move_) return refuse("a shard move is already in progress");
   auto idx = std::find_if(shards_.begin(), shards_.end(),
-                          [&](const ShardState& s) { return s.id == c->shard_id(); });
-  if (idx == shards_.end()) return refuse("no shard " + std::to_string(c->shard_id()));
+                          [&](const ShardState& s) { return s.id == c.shard_id; });
+  if (idx == shards_.end()) return refuse("no shard " + std::to_string(c.shard_id));
   const size_t target = static_cast<size_t>(idx - shards_.begin());
   auto has_range = [&](size_t i) { return ranges_[i].first != ranges_[i].second; };
   auto bytes_of = [&](size_t i) {
@@ -713,9 +710,9 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   };
   size_t move_from = 0, move_to = 0;
   uint64_t key_begin = 0, key_end = 0;
-  if (c->op() == wire::ShardOp::Add) {
+  if (c.op == wire::ShardOp::Add) {
     if (has_range(target) || shards_[target].drained || shards_[target].down) {
-      return refuse("shard " + std::to_string(c->shard_id()) + " is not an idle, live shard");
+      return refuse("shard " + std::to_string(c.shard_id) + " is not an idle, live shard");
     }
     size_t from = SIZE_MAX;
     for (size_t i = 0; i < shards_.size(); ++i) {
@@ -741,7 +738,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     key_begin = keys[split].key();
     key_end = ranges_[from].second;
   } else {
-    if (!has_range(target)) return refuse("shard " + std::to_string(c->shard_id()) + " holds no keys");
+    if (!has_range(target)) return refuse("shard " + std::to_string(c.shard_id) + " holds no keys");
     size_t to = SIZE_MAX;
     for (size_t i = 0; i < shards_.size(); ++i) {
       if (i != target && has_range(i) && ranges_[i].second == ranges_[target].first) to = i;
@@ -769,10 +766,10 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
                   " values; moving them with their momentum needs more than --max-message-bytes");
   }
   move_.emplace(move_from, move_to, key_begin, key_end, options_.job_id, clock_->Now());
-  move_op_ = c->op();
+  move_op_ = c.op;
   if (pause_at_ == 0) pause_at_ = PauseClock();
   spdlog::info("{} shard {}: keys [{}, {}) move from shard {} to shard {}; workers held at clock {}",
-               c->op() == wire::ShardOp::Add ? "adding" : "draining", c->shard_id(), key_begin,
+               c.op == wire::ShardOp::Add ? "adding" : "draining", c.shard_id, key_begin,
                key_end, shards_[move_from].id, shards_[move_to].id, pause_at_);
   return ack();
 }
@@ -822,9 +819,7 @@ void MonitorCore::FinishMove(std::vector<Outgoing>* out) {
     Envelope env;
     env.job_id = options_.job_id;
     env.request_id = NewRequestId();
-    flatbuffers::FlatBufferBuilder fbb(128);
-    out->push_back({Frame(), static_cast<int>(from),
-                    EncodeBody(env, fbb, wire::CreateStopDirect(fbb, "drained"))});
+    out->push_back({Frame(), static_cast<int>(from), EncodeMessage(env, msg::Stop{"drained"})});
   }
   ++map_version_;
   metrics_.map_version->Set(static_cast<double>(map_version_));
@@ -841,7 +836,7 @@ void MonitorCore::FinishMove(std::vector<Outgoing>* out) {
 }
 
 void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const uint32_t id = d.As<wire::RemoveWorker>()->id();
+  const uint32_t id = msg::Read<msg::RemoveWorker>(d).id;
   auto it = workers_.find(id);
   if (it == workers_.end() || !it->second.alive || it->second.done) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
@@ -851,8 +846,7 @@ void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vecto
   spdlog::warn("worker {} (rank {}) removed by request", id, it->second.rank);
   ChangeMembership("removed", "worker " + std::to_string(id) + " removed");
   if (map_built_) UpdatePolicyWorkers();
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, -1, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
 
 void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {
@@ -940,25 +934,20 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
       for (const auto& k : model_) {
         if (k.key() >= ranges_[i].first && k.key() < ranges_[i].second) owned.push_back(k);
       }
-      flatbuffers::FlatBufferBuilder fbb(256);
-      auto kv = fbb.CreateVectorOfStructs(owned);
       env.request_id = s.model_request = NewRequestId();
       out->push_back({Frame(), static_cast<int>(i),
-                      EncodeBody(env, fbb, wire::CreateDeclareModel(fbb, kv, map_version_))});
+                      EncodeMessage(env, msg::DeclareModel{std::move(owned), map_version_})});
     }
-    flatbuffers::FlatBufferBuilder fbb(256);
-    std::vector<flatbuffers::Offset<wire::WorkerInfo>> infos;
+    msg::Membership members;
+    members.version = membership_version_;
     for (uint32_t id : live) {
       const WorkerState& w = workers_.at(id);
-      infos.push_back(wire::CreateWorkerInfoDirect(
-          fbb, w.id, w.rank, w.batch, w.start_clock, w.staleness, w.staleness_range,
-          w.public_key.empty() ? nullptr : w.public_key.c_str()));
+      members.workers.push_back(
+          {w.id, w.rank, w.batch, w.start_clock, w.staleness, w.staleness_range, w.public_key});
     }
     env.request_id = s.membership_request = NewRequestId();
     s.membership_request_version = membership_version_;
-    out->push_back({Frame(), static_cast<int>(i),
-                    EncodeBody(env, fbb,
-                               wire::CreateMembershipDirect(fbb, membership_version_, &infos))});
+    out->push_back({Frame(), static_cast<int>(i), EncodeMessage(env, members)});
   }
 }
 
@@ -967,8 +956,7 @@ void MonitorCore::HandleShardReply(size_t index, const Decoded& reply, std::vect
   ShardState& s = shards_[index];
   if (move_ && move_->Answers(reply)) return OnMoveReply(index, reply, out);
   if (reply.type() == wire::Body::Error) {
-    const auto* e = reply.As<wire::Error>();
-    spdlog::warn("shard {} refused an update: {}", s.id, e->reason() ? e->reason()->str() : "");
+    spdlog::warn("shard {} refused an update: {}", s.id, msg::Read<msg::Error>(reply).reason);
     return;
   }
   if (reply.env.request_id == s.model_request) s.acked_model = true;
@@ -989,10 +977,8 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
   Envelope env;
   env.job_id = options_.job_id;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    flatbuffers::FlatBufferBuilder fbb(128);
     env.request_id = NewRequestId();
-    out->push_back({Frame(), static_cast<int>(i),
-                    EncodeBody(env, fbb, wire::CreateStopDirect(fbb, reason.c_str()))});
+    out->push_back({Frame(), static_cast<int>(i), EncodeMessage(env, msg::Stop{reason})});
   }
 }
 
@@ -1223,156 +1209,109 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
 std::string MonitorCore::SaveState() const {
   std::map<uint32_t, std::string> tokens;
   for (const auto& [token, id] : worker_tokens_) tokens[id] = token;
-  flatbuffers::FlatBufferBuilder fbb(1024 + model_.size() * sizeof(wire::KeyLen));
-  std::vector<flatbuffers::Offset<wire::MonitorWorker>> workers;
+  MonitorRecord r;
+  r.job_id = options_.job_id;
+  r.state = state_;
+  r.stop_reason = stop_reason_;
+  r.next_id = next_id_;
+  r.next_rank = next_rank_;
+  r.model = model_;
+  r.map_built = map_built_;
+  r.map_version = map_version_;
+  r.membership_version = membership_version_;
+  r.partition_count = partition_count_;
   for (const auto& [id, w] : workers_) {
     auto t = tokens.find(id);
-    workers.push_back(wire::CreateMonitorWorkerDirect(
-        fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock, w.clock,
-        w.joined_version, w.alive, w.done, t == tokens.end() ? nullptr : t->second.c_str(),
-        w.public_key.empty() ? nullptr : w.public_key.c_str()));
+    r.workers.push_back({w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock,
+                         w.clock, w.joined_version, w.alive, w.done,
+                         t == tokens.end() ? std::string() : t->second, w.public_key});
   }
-  std::vector<flatbuffers::Offset<wire::MonitorShard>> shards;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
-    shards.push_back(wire::CreateMonitorShardDirect(
-        fbb, sh.id, sh.address.c_str(), sh.incarnation, range.first, range.second,
-        sh.applied_clock, sh.restarts, sh.drained,
-        sh.public_key.empty() ? nullptr : sh.public_key.c_str()));
+    r.shards.push_back({sh.id, sh.address, sh.incarnation, range.first, range.second,
+                        sh.applied_clock, sh.restarts, sh.drained, sh.public_key});
   }
-  auto model = fbb.CreateVectorOfStructs(model_);
-  auto reason = fbb.CreateString(stop_reason_);
-  std::vector<wire::PartitionPosition> pos;
-  std::vector<uint32_t> own, releasing;
   for (size_t p = 0; p < partitions_.size(); ++p) {
-    pos.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
-    own.push_back(partitions_[p].owner);
-    releasing.push_back(partitions_[p].releasing);
+    r.partitions.push_back({static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset,
+                            partitions_[p].owner, partitions_[p].releasing});
   }
-  auto positions = fbb.CreateVectorOfStructs(pos);
-  auto owners = fbb.CreateVector(own);
-  auto releasers = fbb.CreateVector(releasing);
-  auto wv = fbb.CreateVector(workers);
-  auto sv = fbb.CreateVector(shards);
-  wire::MonitorStateBuilder b(fbb);
-  b.add_format(1);
-  b.add_job_id(options_.job_id);
-  b.add_state(state_);
-  b.add_stop_reason(reason);
-  b.add_next_id(next_id_);
-  b.add_next_rank(next_rank_);
-  b.add_model(model);
-  b.add_map_built(map_built_);
-  b.add_map_version(map_version_);
-  b.add_membership_version(membership_version_);
-  b.add_partition_count(partition_count_);
-  b.add_workers(wv);
-  b.add_shards(sv);
-  b.add_seconds_running(seconds_running().value_or(-1));
-  b.add_saved_unix(UnixSeconds());
-  b.add_last_accuracy(last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f);
-  b.add_time_to_target(time_to_target_.value_or(-1));
-  b.add_slack_open(policy_.slack_open());
-  b.add_partitions(positions);
-  b.add_partition_owners(owners);
-  b.add_partition_releasing(releasers);
-  b.add_batch_per_worker(batch_per_worker_);
-  fbb.Finish(b.Finish());
-  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+  r.seconds_running = seconds_running();
+  r.saved_unix = UnixSeconds();
+  if (last_accuracy_) r.last_accuracy = static_cast<float>(*last_accuracy_);
+  r.time_to_target = time_to_target_;
+  r.slack_open = policy_.slack_open();
+  r.batch_per_worker = batch_per_worker_;
+  return EncodeMonitorRecord(r);
 }
 
 absl::Status MonitorCore::RestoreState(std::string_view bytes) {
-  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  if (!verifier.VerifyBuffer<wire::MonitorState>(nullptr)) {
-    return absl::DataLossError("the saved monitor state does not verify");
-  }
-  const auto* st = flatbuffers::GetRoot<wire::MonitorState>(bytes.data());
-  if (st->format() != 1) {
-    return absl::DataLossError("monitor state format " + std::to_string(st->format()) +
-                               ", this build reads 1");
-  }
-  if (st->job_id() != options_.job_id) {
-    return absl::InvalidArgumentError("the saved state is job " + std::to_string(st->job_id()) +
+  auto decoded = DecodeMonitorRecord(bytes);
+  if (!decoded.ok()) return decoded.status();
+  const MonitorRecord& st = *decoded;
+  if (st.job_id != options_.job_id) {
+    return absl::InvalidArgumentError("the saved state is job " + std::to_string(st.job_id) +
                                       ", this monitor runs job " + std::to_string(options_.job_id));
   }
   const TimePoint now = clock_->Now();
-  state_ = st->state();
-  stop_reason_ = st->stop_reason() ? st->stop_reason()->str() : "";
-  next_id_ = st->next_id();
-  next_rank_ = st->next_rank();
-  model_.clear();
-  if (st->model() != nullptr) {
-    for (const wire::KeyLen* k : *st->model()) model_.push_back(*k);
-  }
-  map_built_ = st->map_built();
-  map_version_ = st->map_version();
-  membership_version_ = st->membership_version();
-  partition_count_ = st->partition_count();
-  batch_per_worker_ = st->batch_per_worker();
+  state_ = st.state;
+  stop_reason_ = st.stop_reason;
+  next_id_ = st.next_id;
+  next_rank_ = st.next_rank;
+  model_ = st.model;
+  map_built_ = st.map_built;
+  map_version_ = st.map_version;
+  membership_version_ = st.membership_version;
+  partition_count_ = st.partition_count;
+  batch_per_worker_ = st.batch_per_worker;
   partitions_.assign(partition_count_, PartitionState{});
-  if (st->partitions() != nullptr) {
-    for (size_t i = 0; i < st->partitions()->size(); ++i) {
-      const wire::PartitionPosition* pp = st->partitions()->Get(static_cast<flatbuffers::uoffset_t>(i));
-      if (pp->index() >= partitions_.size()) continue;
-      PartitionState& ps = partitions_[pp->index()];
-      ps.epoch = pp->epoch();
-      ps.offset = pp->offset();
-      if (st->partition_owners() != nullptr && i < st->partition_owners()->size()) {
-        ps.owner = st->partition_owners()->Get(static_cast<flatbuffers::uoffset_t>(i));
-      }
-      if (st->partition_releasing() != nullptr && i < st->partition_releasing()->size()) {
-        ps.releasing = st->partition_releasing()->Get(static_cast<flatbuffers::uoffset_t>(i));
-      }
-    }
+  for (const auto& p : st.partitions) {
+    if (p.index >= partitions_.size()) continue;
+    partitions_[p.index] = {p.owner, p.epoch, p.offset, p.releasing};
   }
   workers_.clear();
   worker_tokens_.clear();
   std::map<uint32_t, policy::Assignment> saved;
-  if (st->workers() != nullptr) {
-    for (const wire::MonitorWorker* mw : *st->workers()) {
-      WorkerState w;
-      w.id = mw->id();
-      w.rank = mw->rank();
-      w.batch = mw->batch();
-      w.staleness = mw->staleness();
-      w.staleness_range = mw->staleness_range();
-      w.start_clock = mw->start_clock();
-      w.clock = mw->clock();
-      w.joined_version = mw->joined_version();
-      w.alive = mw->alive();
-      w.done = mw->done();
-      w.public_key = mw->public_key() ? mw->public_key()->str() : "";
-      w.last_seen = now;  // a fresh lease: it may still be training
-      workers_[w.id] = w;
-      if (mw->token() != nullptr && mw->token()->size() > 0) worker_tokens_[mw->token()->str()] = w.id;
-      if (w.alive && !w.done) saved[w.id] = {w.batch, w.staleness, w.staleness_range};
-    }
+  for (const auto& mw : st.workers) {
+    WorkerState w;
+    w.id = mw.id;
+    w.rank = mw.rank;
+    w.batch = mw.batch;
+    w.staleness = mw.staleness;
+    w.staleness_range = mw.staleness_range;
+    w.start_clock = mw.start_clock;
+    w.clock = mw.clock;
+    w.joined_version = mw.joined_version;
+    w.alive = mw.alive;
+    w.done = mw.done;
+    w.public_key = mw.public_key;
+    w.last_seen = now;  // a fresh lease: it may still be training
+    workers_[w.id] = w;
+    if (!mw.token.empty()) worker_tokens_[mw.token] = w.id;
+    if (w.alive && !w.done) saved[w.id] = {w.batch, w.staleness, w.staleness_range};
   }
   shards_.clear();
   ranges_.clear();
-  if (st->shards() != nullptr) {
-    for (const wire::MonitorShard* ms : *st->shards()) {
-      ShardState s;
-      s.id = ms->id();
-      s.address = ms->address() ? ms->address()->str() : "";
-      s.incarnation = ms->incarnation();
-      s.public_key = ms->public_key() ? ms->public_key()->str() : "";
-      s.applied_clock = ms->applied_clock();
-      s.restarts = ms->restarts();
-      s.drained = ms->drained();
-      s.last_seen = now;
-      shards_.push_back(s);
-      ranges_.emplace_back(ms->key_begin(), ms->key_end());
-    }
+  for (const auto& ms : st.shards) {
+    ShardState s;
+    s.id = ms.id;
+    s.address = ms.address;
+    s.incarnation = ms.incarnation;
+    s.public_key = ms.public_key;
+    s.applied_clock = ms.applied_clock;
+    s.restarts = ms.restarts;
+    s.drained = ms.drained;
+    s.last_seen = now;
+    shards_.push_back(s);
+    ranges_.emplace_back(ms.key_begin, ms.key_end);
   }
-  if (st->seconds_running() >= 0) {
+  if (st.seconds_running) {
     // The time it was down counts as running time (the time cap).
-    const double down = std::max(0.0, UnixSeconds() - st->saved_unix());
-    started_at_ = now - FromSeconds(st->seconds_running() + down);
+    const double down = std::max(0.0, UnixSeconds() - st.saved_unix);
+    started_at_ = now - FromSeconds(*st.seconds_running + down);
   }
-  if (st->last_accuracy() >= 0) last_accuracy_ = st->last_accuracy();
-  if (st->time_to_target() >= 0) time_to_target_ = st->time_to_target();
+  if (st.last_accuracy) last_accuracy_ = *st.last_accuracy;
+  if (st.time_to_target) time_to_target_ = st.time_to_target;
   // Workers that were here are gone or will say so; the job waits for a
   // live one before "all workers finished" can end it again.
   awaiting_workers_ = LiveWorkers().empty();
@@ -1385,7 +1324,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   if (map_built_) {
     RescaleBatch(LiveWorkers().size());
     policy_.SetWorkers(LiveWorkers());
-    policy_.Restore(saved, st->slack_open());
+    policy_.Restore(saved, st.slack_open);
     ApplyAssignments();
     metrics_.map_version->Set(static_cast<double>(map_version_));
   }
@@ -1418,12 +1357,13 @@ absl::StatusOr<std::unique_ptr<MonitorServer>> MonitorServer::Start(Transport* t
     s->store_ = std::move(*store);
   }
   if (saved) {
-    flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(saved->data()), saved->size());
-    if (!v.VerifyBuffer<wire::MonitorState>(nullptr)) {
-      return absl::DataLossError("the monitor state in " + options.data_dir +
-                                 " does not verify; move it away to start a new job");
+    auto record = DecodeMonitorRecord(*saved);
+    if (!record.ok()) {
+      return absl::DataLossError("the monitor state in " + options.data_dir + " cannot be read (" +
+                                 std::string(record.status().message()) +
+                                 "); move it away to start a new job");
     }
-    const uint64_t job = flatbuffers::GetRoot<wire::MonitorState>(saved->data())->job_id();
+    const uint64_t job = record->job_id;
     if (options.job_id != 0 && options.job_id != job) {
       return absl::InvalidArgumentError("--job-id " + std::to_string(options.job_id) + ", but " +
                                         options.data_dir + " holds job " + std::to_string(job));

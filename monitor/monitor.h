@@ -27,6 +27,7 @@
 #include "ps/base/fault.h"
 #include "ps/base/metrics.h"
 #include "ps/base/rpc.h"
+#include "ps/base/messages.h"
 #include "ps/base/server_core.h"
 #include "ps/base/transport.h"
 #include "ps/base/wire.h"
@@ -291,8 +292,10 @@ class MonitorCore {
   void SendToShards(bool force, std::vector<Outgoing>* out);
   void StopJob(const std::string& reason, std::vector<Outgoing>* out);
   uint64_t MinAckedMembership() const;
-  flatbuffers::Offset<wire::JobConfig> BuildJob(flatbuffers::FlatBufferBuilder& fbb) const;
-  flatbuffers::Offset<wire::ShardMap> BuildShardMap(flatbuffers::FlatBufferBuilder& fbb) const;
+  // The job's settings and the shard map, as replies carry them.
+  msg::JobConfig Job() const;
+  wire::Policy WirePolicy() const;
+  msg::ShardMap Map() const;
 
   // Constant after construction.
   const MonitorOptions options_;

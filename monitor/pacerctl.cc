@@ -49,27 +49,23 @@ struct Ctl {
     monitor = std::move(*ch);
     return absl::OkStatus();
   }
-  // The monitor's status reply (kept alive in `out`).
-  absl::StatusOr<const pacer::wire::StatusReply*> Status(pacer::Decoded* out) {
-    flatbuffers::FlatBufferBuilder fbb(64);
+  // The monitor's status.
+  absl::StatusOr<pacer::msg::StatusReply> Status() {
     // A status request is safe to repeat: resend it if it goes missing.
     const pacer::Duration before = monitor->options().resend_after;
     monitor->options().resend_after = std::chrono::seconds(1);
-    auto reply = monitor->Call(fbb, pacer::wire::CreateStatusRequest(fbb), Deadline());
+    auto reply = monitor->Call(pacer::msg::StatusRequest{}, Deadline());
     monitor->options().resend_after = before;
     if (!reply.ok()) return reply.status();
     if (reply->type() != pacer::wire::Body::StatusReply) {
       return absl::InternalError(std::string("the monitor answered with ") +
                                  pacer::wire::EnumNameBody(reply->type()));
     }
-    *out = std::move(*reply);
-    job = out->env.job_id;
+    job = reply->env.job_id;
     monitor->options().job_id = job;
-    return out->As<pacer::wire::StatusReply>();
+    return pacer::msg::Read<pacer::msg::StatusReply>(*reply);
   }
 };
-
-std::string Str(const flatbuffers::String* s) { return s ? s->str() : ""; }
 
 std::string Lower(const char* name) {
   std::string s = name ? name : "";
@@ -77,67 +73,55 @@ std::string Lower(const char* name) {
   return s;
 }
 
-nlohmann::json StatusJson(uint64_t job, const pacer::wire::StatusReply* r) {
+nlohmann::json StatusJson(uint64_t job, const pacer::msg::StatusReply& r) {
   using nlohmann::json;
   json j;
   j["job_id"] = std::to_string(job);  // 64-bit ids do not survive JSON doubles
-  j["state"] = Lower(pacer::wire::EnumNameJobState(r->state()));
-  j["mode"] = Lower(pacer::wire::EnumNameMode(r->mode()));
+  j["state"] = Lower(pacer::wire::EnumNameJobState(r.state));
+  j["mode"] = Lower(pacer::wire::EnumNameMode(r.mode));
   // As --policy spells them.
-  j["policy"] = r->policy() == pacer::wire::Policy::AdaptiveBatch ? "adaptive-batch"
-                : r->policy() == pacer::wire::Policy::Pacer        ? "pacer"
-                                                                   : "fixed";
-  j["stop_reason"] = Str(r->stop_reason());
-  j["seconds_running"] = r->seconds_running() >= 0 ? json(r->seconds_running()) : json(nullptr);
-  j["test_accuracy"] = r->last_accuracy() >= 0 ? json(r->last_accuracy()) : json(nullptr);
-  j["shard_map_version"] = r->shard_map() ? r->shard_map()->version() : 0;
-  j["membership_version"] = r->membership_version();
-  j["pause_at"] = r->pause_at();
-  j["moving"] = r->moving();
+  j["policy"] = r.policy == pacer::wire::Policy::AdaptiveBatch ? "adaptive-batch"
+                : r.policy == pacer::wire::Policy::Pacer        ? "pacer"
+                                                                : "fixed";
+  j["stop_reason"] = r.stop_reason;
+  j["seconds_running"] = r.seconds_running >= 0 ? json(r.seconds_running) : json(nullptr);
+  j["test_accuracy"] = r.last_accuracy >= 0 ? json(r.last_accuracy) : json(nullptr);
+  j["shard_map_version"] = r.shard_map ? r.shard_map->version : 0;
+  j["membership_version"] = r.membership_version;
+  j["pause_at"] = r.pause_at;
+  j["moving"] = r.moving;
   uint64_t params = 0;
-  if (r->model()) {
-    for (const auto* k : *r->model()) params += k->length();
-  }
-  j["model"] = {{"keys", r->model() ? r->model()->size() : 0}, {"parameters", params}};
+  for (const auto& k : r.model) params += k.length();
+  j["model"] = {{"keys", r.model.size()}, {"parameters", params}};
   j["shards"] = json::array();
-  if (r->shards()) {
-    for (const auto* s : *r->shards()) {
-      j["shards"].push_back({{"id", s->id()},
-                             {"address", Str(s->address())},
-                             {"key_begin", s->key_begin()},
-                             {"key_end", s->key_end()},
-                             {"up", s->up()},
-                             {"applied_clock", s->applied_clock()},
-                             {"checkpoint_age_seconds", s->checkpoint_age_seconds() >= 0
-                                                            ? json(s->checkpoint_age_seconds())
-                                                            : json(nullptr)},
-                             {"restarts", s->restarts()}});
-    }
+  for (const auto& s : r.shards) {
+    j["shards"].push_back({{"id", s.id},
+                           {"address", s.address},
+                           {"key_begin", s.key_begin},
+                           {"key_end", s.key_end},
+                           {"up", s.up},
+                           {"applied_clock", s.applied_clock},
+                           {"checkpoint_age_seconds", s.checkpoint_age_seconds >= 0
+                                                          ? json(s.checkpoint_age_seconds)
+                                                          : json(nullptr)},
+                           {"restarts", s.restarts}});
   }
   j["workers"] = json::array();
-  if (r->workers()) {
-    for (const auto* w : *r->workers()) {
-      json parts = json::array();
-      if (w->partitions()) {
-        for (uint32_t p : *w->partitions()) parts.push_back(p);
-      }
-      j["workers"].push_back({{"id", w->id()},
-                              {"rank", w->rank()},
-                              {"state", w->done() ? "done" : (w->alive() ? "live" : "dead")},
-                              {"batch", w->batch()},
-                              {"staleness", w->staleness()},
-                              {"staleness_range", w->staleness_range()},
-                              {"clock", w->clock()},
-                              {"samples_per_second", w->samples_per_second()},
-                              {"partitions", parts},
-                              {"paused", w->paused()}});
-    }
+  for (const auto& w : r.workers) {
+    j["workers"].push_back({{"id", w.id},
+                            {"rank", w.rank},
+                            {"state", w.done ? "done" : (w.alive ? "live" : "dead")},
+                            {"batch", w.batch},
+                            {"staleness", w.staleness},
+                            {"staleness_range", w.staleness_range},
+                            {"clock", w.clock},
+                            {"samples_per_second", w.samples_per_second},
+                            {"partitions", w.partitions},
+                            {"paused", w.paused}});
   }
   j["partitions"] = json::array();
-  if (r->partitions()) {
-    for (const auto* p : *r->partitions()) {
-      j["partitions"].push_back({{"index", p->index()}, {"epoch", p->epoch()}, {"offset", p->offset()}});
-    }
+  for (const auto& p : r.partitions) {
+    j["partitions"].push_back({{"index", p.index()}, {"epoch", p.epoch()}, {"offset", p.offset()}});
   }
   return j;
 }
@@ -206,8 +190,7 @@ void PrintTable(const nlohmann::json& j, bool wide) {
 
 int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
   for (;;) {
-    pacer::Decoded d;
-    auto r = ctl.Status(&d);
+    auto r = ctl.Status();
     if (!r.ok()) {
       std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
       return pacer::kExitFailure;
@@ -227,13 +210,11 @@ int StatusCommand(Ctl& ctl, const std::string& output, double watch_s) {
 }
 
 int RemoveWorkerCommand(Ctl& ctl, uint32_t id) {
-  pacer::Decoded d;
-  if (auto r = ctl.Status(&d); !r.ok()) {
+  if (auto r = ctl.Status(); !r.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
     return pacer::kExitFailure;
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateRemoveWorker(fbb, id), ctl.Deadline());
+  auto reply = ctl.monitor->Call(pacer::msg::RemoveWorker{id}, ctl.Deadline());
   if (!reply.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
@@ -248,15 +229,11 @@ int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
   // Setting the same table twice does no harm: resend lost requests (a
   // fault table with message loss also drops pacerctl's own messages).
   ctl.monitor->options().resend_after = std::chrono::seconds(1);
-  pacer::Decoded d;
-  if (auto st = ctl.Status(&d); !st.ok()) {  // learns the job id
+  if (auto st = ctl.Status(); !st.ok()) {  // learns the job id
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(st.status()).c_str());
     return pacer::kExitFailure;
   }
-  flatbuffers::FlatBufferBuilder fbb(128);
-  auto reply = ctl.monitor->Call(
-      fbb, pacer::wire::CreateFaultControlDirect(fbb, op, target.c_str(), spec.c_str()),
-      ctl.Deadline());
+  auto reply = ctl.monitor->Call(pacer::msg::FaultControl{op, target, spec}, ctl.Deadline());
   if (!reply.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
@@ -265,30 +242,27 @@ int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
     std::fprintf(stderr, "pacerctl: unexpected answer %s\n", pacer::wire::EnumNameBody(reply->type()));
     return pacer::kExitFailure;
   }
-  const auto* r = reply->As<pacer::wire::FaultControlReply>();
-  std::printf("fault table version %llu\n", static_cast<unsigned long long>(r->version()));
-  if (r->entries() == nullptr || r->entries()->size() == 0) {
+  const auto r = pacer::msg::Read<pacer::msg::FaultControlReply>(*reply);
+  std::printf("fault table version %llu\n", static_cast<unsigned long long>(r.version));
+  if (r.entries.empty()) {
     std::printf("no faults set\n");
     return pacer::kExitOk;
   }
   std::printf("%-12s %s\n", "TARGET", "FAULTS");
-  for (const auto* e : *r->entries()) {
-    std::printf("%-12s %s\n", e->target() ? e->target()->c_str() : "",
-                e->spec() ? e->spec()->c_str() : "");
+  for (const auto& [target, spec] : r.entries) {
+    std::printf("%-12s %s\n", target.c_str(), spec.c_str());
   }
   return pacer::kExitOk;
 }
 
 int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
-  pacer::Decoded d;
-  auto r = ctl.Status(&d);
+  auto r = ctl.Status();
   if (!r.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
     return pacer::kExitFailure;
   }
-  const uint64_t version = (*r)->shard_map() ? (*r)->shard_map()->version() : 0;
-  flatbuffers::FlatBufferBuilder fbb(64);
-  auto reply = ctl.monitor->Call(fbb, pacer::wire::CreateShardControl(fbb, op, shard), ctl.Deadline());
+  const uint64_t version = r->shard_map ? r->shard_map->version : 0;
+  auto reply = ctl.monitor->Call(pacer::msg::ShardControl{op, shard}, ctl.Deadline());
   if (!reply.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
     return pacer::kExitFailure;
@@ -301,10 +275,10 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
   const pacer::Clock* clock = ctl.transport->clock();
   const pacer::TimePoint give_up = clock->Now() + pacer::FromSeconds(ctl.timeout_s * 12);
   while (clock->Now() < give_up) {
-    auto st = ctl.Status(&d);
-    if (st.ok() && !(*st)->moving() && (*st)->shard_map() && (*st)->shard_map()->version() > version) {
+    auto st = ctl.Status();
+    if (st.ok() && !st->moving && st->shard_map && st->shard_map->version > version) {
       std::printf("shard map v%llu: shard %u %s\n",
-                  static_cast<unsigned long long>((*st)->shard_map()->version()), shard,
+                  static_cast<unsigned long long>(st->shard_map->version), shard,
                   op == pacer::wire::ShardOp::Add ? "added" : "drained");
       return pacer::kExitOk;
     }
@@ -315,20 +289,17 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
 }
 
 int ExportModelCommand(Ctl& ctl, const std::string& path) {
-  pacer::Decoded d;
-  auto r = ctl.Status(&d);
-  if (!r.ok()) {
-    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(r.status()).c_str());
+  auto st = ctl.Status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(st.status()).c_str());
     return pacer::kExitFailure;
   }
-  const auto* st = *r;
-  if (st->shard_map() == nullptr || st->model() == nullptr || st->model()->size() == 0) {
+  if (!st->shard_map || st->model.empty()) {
     std::fprintf(stderr, "pacerctl: the job has no model on the shards yet\n");
     return pacer::kExitFailure;
   }
-  pacer::ShardMapInfo map = pacer::ShardMapFromWire(st->shard_map());
-  std::vector<pacer::wire::KeyLen> keys;
-  for (const pacer::wire::KeyLen* k : *st->model()) keys.push_back(*k);
+  pacer::ShardMapInfo map = pacer::ShardMapFromWire(*st->shard_map);
+  std::vector<pacer::wire::KeyLen> keys = st->model;
   pacer::ClientOptions copts;
   copts.rpc.job_id = ctl.job;
   copts.rpc.sender = kToolSender;

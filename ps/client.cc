@@ -6,21 +6,22 @@
 
 namespace pacer {
 
-ShardMapInfo ShardMapFromWire(const wire::ShardMap* map) {
+ShardMapInfo ShardMapFromWire(const msg::ShardMap& map) {
   ShardMapInfo info;
-  if (map == nullptr) return info;
-  info.version = map->version();
-  if (map->shards() != nullptr) {
-    for (const wire::ShardInfo* s : *map->shards()) {
-      ShardEntry e;
-      e.id = s->id();
-      e.address = s->address() ? s->address()->str() : "";
-      e.range = {s->key_begin(), s->key_end()};
-      e.public_key = s->public_key() ? s->public_key()->str() : "";
-      info.shards.push_back(std::move(e));
-    }
+  info.version = map.version;
+  for (const msg::ShardInfo& s : map.shards) {
+    ShardEntry e;
+    e.id = s.id;
+    e.address = s.address;
+    e.range = {s.key_begin, s.key_end};
+    e.public_key = s.public_key;
+    info.shards.push_back(std::move(e));
   }
   return info;
+}
+
+ShardMapInfo ShardMapFromWire(const wire::ShardMap* map) {
+  return map == nullptr ? ShardMapInfo{} : ShardMapFromWire(msg::FromWire(*map));
 }
 
 absl::StatusOr<std::vector<Slice>> SplitByShard(std::span<const wire::KeyLen> keys,
@@ -182,7 +183,7 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
       return ShardError(i, absl::DataLossError(std::string("push answered with ") +
                                                wire::EnumNameBody(d.type())));
     }
-    if (d.As<wire::PushReply>()->complete()) {
+    if (msg::Read<msg::PushReply>(d).complete) {
       round_.done[i] = true;
       return absl::OkStatus();
     }
@@ -359,10 +360,10 @@ absl::Status PsClient::Init() {
   return Broadcast(
       [&](size_t i, RpcChannel& ch) {
         const Slice& sl = slices_[i];
-        flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
-        auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
+        const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(sl.first_key);
+        msg::Init init{{first, first + static_cast<std::ptrdiff_t>(sl.num_keys)}};
         Frame payload(params_, params_.get() + sl.offset, sl.length * sizeof(float));
-        return ch.Send(fbb, wire::CreateInit(fbb, kv), sl.length ? payload : Frame());
+        return ch.Send(init, sl.length ? payload : Frame());
       },
       [](size_t, const Decoded&) { return absl::OkStatus(); });
 }
@@ -436,21 +437,18 @@ absl::Status PsClient::SendPart(size_t shard, size_t part) {
   ++push_messages_;
   if (parts > 1) ++push_parts_;
   return SendInRound(shard, [&](RpcChannel& ch) {
-    flatbuffers::FlatBufferBuilder fbb(64 + p.num_keys * sizeof(wire::KeyLen));
-    auto kv = fbb.CreateVectorOfStructs(keys_.data() + p.first_key, p.num_keys);
+    const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(p.first_key);
+    msg::Push push;
+    push.clock = push_clock_;
+    push.batch = push_batch_;
+    push.keys.assign(first, first + static_cast<std::ptrdiff_t>(p.num_keys));
+    push.read_applied = read_applied_;
+    push.read_steps = read_steps_;
+    push.seq = push_seq_;
+    push.part = static_cast<uint32_t>(part);
+    push.parts = parts;
     Frame payload(grads_, grads_.get() + p.offset, p.length * sizeof(float));
-    wire::PushBuilder pb(fbb);
-    pb.add_clock(push_clock_);
-    pb.add_batch(push_batch_);
-    pb.add_keys(kv);
-    if (read_applied_) pb.add_read_applied(*read_applied_);
-    if (read_steps_) pb.add_read_steps(*read_steps_);
-    pb.add_seq(push_seq_);
-    if (parts > 1) {
-      pb.add_part(static_cast<uint32_t>(part));
-      pb.add_parts(parts);
-    }
-    return ch.Send(fbb, pb.Finish(), p.length ? payload : Frame());
+    return ch.Send(push, p.length ? payload : Frame());
   });
 }
 
@@ -492,29 +490,26 @@ absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
       return absl::DataLossError(std::string("pull answered with ") + wire::EnumNameBody(d.type()));
     }
     const Slice& sl = slices_[i];
-    const auto* r = d.As<wire::PullReply>();
-    const auto* keys = r->keys();
-    size_t nkeys = keys ? keys->size() : 0;
-    if (nkeys != sl.num_keys || d.payload.size() != sl.length * sizeof(float)) {
+    const msg::PullReply r = msg::Read<msg::PullReply>(d);
+    if (r.keys.size() != sl.num_keys || d.payload.size() != sl.length * sizeof(float)) {
       return absl::DataLossError("pull reply does not match the request");
     }
-    for (size_t k = 0; k < nkeys; ++k) {
-      if (keys->Get(static_cast<flatbuffers::uoffset_t>(k))->key() != keys_[sl.first_key + k].key()) {
+    for (size_t k = 0; k < r.keys.size(); ++k) {
+      if (r.keys[k].key() != keys_[sl.first_key + k].key()) {
         return absl::DataLossError("pull reply keys out of order");
       }
     }
     if (sl.length) std::memcpy(params_.get() + sl.offset, d.payload.data(), d.payload.size());
-    pull_applied_ = std::min(pull_applied_, r->applied_clock());
-    pull_steps_ = std::min(pull_steps_, r->steps());
-    last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r->waited_seconds()));
+    pull_applied_ = std::min(pull_applied_, r.applied_clock);
+    pull_steps_ = std::min(pull_steps_, r.steps);
+    last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r.waited_seconds));
     return absl::OkStatus();
   });
   for (size_t i = 0; i < channels_.size(); ++i) {
     absl::Status s = SendInRound(i, [&](RpcChannel& ch) {
       const Slice& sl = slices_[i];
-      flatbuffers::FlatBufferBuilder fbb(64 + sl.num_keys * sizeof(wire::KeyLen));
-      auto kv = fbb.CreateVectorOfStructs(keys_.data() + sl.first_key, sl.num_keys);
-      return ch.Send(fbb, wire::CreatePull(fbb, clock, kv, latest));
+      const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(sl.first_key);
+      return ch.Send(msg::Pull{clock, {first, first + static_cast<std::ptrdiff_t>(sl.num_keys)}, latest});
     });
     if (!s.ok()) return s;
   }

@@ -14,9 +14,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/partition.h"
+#include "ps/base/messages.h"
 #include "ps/base/rpc.h"
 #include "ps/base/transport.h"
+#include "ps/partition.h"
 
 namespace pacer {
 
@@ -32,7 +33,8 @@ struct ShardMapInfo {
   std::vector<ShardEntry> shards;
 };
 
-// Copies a verified wire shard map.
+// Copies a shard map as a message carries it (null: an empty map).
+ShardMapInfo ShardMapFromWire(const msg::ShardMap& map);
 ShardMapInfo ShardMapFromWire(const wire::ShardMap* map);
 
 // One shard's part of the flat vector: keys [first_key, first_key+num_keys)

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "ps/base/messages.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
@@ -41,13 +42,6 @@ const float* Unshare(std::shared_ptr<std::vector<float>>& buf,
   return old;
 }
 
-std::vector<wire::KeyLen> CopyKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys) {
-  std::vector<wire::KeyLen> out;
-  if (keys == nullptr) return out;
-  out.reserve(keys->size());
-  for (const wire::KeyLen* k : *keys) out.push_back(*k);
-  return out;
-}
 
 }  // namespace
 
@@ -131,8 +125,7 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                           out);
       }
       stop_requested_ = true;
-      flatbuffers::FlatBufferBuilder fbb(64);
-      out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+      out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
       return;
     }
     default:
@@ -141,31 +134,30 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   }
 }
 
-bool ShardCore::CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why,
+bool ShardCore::CheckKeys(std::span<const wire::KeyLen> keys, std::string* why,
                           wire::ErrorCode* code) const {
-  if (keys == nullptr) return true;
   uint64_t previous = 0;
-  for (flatbuffers::uoffset_t i = 0; i < keys->size(); ++i) {
-    const wire::KeyLen* k = keys->Get(i);
-    auto it = slots_.find(k->key());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const wire::KeyLen& k = keys[i];
+    auto it = slots_.find(k.key());
     if (it == slots_.end()) {
       *code = wire::ErrorCode::NotOwner;
-      *why = "key " + std::to_string(k->key()) + " is not owned by shard " +
+      *why = "key " + std::to_string(k.key()) + " is not owned by shard " +
              std::to_string(shard_id_);
       return false;
     }
-    if (it->second.length != k->length()) {
+    if (it->second.length != k.length()) {
       *code = wire::ErrorCode::BadLength;
-      *why = "key " + std::to_string(k->key()) + " has " + std::to_string(it->second.length) +
-             " values, request says " + std::to_string(k->length());
+      *why = "key " + std::to_string(k.key()) + " has " + std::to_string(it->second.length) +
+             " values, request says " + std::to_string(k.length());
       return false;
     }
-    if (i > 0 && k->key() <= previous) {
+    if (i > 0 && k.key() <= previous) {
       *code = wire::ErrorCode::BadLength;
       *why = "keys must be in ascending order without repeats";
       return false;
     }
-    previous = k->key();
+    previous = k.key();
   }
   return true;
 }
@@ -174,21 +166,19 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
   if (d.env.sender != 0) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor assigns keys", out);
   }
-  const auto* m = d.As<wire::DeclareModel>();
-  map_version_ = std::max(map_version_, m->shard_map_version());
+  const msg::DeclareModel m = msg::Read<msg::DeclareModel>(d);
+  map_version_ = std::max(map_version_, m.shard_map_version);
   std::map<uint64_t, KeySlot> slots;
   size_t total = 0;
-  if (m->keys() != nullptr) {
-    for (const wire::KeyLen* k : *m->keys()) {
-      if (!slots.emplace(k->key(), KeySlot{total, k->length()}).second) {
-        return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                          "duplicate key " + std::to_string(k->key()), out);
-      }
-      total += k->length();
-      if (k->length() > options_.max_message_bytes / sizeof(float) || total > (size_t{1} << 34)) {
-        return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
-                          "key " + std::to_string(k->key()) + " is too large", out);
-      }
+  for (const wire::KeyLen& k : m.keys) {
+    if (!slots.emplace(k.key(), KeySlot{total, k.length()}).second) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "duplicate key " + std::to_string(k.key()), out);
+    }
+    total += k.length();
+    if (k.length() > options_.max_message_bytes / sizeof(float) || total > (size_t{1} << 34)) {
+      return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                        "key " + std::to_string(k.key()) + " is too large", out);
     }
   }
   bool same = slots.size() == slots_.size() &&
@@ -206,8 +196,7 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     metrics_.keys->Set(static_cast<double>(slots_.size()));
     spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
 
 void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -215,22 +204,22 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor sets membership",
                       out);
   }
-  const auto* m = d.As<wire::Membership>();
-  if (m->version() > membership_version_) {
-    membership_version_ = m->version();
+  const msg::Membership m = msg::Read<msg::Membership>(d);
+  if (m.version > membership_version_) {
+    membership_version_ = m.version;
     std::map<uint32_t, Member> next;
-    if (m->workers() != nullptr) {
-      for (const wire::WorkerInfo* w : *m->workers()) {
-        auto known = live_.find(w->id());
+    {
+      for (const msg::WorkerInfo& w : m.workers) {
+        auto known = live_.find(w.id);
         Member member;
         if (known != live_.end()) {
           member = std::move(known->second);  // keeps its progress
         } else {
-          member.pushed = static_cast<int64_t>(w->start_clock()) - 1;
+          member.pushed = static_cast<int64_t>(w.start_clock) - 1;
           if (restored_) {
             // Where the snapshot left it; a worker it lacks lost every
             // push it made here before the crash.
-            auto mark = restored_marks_.find(w->id());
+            auto mark = restored_marks_.find(w.id);
             if (mark != restored_marks_.end()) {
               member.pushed = std::max(member.pushed, mark->second.clock);
               member.seq = mark->second.seq;
@@ -238,11 +227,11 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
             member.check_gap = true;
           }
         }
-        member.batch = w->batch();
-        member.public_key = w->public_key() ? w->public_key()->str() : "";
-        member.staleness = w->staleness();
-        member.staleness_range = w->staleness_range();
-        next[w->id()] = std::move(member);
+        member.batch = w.batch;
+        member.public_key = w.public_key;
+        member.staleness = w.staleness;
+        member.staleness_range = w.staleness_range;
+        next[w.id] = std::move(member);
       }
     }
     live_ = std::move(next);
@@ -250,22 +239,21 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
     SPDLOG_DEBUG("shard {}: membership v{} with {} workers", shard_id_,
                  membership_version_, live_.size());
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   // A parked pull is checked again whenever the live set changes.
   Advance(out);
 }
 
 void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Init>();
+  const msg::Init m = msg::Read<msg::Init>(d);
   std::string why;
   if (slots_.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
-  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+  if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
     return ReplyError(peer, d.env, code, why, out);
   }
-  if (m->keys() == nullptr || m->keys()->size() != slots_.size()) {
+  if (m.keys.size() != slots_.size()) {
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "init must carry every key of the shard", out);
   }
@@ -279,16 +267,15 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
   }
   if (!initialized_) {
     const float* src = d.floats().data();
-    for (const wire::KeyLen* k : *m->keys()) {
-      const KeySlot& s = slots_.at(k->key());
+    for (const wire::KeyLen& k : m.keys) {
+      const KeySlot& s = slots_.at(k.key());
       std::memcpy(MutableParams().data() + s.offset, src, s.length * sizeof(float));
       src += s.length;
     }
     initialized_ = true;
     spdlog::info("shard {}: parameters initialised by sender {}", shard_id_, d.env.sender);
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   Advance(out);
 }
 
@@ -300,13 +287,13 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
                       "a clock is still open (the workers must be held first)", out);
   }
-  const auto* m = d.As<wire::MoveOut>();
-  if (m->drop()) return DropKeys(peer, d, m->key_begin(), m->key_end(), out);
+  const msg::MoveOut m = msg::Read<msg::MoveOut>(d);
+  if (m.drop) return DropKeys(peer, d, m.key_begin, m.key_end, out);
   std::vector<wire::KeyLen> moving;
   std::map<uint64_t, KeySlot> kept;
   size_t moving_total = 0, kept_total = 0;
   for (const auto& [key, slot] : slots_) {
-    if (key >= m->key_begin() && key < m->key_end()) {
+    if (key >= m.key_begin && key < m.key_end) {
       moving.emplace_back(key, slot.length);
       moving_total += slot.length;
     } else {
@@ -335,13 +322,12 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
   // A copy: the keys stay here until the monitor says drop (after the new
   // owner has them).
   spdlog::info("shard {}: copied {} keys ({} values) in [{}, {}) for their new owner", shard_id_,
-               moving.size(), moving_total, m->key_begin(), m->key_end());
-  flatbuffers::FlatBufferBuilder fbb(128 + moving.size() * sizeof(wire::KeyLen));
-  auto kv = fbb.CreateVectorOfStructs(moving);
-  auto body = wire::CreateMoveData(fbb, kv, applied_clock_, steps_);
+               moving.size(), moving_total, m.key_begin, m.key_end);
   Frame frame(payload, payload->data(), payload->size() * sizeof(float));
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, body,
-                                   payload->empty() ? Frame() : std::move(frame), options_.check_crc)});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
+                                      msg::MoveData{std::move(moving), applied_clock_, steps_},
+                                      payload->empty() ? Frame() : std::move(frame),
+                                      options_.check_crc)});
   move_ok_ = true;
 }
 
@@ -349,8 +335,7 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
                          std::vector<Outgoing>* out) {
   // The Ack first (the repeat cache keeps the first reply), then any
   // parked pull that can no longer be answered here.
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   move_ok_ = true;
   std::map<uint64_t, KeySlot> kept;
   size_t kept_total = 0, dropped = 0;
@@ -407,16 +392,14 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
                       "a clock is still open (the workers must be held first)", out);
   }
-  const auto* m = d.As<wire::MoveData>();
+  const msg::MoveData m = msg::Read<msg::MoveData>(d);
   size_t incoming = 0;
-  if (m->keys() != nullptr) {
-    for (const wire::KeyLen* k : *m->keys()) {
-      if (slots_.count(k->key())) {
-        return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                          "key " + std::to_string(k->key()) + " is already here", out);
-      }
-      incoming += k->length();
+  for (const wire::KeyLen& k : m.keys) {
+    if (slots_.count(k.key())) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "key " + std::to_string(k.key()) + " is already here", out);
     }
+    incoming += k.length();
   }
   std::span<const float> values = d.floats();
   if (values.size() != 2 * incoming) {
@@ -433,12 +416,10 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
     lengths[key] = slot.length;
   }
   size_t at = 0;
-  if (m->keys() != nullptr) {
-    for (const wire::KeyLen* k : *m->keys()) {
-      sources[k->key()] = {values.data() + at, values.data() + incoming + at};
-      lengths[k->key()] = k->length();
-      at += k->length();
-    }
+  for (const wire::KeyLen& k : m.keys) {
+    sources[k.key()] = {values.data() + at, values.data() + incoming + at};
+    lengths[k.key()] = k.length();
+    at += k.length();
   }
   const size_t total = params_->size() + incoming;
   auto next_params = std::make_shared<std::vector<float>>(total);
@@ -460,17 +441,16 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
   spare_params_.reset();
   spare_velocity_.reset();
   spare_acc_.clear();
-  if (!initialized_ || applied_clock_ < m->applied_clock()) {
-    applied_clock_ = m->applied_clock();
-    steps_ = std::max(steps_, m->steps());
+  if (!initialized_ || applied_clock_ < m.applied_clock) {
+    applied_clock_ = m.applied_clock;
+    steps_ = std::max(steps_, m.steps);
     metrics_.clock->Set(static_cast<double>(applied_clock_));
   }
   initialized_ = true;
   metrics_.keys->Set(static_cast<double>(slots_.size()));
   spdlog::info("shard {}: moved in {} keys ({} values) at applied clock {}", shard_id_,
-               m->keys() ? m->keys()->size() : 0, incoming, applied_clock_);
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreateAck(fbb))});
+               m.keys.size(), incoming, applied_clock_);
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   move_ok_ = true;
   Advance(out);
 }
@@ -596,12 +576,12 @@ bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vecto
 }
 
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Push>();
+  const msg::Push m = msg::Read<msg::Push>(d);
   std::string why;
   if (slots_.empty() || !initialized_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
   }
-  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+  if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
     return ReplyError(peer, d.env, code, why, out);
   }
   auto member = live_.find(d.env.sender);
@@ -614,7 +594,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   metrics_.push->Increment();
   metrics_.push_bytes->Increment(static_cast<double>(d.payload.size()));
   Member& mem = member->second;
-  if (const uint64_t seq = m->seq(); seq != 0) {
+  if (const uint64_t seq = m.seq; seq != 0) {
     if (mem.check_gap) {
       // The first push since the restore: every push before it was
       // acknowledged; those after the snapshot's mark are lost.
@@ -632,78 +612,69 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
       // A retry of a push already handled (before a timeout, or before the
       // snapshot this shard restarted from): acknowledged, not applied.
       metrics_.duplicates->Increment();
-      flatbuffers::FlatBufferBuilder fbb(64);
-      out->push_back(
-          {peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb, wire::CreatePushReply(fbb, m->clock()))});
+      out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::PushReply{m.clock})});
       return;
     }
   }
-  if (m->parts() != 1 || m->part() != 0) return OnPushPart(peer, d, mem, out);
-  std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
+  if (m.parts != 1 || m.part != 0) return OnPushPart(peer, d, m, mem, out);
   PushArgs push;
-  push.clock = m->clock();
-  push.batch = m->batch();
-  push.seq = m->seq();
-  if (m->read_applied()) push.read_applied = *m->read_applied();
-  if (m->read_steps()) push.read_steps = *m->read_steps();
-  push.keys = keys;
+  push.clock = m.clock;
+  push.batch = m.batch;
+  push.seq = m.seq;
+  push.read_applied = m.read_applied;
+  push.read_steps = m.read_steps;
+  push.keys = m.keys;
   push.values = d.floats();
   if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, mem, out);
   OnSyncPush(peer, d.env, push, mem, out);
 }
 
-void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
-                           std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Push>();
-  if (m->seq() == 0 || m->parts() == 0 || m->parts() > kMaxPushParts || m->part() >= m->parts()) {
+void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, const msg::Push& m,
+                           Member& member, std::vector<Outgoing>* out) {
+  if (m.seq == 0 || m.parts == 0 || m.parts > kMaxPushParts || m.part >= m.parts) {
     // A malformed header (the client sends its bytes again, as for BadCrc:
     // damage that the CRC did not catch, or with the check switched off).
     return ReplyError(peer, d.env, wire::ErrorCode::BadHeader,
-                      "push part " + std::to_string(m->part()) + " of " +
-                          std::to_string(m->parts()) + " with seq " + std::to_string(m->seq()) +
+                      "push part " + std::to_string(m.part) + " of " +
+                          std::to_string(m.parts) + " with seq " + std::to_string(m.seq) +
                           ": parts need a seq, 1.." + std::to_string(kMaxPushParts) +
                           " parts and a part below their count",
                       out);
   }
   metrics_.push_parts->Increment();
   std::vector<uint64_t> keys;
-  if (m->keys() != nullptr) {
-    for (const wire::KeyLen* k : *m->keys()) keys.push_back(k->key());
-  }
+  for (const wire::KeyLen& k : m.keys) keys.push_back(k.key());
   auto& st = member.staged;
   // A part that does not fit what is held for its seq (another layout after
   // a shard-map change, or another clock) starts the push afresh: the
   // worker sends all of its parts again.
-  const bool fits = st && st->seq == m->seq() && st->parts == m->parts() &&
-                    (st->received == 0 || (st->clock == m->clock() && st->batch == m->batch())) &&
-                    (!st->got[m->part()] || st->part_keys[m->part()] == keys);
+  const bool fits = st && st->seq == m.seq && st->parts == m.parts &&
+                    (st->received == 0 || (st->clock == m.clock && st->batch == m.batch)) &&
+                    (!st->got[m.part] || st->part_keys[m.part] == keys);
   if (!fits) {
     st.emplace();
-    st->seq = m->seq();
-    st->parts = m->parts();
-    st->got.assign(m->parts(), false);
-    st->part_keys.assign(m->parts(), {});
+    st->seq = m.seq;
+    st->parts = m.parts;
+    st->got.assign(m.parts, false);
+    st->part_keys.assign(m.parts, {});
   }
-  if (!st->got[m->part()]) {
-    st->got[m->part()] = true;
-    st->part_keys[m->part()] = std::move(keys);
+  if (!st->got[m.part]) {
+    st->got[m.part] = true;
+    st->part_keys[m.part] = std::move(keys);
     ++st->received;
-    st->clock = m->clock();
-    st->batch = m->batch();
-    if (m->read_applied()) st->read_applied = *m->read_applied();
-    if (m->read_steps()) st->read_steps = *m->read_steps();
+    st->clock = m.clock;
+    st->batch = m.batch;
+    if (m.read_applied) st->read_applied = m.read_applied;
+    if (m.read_steps) st->read_steps = m.read_steps;
     const float* src = d.floats().data();
-    if (m->keys() != nullptr) {
-      for (const wire::KeyLen* k : *m->keys()) {
-        st->values[k->key()].assign(src, src + k->length());
-        src += k->length();
-      }
+    for (const wire::KeyLen& k : m.keys) {
+      st->values[k.key()].assign(src, src + k.length());
+      src += k.length();
     }
   }
   if (st->received < st->parts) {
-    flatbuffers::FlatBufferBuilder fbb(64);
-    out->push_back({peer, EncodeBody(server_.ReplyEnvelope(d.env), fbb,
-                                     wire::CreatePushReply(fbb, m->clock(), /*complete=*/false))});
+    out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
+                                        msg::PushReply{m.clock, /*complete=*/false})});
     return;
   }
   // The last part: the push, assembled in key order, as if in one message.
@@ -730,7 +701,7 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, Member& member,
   } else {
     // Not taken yet (a restored shard catching up): keep the parts; this
     // one, sent again, completes the push again.
-    member.staged->got[m->part()] = false;
+    member.staged->got[m.part] = false;
     --member.staged->received;
   }
 }
@@ -801,8 +772,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
     applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
     metrics_.clock->Set(static_cast<double>(applied_clock_));
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
   Advance(out);
 }
 
@@ -868,8 +838,7 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   } else {
     metrics_.duplicates->Increment();
   }
-  flatbuffers::FlatBufferBuilder fbb(64);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(env), fbb, wire::CreatePushReply(fbb, clock))});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
   Advance(out);
   return true;
 }
@@ -926,20 +895,20 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
 }
 
 void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const auto* m = d.As<wire::Pull>();
+  const msg::Pull m = msg::Read<msg::Pull>(d);
   std::string why;
   if (slots_.empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
-  if (wire::ErrorCode code; !CheckKeys(m->keys(), &why, &code)) {
+  if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
     return ReplyError(peer, d.env, code, why, out);
   }
   metrics_.pull->Increment();
-  if (restored_ && !m->latest() && job_.mode != wire::Mode::Asp) {
+  if (restored_ && !m.latest && job_.mode != wire::Mode::Asp) {
     // A read of clock c comes after the reader's push of c - 1.
     auto me = live_.find(d.env.sender);
-    if (me != live_.end() && m->clock() > 0) {
-      NotePassed(me->second, static_cast<int64_t>(m->clock()) - 1);
+    if (me != live_.end() && m.clock > 0) {
+      NotePassed(me->second, static_cast<int64_t>(m.clock) - 1);
       Advance(out);
     }
   }
@@ -950,12 +919,12 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
       return;
     }
   }
-  std::vector<wire::KeyLen> keys = CopyKeys(m->keys());
-  if ((m->latest() && initialized_) || PullReady(d.env.sender, m->clock())) {
-    return AnswerPull(peer, d.env, m->clock(), keys, 0, out);
+  std::vector<wire::KeyLen> keys = m.keys;
+  if ((m.latest && initialized_) || PullReady(d.env.sender, m.clock)) {
+    return AnswerPull(peer, d.env, m.clock, keys, 0, out);
   }
   const TimePoint now = clock_->Now();
-  parked_.push_back({peer, d.env, m->clock(), std::move(keys), now, now + options_.pull_timeout});
+  parked_.push_back({peer, d.env, m.clock, std::move(keys), now, now + options_.pull_timeout});
   metrics_.parked->Set(static_cast<double>(parked_.size()));
 }
 
@@ -1002,11 +971,10 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   // A parked pull: its time parked; else the time since it arrived.
   metrics_.pull_seconds->Observe(waited > 0 ? waited : ToSeconds(clock_->Now() - handle_start_));
   metrics_.pull_wait->Observe(waited);
-  flatbuffers::FlatBufferBuilder fbb(64 + keys.size() * sizeof(wire::KeyLen));
-  auto kv = fbb.CreateVectorOfStructs(keys.data(), keys.size());
-  auto body = wire::CreatePullReply(fbb, clock, applied_clock_, kv, static_cast<float>(waited), steps_);
-  out->push_back({peer, EncodeBody(server_.ReplyEnvelope(to), fbb, body, std::move(payload),
-                                   options_.check_crc)});
+  msg::PullReply reply{clock, applied_clock_, {keys.begin(), keys.end()}, static_cast<float>(waited),
+                       steps_};
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
+                                      options_.check_crc)});
 }
 
 void ShardCore::Advance(std::vector<Outgoing>* out) {

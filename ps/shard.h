@@ -22,6 +22,7 @@
 #include "ps/base/clock.h"
 #include "ps/base/metrics.h"
 #include "ps/optimizer.h"
+#include "ps/base/messages.h"
 #include "ps/base/server_core.h"
 #include "ps/shard_metrics.h"
 #include "ps/base/wire.h"
@@ -226,7 +227,7 @@ class ShardCore {
                   const std::string& reason, std::vector<Outgoing>* out);
   // Checks that every key is owned (else NotOwner), has the declared length
   // and comes in ascending order without repeats (else BadLength).
-  bool CheckKeys(const flatbuffers::Vector<const wire::KeyLen*>* keys, std::string* why,
+  bool CheckKeys(std::span<const wire::KeyLen> keys, std::string* why,
                  wire::ErrorCode* code) const;
 
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -252,7 +253,7 @@ class ShardCore {
   bool PullReady(uint32_t worker, uint64_t clock);
   // A part of a push in several parts: held, or the push completed by it
   // handed on.
-  void OnPushPart(const Frame& peer, const Decoded& d, Member& member,
+  void OnPushPart(const Frame& peer, const Decoded& d, const msg::Push& m, Member& member,
                   std::vector<Outgoing>* out);
   void OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
                    std::vector<Outgoing>* out);

@@ -68,28 +68,28 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                    options.monitor, ToSeconds(now - started), ToSeconds(options.register_timeout));
       next_notice = now + kWaitingNoticeEvery;
     }
-    flatbuffers::FlatBufferBuilder fbb(256);
-    auto body = wire::CreateRegisterDirect(
-        fbb, wire::Role::Shard, advertised.c_str(), snapshot ? snapshot->shard_id : 0,
-        snapshot ? snapshot->job_id : 0, snapshot ? snapshot->map_version : 0, incarnation);
-    auto reply = s->monitor_->Call(fbb, body, std::min(give_up, clock->Now() + options.request_timeout));
+    const msg::Register request{wire::Role::Shard, advertised, snapshot ? snapshot->shard_id : 0,
+                                snapshot ? snapshot->job_id : 0,
+                                snapshot ? snapshot->map_version : 0, incarnation};
+    auto reply =
+        s->monitor_->Call(request, std::min(give_up, clock->Now() + options.request_timeout));
     if (reply.ok()) {
       if (reply->type() != wire::Body::RegisterReply) {
         return absl::InternalError("monitor answered register with " +
                                    std::string(wire::EnumNameBody(reply->type())));
       }
-      const auto* r = reply->As<wire::RegisterReply>();
+      const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reply);
       ShardJob job;
       job.job_id = reply->env.job_id;
-      if (r->job() != nullptr) {
-        job.mode = r->job()->mode();
-        job.sgd.learning_rate = r->job()->learning_rate();
-        job.sgd.momentum = r->job()->momentum();
-        job.global_batch = r->job()->global_batch();
-        job.backup_workers = r->job()->backup_workers();
-        job.staleness_aware_lr = r->job()->staleness_aware_lr();
+      if (r.job) {
+        job.mode = r.job->mode;
+        job.sgd.learning_rate = r.job->learning_rate;
+        job.sgd.momentum = r.job->momentum;
+        job.global_batch = r.job->global_batch;
+        job.backup_workers = r.job->backup_workers;
+        job.staleness_aware_lr = r.job->staleness_aware_lr;
       }
-      s->id_ = r->id();
+      s->id_ = r.id;
       if (snapshot && (snapshot->shard_id != s->id_ || snapshot->job_id != job.job_id)) {
         return absl::FailedPreconditionError(
             "the monitor gave id " + std::to_string(s->id_) + " in job " +
@@ -195,23 +195,19 @@ void ShardServer::HeartbeatLoop() {
   RuntimeFaults runtime_faults(options_.faults);
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
-    flatbuffers::FlatBufferBuilder fbb(64);
-    const float age = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
-    wire::HeartbeatBuilder hb(fbb);
-    hb.add_role(wire::Role::Shard);
-    hb.add_clock(static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())));
-    hb.add_checkpoint_age_seconds(age);
-    auto body = hb.Finish();
-    auto reply = monitor_->Call(fbb, body, clock->Now() + options_.request_timeout);
-    if (reply.ok() && reply->type() == wire::Body::HeartbeatReply &&
-        reply->As<wire::HeartbeatReply>()->state() == wire::JobState::Stopped) {
-      spdlog::info("shard {}: job stopped", id_);
-      job_stopped_ = true;
-      return;
-    }
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    hb.clock = static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load()));
+    hb.checkpoint_age_seconds = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
+    auto reply = monitor_->Call(hb, clock->Now() + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
-      const auto* r = reply->As<wire::HeartbeatReply>();
-      runtime_faults.Apply(r->faults_version(), r->faults() ? r->faults()->str() : "");
+      const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
+      if (r.state == wire::JobState::Stopped) {
+        spdlog::info("shard {}: job stopped", id_);
+        job_stopped_ = true;
+        return;
+      }
+      runtime_faults.Apply(r.faults_version, r.faults);
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
     // Sleep in short steps so that shutdown is prompt.
@@ -221,11 +217,11 @@ void ShardServer::HeartbeatLoop() {
   }
   if (shutdown_) {
     // SIGTERM, after the final checkpoint: tell the monitor we leave.
-    flatbuffers::FlatBufferBuilder fbb(64);
-    auto body = wire::CreateHeartbeat(
-        fbb, wire::Role::Shard, static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load())),
-        0, /*done=*/true);
-    auto reply = monitor_->Call(fbb, body, clock->Now() + options_.request_timeout);
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    hb.clock = static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load()));
+    hb.done = true;
+    auto reply = monitor_->Call(hb, clock->Now() + options_.request_timeout);
     if (reply.ok()) {
       spdlog::info("shard {}: deregistered from the monitor", id_);
     } else {

@@ -1,6 +1,7 @@
 // Tests of the wire edge (ps/base/wire.h): Encode/Decode round trips and every
 // generic check Decode runs on a received message.
 #include "ps/base/wire.h"
+#include "ps/base/messages.h"
 #include "tests/wire_test_util.h"
 
 #include <gtest/gtest.h>
@@ -414,6 +415,184 @@ TEST(ParseModeTest, LowerCaseSchemaNames) {
   EXPECT_EQ(ParseMode("backup"), wire::Mode::Backup);
   EXPECT_FALSE(ParseMode("Bsp").has_value());
   EXPECT_FALSE(ParseMode("sideways").has_value());
+}
+
+
+// MonitorRecord (ps/base/messages.h): every field comes back as saved, and
+// what is not a state of this format is DataLoss.
+TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
+  MonitorRecord r;
+  r.job_id = 42;
+  r.state = wire::JobState::Running;
+  r.stop_reason = "";
+  r.next_id = 9;
+  r.next_rank = 3;
+  r.model = {wire::KeyLen(1, 10), wire::KeyLen(2, 20)};
+  r.map_built = true;
+  r.map_version = 4;
+  r.membership_version = 7;
+  r.partition_count = 2;
+  r.workers.push_back({5, 1, 64, 2, 3, 10, 12, 6, true, false, "tok", "KEY"});
+  r.workers.push_back({6, 2, 32, 0, 0, 0, 11, 7, false, true, "", ""});
+  r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, ""});
+  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2"});
+  r.partitions.push_back({0, 1, 640, 5, 0});
+  r.partitions.push_back({1, 0, 0, 6, 5});
+  r.seconds_running = 12.5;
+  r.saved_unix = 1.7e9;
+  r.last_accuracy = 0.8f;
+  r.slack_open = false;
+  r.batch_per_worker = 32;
+  auto back = DecodeMonitorRecord(EncodeMonitorRecord(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->job_id, 42u);
+  EXPECT_EQ(back->state, wire::JobState::Running);
+  EXPECT_EQ(back->next_id, 9u);
+  EXPECT_EQ(back->next_rank, 3u);
+  ASSERT_EQ(back->model.size(), 2u);
+  EXPECT_EQ(back->model[1].key(), 2u);
+  EXPECT_EQ(back->model[1].length(), 20u);
+  EXPECT_TRUE(back->map_built);
+  EXPECT_EQ(back->map_version, 4u);
+  EXPECT_EQ(back->membership_version, 7u);
+  EXPECT_EQ(back->partition_count, 2u);
+  ASSERT_EQ(back->workers.size(), 2u);
+  EXPECT_EQ(back->workers[0].token, "tok");
+  EXPECT_EQ(back->workers[0].public_key, "KEY");
+  EXPECT_EQ(back->workers[0].staleness_range, 3u);
+  EXPECT_EQ(back->workers[0].start_clock, 10u);
+  EXPECT_EQ(back->workers[1].token, "");
+  EXPECT_TRUE(back->workers[1].done);
+  EXPECT_FALSE(back->workers[1].alive);
+  ASSERT_EQ(back->shards.size(), 2u);
+  EXPECT_EQ(back->shards[0].address, "tcp://127.0.0.1:1");
+  EXPECT_EQ(back->shards[0].incarnation, 77u);
+  EXPECT_EQ(back->shards[0].applied_clock, 11);
+  EXPECT_EQ(back->shards[1].applied_clock, -1);
+  EXPECT_TRUE(back->shards[1].drained);
+  EXPECT_EQ(back->shards[1].public_key, "K2");
+  ASSERT_EQ(back->partitions.size(), 2u);
+  EXPECT_EQ(back->partitions[0].offset, 640u);
+  EXPECT_EQ(back->partitions[1].owner, 6u);
+  EXPECT_EQ(back->partitions[1].releasing, 5u);
+  EXPECT_EQ(back->seconds_running, 12.5);
+  EXPECT_EQ(back->saved_unix, 1.7e9);
+  EXPECT_EQ(back->last_accuracy, 0.8f);
+  EXPECT_FALSE(back->time_to_target.has_value());
+  EXPECT_FALSE(back->slack_open);
+  EXPECT_EQ(back->batch_per_worker, 32);
+  MonitorRecord fresh;  // not started, nothing measured
+  auto none = DecodeMonitorRecord(EncodeMonitorRecord(fresh));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->seconds_running.has_value());
+  EXPECT_FALSE(none->last_accuracy.has_value());
+  EXPECT_EQ(DecodeMonitorRecord("not a state").status().code(), absl::StatusCode::kDataLoss);
+}
+
+
+// The typed messages (ps/base/messages.h) through frames and back.
+TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
+  Envelope env;
+  env.job_id = kJob;
+  env.sender = 3;
+  env.request_id = 99;
+  auto decode = [](const Frames& f) {
+    Decoded d;
+    DecodeError err;
+    EXPECT_TRUE(Decode(f, JobOptions(), &d, &err)) << err.reason;
+    return d;
+  };
+  const Decoded out = decode(EncodeMessage(env, msg::MoveOut{5, 9, /*drop=*/true}));
+  ASSERT_EQ(out.type(), wire::Body::MoveOut);
+  EXPECT_EQ(out.env.request_id, 99u);
+  const msg::MoveOut mo = msg::Read<msg::MoveOut>(out);
+  EXPECT_EQ(mo.key_begin, 5u);
+  EXPECT_EQ(mo.key_end, 9u);
+  EXPECT_TRUE(mo.drop);
+
+  std::vector<float> values = {1, 2, 3, 4, 5, 6};  // 3 parameters, then 3 momenta
+  Frame payload = Frame::FromVector(std::vector<uint8_t>(
+      reinterpret_cast<uint8_t*>(values.data()),
+      reinterpret_cast<uint8_t*>(values.data()) + values.size() * sizeof(float)));
+  const Decoded data = decode(EncodeMessage(
+      env, msg::MoveData{{wire::KeyLen(7, 2), wire::KeyLen(8, 1)}, 41, 12}, payload));
+  ASSERT_EQ(data.type(), wire::Body::MoveData);
+  const msg::MoveData md = msg::Read<msg::MoveData>(data);
+  ASSERT_EQ(md.keys.size(), 2u);
+  EXPECT_EQ(md.keys[0].key(), 7u);
+  EXPECT_EQ(md.keys[1].length(), 1u);
+  EXPECT_EQ(md.applied_clock, 41);
+  EXPECT_EQ(md.steps, 12u);
+  ASSERT_EQ(data.floats().size(), 6u);
+  EXPECT_EQ(data.floats()[5], 6.0f);
+
+  EXPECT_EQ(msg::Read<msg::Stop>(decode(EncodeMessage(env, msg::Stop{"drained"}))).reason, "drained");
+  const msg::Error e =
+      msg::Read<msg::Error>(decode(EncodeMessage(env, msg::Error{wire::ErrorCode::NotReady, "busy"})));
+  EXPECT_EQ(e.code, wire::ErrorCode::NotReady);
+  EXPECT_EQ(e.reason, "busy");
+  EXPECT_EQ(decode(EncodeMessage(env, msg::Ack{})).type(), wire::Body::Ack);
+}
+
+
+// What is absent stays absent: a push with no read clock, a heartbeat
+// reply with no shard map or assignment (a shard's) — the readers tell
+// these apart from zeros.
+TEST(MessagesTest, AbsentOptionalFieldsStayAbsent) {
+  Envelope env;
+  env.job_id = kJob;
+  env.request_id = 7;
+  auto decode = [](const Frames& f) {
+    Decoded d;
+    DecodeError err;
+    EXPECT_TRUE(Decode(f, JobOptions(), &d, &err)) << err.reason;
+    return d;
+  };
+  msg::Push push;
+  push.clock = 3;
+  push.batch = 16;
+  push.keys = {wire::KeyLen(1, 2)};
+  push.seq = 9;
+  std::vector<float> g = {0.5f, 0.25f};
+  Frame payload = Frame::FromVector(std::vector<uint8_t>(
+      reinterpret_cast<uint8_t*>(g.data()), reinterpret_cast<uint8_t*>(g.data()) + 8));
+  msg::Push back = msg::Read<msg::Push>(decode(EncodeMessage(env, push, payload)));
+  EXPECT_FALSE(back.read_applied.has_value());
+  EXPECT_FALSE(back.read_steps.has_value());
+  EXPECT_EQ(back.parts, 1u);
+  push.read_applied = 0;  // a pull of clock 0 is not "no pull"
+  push.read_steps = 5;
+  push.part = 1;
+  push.parts = 2;
+  back = msg::Read<msg::Push>(decode(EncodeMessage(env, push, payload)));
+  ASSERT_TRUE(back.read_applied.has_value());
+  EXPECT_EQ(*back.read_applied, 0);
+  EXPECT_EQ(back.read_steps, 5u);
+  EXPECT_EQ(back.part, 1u);
+  EXPECT_EQ(back.seq, 9u);
+
+  msg::HeartbeatReply shard_reply;
+  shard_reply.state = wire::JobState::Running;
+  shard_reply.faults = "drop:p=0.1";
+  shard_reply.faults_version = 4;
+  const auto r = msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, shard_reply)));
+  EXPECT_FALSE(r.shard_map.has_value());
+  EXPECT_FALSE(r.assignment.has_value());
+  EXPECT_EQ(r.faults, "drop:p=0.1");
+  EXPECT_EQ(r.faults_version, 4u);
+  msg::HeartbeatReply worker_reply = shard_reply;
+  worker_reply.shard_map = msg::ShardMap{3, {{1, "tcp://127.0.0.1:9", 0, 10, ""}}};
+  worker_reply.assignment = msg::Assignment{32, 1, 2};
+  worker_reply.partitions = {wire::PartitionPosition(2, 1, 64)};
+  const auto w = msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, worker_reply)));
+  ASSERT_TRUE(w.shard_map.has_value());
+  EXPECT_EQ(w.shard_map->version, 3u);
+  ASSERT_EQ(w.shard_map->shards.size(), 1u);
+  EXPECT_EQ(w.shard_map->shards[0].address, "tcp://127.0.0.1:9");
+  ASSERT_TRUE(w.assignment.has_value());
+  EXPECT_EQ(w.assignment->staleness_range, 2u);
+  ASSERT_EQ(w.partitions.size(), 1u);
+  EXPECT_EQ(w.partitions[0].offset(), 64u);
 }
 
 }  // namespace

@@ -359,20 +359,22 @@ absl::Status Worker::Impl::Register(RpcChannel& monitor) {
                    options.monitor, ToSeconds(now - started), ToSeconds(options.start_timeout));
       next_notice = now + kWaitingNoticeEvery;
     }
-    flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = wire::CreateRegisterDirect(fbb, wire::Role::Worker, token.c_str());
-    auto reply = monitor.Call(fbb, body, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
+    msg::Register request;
+    request.role = wire::Role::Worker;
+    request.address = token;
+    auto reply = monitor.Call(request, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
     if (reply.ok() && reply->type() == wire::Body::RegisterReply) {
-      const auto* r = reply->As<wire::RegisterReply>();
-      id = r->id();
-      rank = r->rank();
+      const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reply);
+      id = r.id;
+      rank = r.rank;
       job_id = reply->env.job_id;
-      if (r->job() != nullptr) {
-        epochs = r->job()->epochs();
-        seed = r->job()->seed();
-        eval_interval = r->job()->eval_interval_seconds();
-        eval_clocks = r->job()->eval_interval_clocks();
-        heartbeat_interval = std::chrono::milliseconds(std::max<uint32_t>(1, r->job()->heartbeat_interval_ms()));
+      if (r.job) {
+        epochs = r.job->epochs;
+        seed = r.job->seed;
+        eval_interval = r.job->eval_interval_seconds;
+        eval_clocks = r.job->eval_interval_clocks;
+        heartbeat_interval =
+            std::chrono::milliseconds(std::max<uint32_t>(1, r.job->heartbeat_interval_ms));
       }
       return absl::OkStatus();
     }
@@ -406,20 +408,30 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
       paused_now = paused;
     }
     const double iters = std::max<uint32_t>(1, t.iterations);
-    flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = wire::CreateHeartbeat(
-        fbb, wire::Role::Worker, clock_now.load(), samples_per_second.load(), finishing,
-        t.iterations, static_cast<uint32_t>(std::lround(t.samples / iters)),
-        static_cast<float>(t.compute / std::max<double>(1, t.samples)),
-        static_cast<float>(t.communication / iters), static_cast<float>(t.wait / iters),
-        options.max_batch, fbb.CreateVectorOfStructs(pos), -1.0f, paused_now, t.samples, t.compute,
-        t.batch_squares, t.batch_compute, t.compute_min, t.compute_max);
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Worker;
+    hb.clock = clock_now.load();
+    hb.samples_per_second = samples_per_second.load();
+    hb.done = finishing;
+    hb.iterations = t.iterations;
+    hb.batch = static_cast<uint32_t>(std::lround(t.samples / iters));
+    hb.compute_seconds_per_sample = static_cast<float>(t.compute / std::max<double>(1, t.samples));
+    hb.communication_seconds = static_cast<float>(t.communication / iters);
+    hb.wait_seconds = static_cast<float>(t.wait / iters);
+    hb.memory_limit_batch = options.max_batch;
+    hb.positions = std::move(pos);
+    hb.paused = paused_now;
+    hb.samples = t.samples;
+    hb.compute_seconds = t.compute;
+    hb.batch_squares = t.batch_squares;
+    hb.batch_compute = t.batch_compute;
+    hb.compute_min_seconds = t.compute_min;
+    hb.compute_max_seconds = t.compute_max;
     // A heartbeat lost on the way (there or back) is given up soon and the
     // next one sent: the lease (3 s by default) must outlast several tries.
     // A 1 s wait here let three losses in a row (1 in ~1000 heartbeats
     // under 10% loss) expire a live worker's lease.
-    auto reply = monitor->Call(
-        fbb, body, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
+    auto reply = monitor->Call(hb, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!reply.ok() && t.iterations > 0) {
@@ -436,34 +448,31 @@ void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
       monitor_up = reply.ok();
       if (reply.ok()) reported = std::max(reported, sending);
       if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
-        const auto* r = reply->As<wire::HeartbeatReply>();
-        runtime_faults.Apply(r->faults_version(), r->faults() ? r->faults()->str() : "");
-        view.state = r->state();
-        view.partitions.clear();
-        if (r->partitions() != nullptr) {
-          for (const wire::PartitionPosition* pp : *r->partitions()) view.partitions.push_back(*pp);
-        }
-        if (r->shard_map() != nullptr && !view.have_map) {
-          view.map = ShardMapFromWire(r->shard_map());
+        const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
+        runtime_faults.Apply(r.faults_version, r.faults);
+        view.state = r.state;
+        view.partitions = r.partitions;
+        if (r.shard_map && !view.have_map) {
+          view.map = ShardMapFromWire(*r.shard_map);
           view.have_map = true;
-          view.start_clock = r->start_clock();
-          view.partition_index = r->partition_index();
-          view.partition_count = std::max<uint32_t>(1, r->partition_count());
+          view.start_clock = r.start_clock;
+          view.partition_index = r.partition_index;
+          view.partition_count = std::max<uint32_t>(1, r.partition_count);
           map_version = view.map.version;
-        } else if (r->shard_map() != nullptr && r->shard_map()->version() > view.map.version) {
+        } else if (r.shard_map && r.shard_map->version > view.map.version) {
           // A shard moved (restarted elsewhere) or the key ranges changed.
-          view.map = ShardMapFromWire(r->shard_map());
+          view.map = ShardMapFromWire(*r.shard_map);
           map_version = view.map.version;
         }
-        view.evaluate = r->evaluate();
-        view.pause_at = r->pause_at();
-        if (r->assignment() != nullptr && r->assignment()->batch_size() > 0) {
-          view.batch = r->assignment()->batch_size();
-          view.staleness_bound = r->assignment()->staleness_bound();
-          view.staleness_range = r->assignment()->staleness_range();
+        view.evaluate = r.evaluate;
+        view.pause_at = r.pause_at;
+        if (r.assignment && r.assignment->batch_size > 0) {
+          view.batch = r.assignment->batch_size;
+          view.staleness_bound = r.assignment->staleness_bound;
+          view.staleness_range = r.assignment->staleness_range;
         }
-        if (r->state() == wire::JobState::Stopped) {
-          view.stop_reason = r->stop_reason() ? r->stop_reason()->str() : "";
+        if (r.state == wire::JobState::Stopped) {
+          view.stop_reason = r.stop_reason;
           stop = true;
           if (options.interrupt_on_stop) interrupt = true;
         }
@@ -564,12 +573,10 @@ void Worker::Impl::EvalLoop(ShardMapInfo map) {
     if (applied.ok()) {
       EvalResult r = eval_backend->Evaluate((*client)->params(), test->images.data(),
                                             test->labels.data(), n);
-      flatbuffers::FlatBufferBuilder fbb(128);
-      auto body = wire::CreateAccuracyReport(fbb, static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
-                                             static_cast<float>(r.accuracy),
-                                             static_cast<float>(r.loss), static_cast<uint32_t>(r.samples),
-                                             every_clocks);
-      auto ack = (*monitor)->Call(fbb, body, clock->Now() + std::chrono::seconds(2));
+      const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
+                                       static_cast<float>(r.accuracy), static_cast<float>(r.loss),
+                                       static_cast<uint32_t>(r.samples), every_clocks};
+      auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
       if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
     }
     lock.lock();
@@ -607,10 +614,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   if (o.on_registered) o.on_registered(w.id, w.rank);
   (*monitor)->options() = w.Rpc();
   {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    auto kv = fbb.CreateVectorOfStructs(w.keys);
-    auto reply = (*monitor)->Call(fbb, wire::CreateDeclareModel(fbb, kv, 0),
-                                  w.clock->Now() + std::chrono::seconds(5));
+    auto reply = (*monitor)->Call(msg::DeclareModel{w.keys, 0}, w.clock->Now() + std::chrono::seconds(5));
     if (!reply.ok()) return reply.status();
   }
   std::optional<WorkerMetrics> metrics;

@@ -21,10 +21,9 @@ absl::StatusCode CanonicalCode(wire::ErrorCode code) {
 }
 }  // namespace
 
-absl::Status StatusFromError(const wire::Error* error) {
-  wire::ErrorCode code = error->code();
-  std::string reason = error->reason() ? error->reason()->str() : "";
-  absl::Status s(CanonicalCode(code), std::string(ErrorCodeName(code)) + ": " + reason);
+absl::Status StatusFromError(const msg::Error& error) {
+  const wire::ErrorCode code = error.code;
+  absl::Status s(CanonicalCode(code), std::string(ErrorCodeName(code)) + ": " + error.reason);
   s.SetPayload(kCodeUrl, absl::Cord(std::to_string(static_cast<int>(code))));
   return s;
 }
@@ -71,7 +70,7 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::Match(const Frames& frames, u
     return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
   }
   if (d.env.request_id != request_id) return std::optional<Decoded>();  // late reply
-  if (d.type() == wire::Body::Error) return StatusFromError(d.As<wire::Error>());
+  if (d.type() == wire::Body::Error) return StatusFromError(msg::Read<msg::Error>(d));
   return std::optional<Decoded>(std::move(d));
 }
 
@@ -100,7 +99,7 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::MatchAny(const Frames& frames
   const size_t i = find(d.env.request_id);
   if (i == request_ids.size()) return std::optional<Decoded>();  // late reply
   *which = i;
-  if (d.type() == wire::Body::Error) return StatusFromError(d.As<wire::Error>());
+  if (d.type() == wire::Body::Error) return StatusFromError(msg::Read<msg::Error>(d));
   return std::optional<Decoded>(std::move(d));
 }
 

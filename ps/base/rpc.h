@@ -11,13 +11,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ps/base/messages.h"
 #include "ps/base/transport.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
 
 // An Error reply as a Status; the wire code rides along as a payload.
-absl::Status StatusFromError(const wire::Error* error);
+absl::Status StatusFromError(const msg::Error& error);
 // The wire error code a Status came from, or Unknown.
 wire::ErrorCode WireCode(const absl::Status& status);
 // A Status for people: "CODE: message", without the payloads (the wire
@@ -64,6 +65,13 @@ class RpcChannel {
     return env.request_id;
   }
 
+  // The same for a typed message (messages.h).
+  template <class M>
+  absl::StatusOr<uint64_t> Send(const M& m, Frame payload = {}) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    return Send(fbb, msg::Build(fbb, m), std::move(payload));
+  }
+
   // Sends the last message again, request id and all (frames are shared,
   // not copied): a retry after a timeout or a peer's restart. The receiver
   // must treat a repeated request id as the same request.
@@ -94,6 +102,14 @@ class RpcChannel {
   absl::StatusOr<Decoded> Call(flatbuffers::FlatBufferBuilder& fbb, flatbuffers::Offset<T> body,
                                TimePoint deadline, Frame payload = {}) {
     absl::StatusOr<uint64_t> id = Send(fbb, body, std::move(payload));
+    if (!id.ok()) return id.status();
+    return Wait(*id, deadline);
+  }
+
+  // The same for a typed message (messages.h).
+  template <class M>
+  absl::StatusOr<Decoded> Call(const M& m, TimePoint deadline, Frame payload = {}) {
+    absl::StatusOr<uint64_t> id = Send(m, std::move(payload));
     if (!id.ok()) return id.status();
     return Wait(*id, deadline);
   }

@@ -1,0 +1,552 @@
+#include "ps/base/messages.h"
+
+namespace pacer {
+namespace {
+
+constexpr uint32_t kMonitorStateFormat = 1;
+
+std::string Str(const flatbuffers::String* s) { return s ? s->str() : ""; }
+const char* OrNull(const std::string& s) { return s.empty() ? nullptr : s.c_str(); }
+
+}  // namespace
+
+namespace msg {
+
+flatbuffers::Offset<wire::Ack> Build(flatbuffers::FlatBufferBuilder& fbb, const Ack&) {
+  return wire::CreateAck(fbb);
+}
+flatbuffers::Offset<wire::Stop> Build(flatbuffers::FlatBufferBuilder& fbb, const Stop& m) {
+  return wire::CreateStopDirect(fbb, m.reason.c_str());
+}
+flatbuffers::Offset<wire::MoveOut> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveOut& m) {
+  return wire::CreateMoveOut(fbb, m.key_begin, m.key_end, m.drop);
+}
+flatbuffers::Offset<wire::MoveData> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveData& m) {
+  auto keys = fbb.CreateVectorOfStructs(m.keys);
+  return wire::CreateMoveData(fbb, keys, m.applied_clock, m.steps);
+}
+
+flatbuffers::Offset<wire::Error> Build(flatbuffers::FlatBufferBuilder& fbb, const Error& m) {
+  return wire::CreateErrorDirect(fbb, m.code, m.reason.c_str());
+}
+
+Ack FromWire(const wire::Ack&) { return {}; }
+Error FromWire(const wire::Error& t) { return {t.code(), Str(t.reason())}; }
+Stop FromWire(const wire::Stop& t) { return {Str(t.reason())}; }
+MoveOut FromWire(const wire::MoveOut& t) { return {t.key_begin(), t.key_end(), t.drop()}; }
+MoveData FromWire(const wire::MoveData& t) {
+  MoveData m;
+  if (t.keys() != nullptr) {
+    for (const wire::KeyLen* k : *t.keys()) m.keys.push_back(*k);
+  }
+  m.applied_clock = t.applied_clock();
+  m.steps = t.steps();
+  return m;
+}
+
+
+namespace {
+
+std::vector<wire::KeyLen> Keys(const flatbuffers::Vector<const wire::KeyLen*>* v) {
+  std::vector<wire::KeyLen> out;
+  if (v == nullptr) return out;
+  out.reserve(v->size());
+  for (const wire::KeyLen* k : *v) out.push_back(*k);
+  return out;
+}
+
+std::vector<wire::PartitionPosition> Positions(
+    const flatbuffers::Vector<const wire::PartitionPosition*>* v) {
+  std::vector<wire::PartitionPosition> out;
+  if (v == nullptr) return out;
+  for (const wire::PartitionPosition* p : *v) out.push_back(*p);
+  return out;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<const wire::KeyLen*>> KeysOf(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<wire::KeyLen>& keys) {
+  return fbb.CreateVectorOfStructs(keys);
+}
+
+}  // namespace
+
+flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, const JobConfig& m) {
+  return wire::CreateJobConfig(fbb, m.mode, m.learning_rate, m.momentum, m.global_batch, m.epochs,
+                               m.time_cap_seconds, m.target_accuracy, m.seed,
+                               m.eval_interval_seconds, m.heartbeat_interval_ms, m.backup_workers,
+                               m.policy, m.staleness_aware_lr, m.eval_interval_clocks);
+}
+JobConfig FromWire(const wire::JobConfig& t) {
+  JobConfig m;
+  m.mode = t.mode();
+  m.learning_rate = t.learning_rate();
+  m.momentum = t.momentum();
+  m.global_batch = t.global_batch();
+  m.epochs = t.epochs();
+  m.time_cap_seconds = t.time_cap_seconds();
+  m.target_accuracy = t.target_accuracy();
+  m.seed = t.seed();
+  m.eval_interval_seconds = t.eval_interval_seconds();
+  m.heartbeat_interval_ms = t.heartbeat_interval_ms();
+  m.backup_workers = t.backup_workers();
+  m.policy = t.policy();
+  m.staleness_aware_lr = t.staleness_aware_lr();
+  m.eval_interval_clocks = t.eval_interval_clocks();
+  return m;
+}
+
+flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardMap& m) {
+  std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
+  for (const ShardInfo& s : m.shards) {
+    infos.push_back(wire::CreateShardInfoDirect(fbb, s.id, s.address.c_str(), s.key_begin,
+                                                s.key_end, OrNull(s.public_key)));
+  }
+  return wire::CreateShardMapDirect(fbb, m.version, &infos);
+}
+ShardMap FromWire(const wire::ShardMap& t) {
+  ShardMap m;
+  m.version = t.version();
+  if (t.shards() != nullptr) {
+    for (const wire::ShardInfo* s : *t.shards()) {
+      m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(),
+                          Str(s->public_key())});
+    }
+  }
+  return m;
+}
+
+flatbuffers::Offset<wire::Assignment> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                            const Assignment& m) {
+  return wire::CreateAssignment(fbb, m.batch_size, m.staleness_bound, m.staleness_range);
+}
+Assignment FromWire(const wire::Assignment& t) {
+  return {t.batch_size(), t.staleness_bound(), t.staleness_range()};
+}
+
+flatbuffers::Offset<wire::Register> Build(flatbuffers::FlatBufferBuilder& fbb, const Register& m) {
+  return wire::CreateRegisterDirect(fbb, m.role, m.address.c_str(), m.shard_id, m.checkpoint_job,
+                                    m.checkpoint_map_version, m.incarnation);
+}
+Register FromWire(const wire::Register& t) {
+  return {t.role(), Str(t.address()), t.shard_id(), t.checkpoint_job(), t.checkpoint_map_version(),
+          t.incarnation()};
+}
+
+flatbuffers::Offset<wire::RegisterReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                               const RegisterReply& m) {
+  flatbuffers::Offset<wire::JobConfig> job;
+  if (m.job) job = Build(fbb, *m.job);
+  return wire::CreateRegisterReply(fbb, m.id, m.rank, job);
+}
+RegisterReply FromWire(const wire::RegisterReply& t) {
+  RegisterReply m;
+  m.id = t.id();
+  m.rank = t.rank();
+  if (t.job() != nullptr) m.job = FromWire(*t.job());
+  return m;
+}
+
+flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, const Heartbeat& m) {
+  auto positions = fbb.CreateVectorOfStructs(m.positions);
+  wire::HeartbeatBuilder b(fbb);
+  b.add_role(m.role);
+  b.add_clock(m.clock);
+  b.add_samples_per_second(m.samples_per_second);
+  b.add_done(m.done);
+  b.add_iterations(m.iterations);
+  b.add_batch(m.batch);
+  b.add_compute_seconds_per_sample(m.compute_seconds_per_sample);
+  b.add_communication_seconds(m.communication_seconds);
+  b.add_wait_seconds(m.wait_seconds);
+  b.add_memory_limit_batch(m.memory_limit_batch);
+  b.add_positions(positions);
+  b.add_checkpoint_age_seconds(m.checkpoint_age_seconds);
+  b.add_paused(m.paused);
+  b.add_samples(m.samples);
+  b.add_compute_seconds(m.compute_seconds);
+  b.add_batch_squares(m.batch_squares);
+  b.add_batch_compute(m.batch_compute);
+  b.add_compute_min_seconds(m.compute_min_seconds);
+  b.add_compute_max_seconds(m.compute_max_seconds);
+  return b.Finish();
+}
+Heartbeat FromWire(const wire::Heartbeat& t) {
+  Heartbeat m;
+  m.role = t.role();
+  m.clock = t.clock();
+  m.samples_per_second = t.samples_per_second();
+  m.done = t.done();
+  m.iterations = t.iterations();
+  m.batch = t.batch();
+  m.compute_seconds_per_sample = t.compute_seconds_per_sample();
+  m.communication_seconds = t.communication_seconds();
+  m.wait_seconds = t.wait_seconds();
+  m.memory_limit_batch = t.memory_limit_batch();
+  m.positions = Positions(t.positions());
+  m.checkpoint_age_seconds = t.checkpoint_age_seconds();
+  m.paused = t.paused();
+  m.samples = t.samples();
+  m.compute_seconds = t.compute_seconds();
+  m.batch_squares = t.batch_squares();
+  m.batch_compute = t.batch_compute();
+  m.compute_min_seconds = t.compute_min_seconds();
+  m.compute_max_seconds = t.compute_max_seconds();
+  return m;
+}
+
+flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                                const HeartbeatReply& m) {
+  flatbuffers::Offset<wire::ShardMap> map;
+  if (m.shard_map) map = Build(fbb, *m.shard_map);
+  flatbuffers::Offset<wire::Assignment> assignment;
+  if (m.assignment) assignment = Build(fbb, *m.assignment);
+  auto reason = m.stop_reason.empty() ? 0 : fbb.CreateString(m.stop_reason);
+  auto partitions = fbb.CreateVectorOfStructs(m.partitions);
+  auto faults = fbb.CreateString(m.faults);
+  return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
+                                    m.partition_index, m.partition_count, assignment, reason,
+                                    m.evaluate, partitions, m.pause_at, faults, m.faults_version);
+}
+HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
+  HeartbeatReply m;
+  m.state = t.state();
+  if (t.shard_map() != nullptr) m.shard_map = FromWire(*t.shard_map());
+  m.membership_version = t.membership_version();
+  m.start_clock = t.start_clock();
+  m.partition_index = t.partition_index();
+  m.partition_count = t.partition_count();
+  if (t.assignment() != nullptr) m.assignment = FromWire(*t.assignment());
+  m.stop_reason = Str(t.stop_reason());
+  m.evaluate = t.evaluate();
+  m.partitions = Positions(t.partitions());
+  m.pause_at = t.pause_at();
+  m.faults = Str(t.faults());
+  m.faults_version = t.faults_version();
+  return m;
+}
+
+flatbuffers::Offset<wire::DeclareModel> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                              const DeclareModel& m) {
+  return wire::CreateDeclareModel(fbb, KeysOf(fbb, m.keys), m.shard_map_version);
+}
+DeclareModel FromWire(const wire::DeclareModel& t) {
+  return {Keys(t.keys()), t.shard_map_version()};
+}
+
+flatbuffers::Offset<wire::Membership> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                            const Membership& m) {
+  std::vector<flatbuffers::Offset<wire::WorkerInfo>> workers;
+  for (const WorkerInfo& w : m.workers) {
+    workers.push_back(wire::CreateWorkerInfoDirect(fbb, w.id, w.rank, w.batch, w.start_clock,
+                                                   w.staleness, w.staleness_range,
+                                                   OrNull(w.public_key)));
+  }
+  return wire::CreateMembershipDirect(fbb, m.version, &workers);
+}
+Membership FromWire(const wire::Membership& t) {
+  Membership m;
+  m.version = t.version();
+  if (t.workers() != nullptr) {
+    for (const wire::WorkerInfo* w : *t.workers()) {
+      m.workers.push_back({w->id(), w->rank(), w->batch(), w->start_clock(), w->staleness(),
+                           w->staleness_range(), Str(w->public_key())});
+    }
+  }
+  return m;
+}
+
+flatbuffers::Offset<wire::Init> Build(flatbuffers::FlatBufferBuilder& fbb, const Init& m) {
+  return wire::CreateInit(fbb, KeysOf(fbb, m.keys));
+}
+Init FromWire(const wire::Init& t) { return {Keys(t.keys())}; }
+
+flatbuffers::Offset<wire::Push> Build(flatbuffers::FlatBufferBuilder& fbb, const Push& m) {
+  auto keys = KeysOf(fbb, m.keys);
+  wire::PushBuilder b(fbb);
+  b.add_clock(m.clock);
+  b.add_batch(m.batch);
+  b.add_keys(keys);
+  if (m.read_applied) b.add_read_applied(*m.read_applied);
+  if (m.read_steps) b.add_read_steps(*m.read_steps);
+  b.add_seq(m.seq);
+  b.add_part(m.part);
+  b.add_parts(m.parts);
+  return b.Finish();
+}
+Push FromWire(const wire::Push& t) {
+  Push m;
+  m.clock = t.clock();
+  m.batch = t.batch();
+  m.keys = Keys(t.keys());
+  if (t.read_applied()) m.read_applied = *t.read_applied();
+  if (t.read_steps()) m.read_steps = *t.read_steps();
+  m.seq = t.seq();
+  m.part = t.part();
+  m.parts = t.parts();
+  return m;
+}
+
+flatbuffers::Offset<wire::PushReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                           const PushReply& m) {
+  return wire::CreatePushReply(fbb, m.clock, m.complete);
+}
+PushReply FromWire(const wire::PushReply& t) { return {t.clock(), t.complete()}; }
+
+flatbuffers::Offset<wire::Pull> Build(flatbuffers::FlatBufferBuilder& fbb, const Pull& m) {
+  return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest);
+}
+Pull FromWire(const wire::Pull& t) { return {t.clock(), Keys(t.keys()), t.latest()}; }
+
+flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                           const PullReply& m) {
+  return wire::CreatePullReply(fbb, m.clock, m.applied_clock, KeysOf(fbb, m.keys),
+                               m.waited_seconds, m.steps);
+}
+PullReply FromWire(const wire::PullReply& t) {
+  return {t.clock(), t.applied_clock(), Keys(t.keys()), t.waited_seconds(), t.steps()};
+}
+
+flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                                const AccuracyReport& m) {
+  return wire::CreateAccuracyReport(fbb, m.clock, m.accuracy, m.loss, m.samples, m.every_clocks);
+}
+AccuracyReport FromWire(const wire::AccuracyReport& t) {
+  return {t.clock(), t.accuracy(), t.loss(), t.samples(), t.every_clocks()};
+}
+
+flatbuffers::Offset<wire::StatusRequest> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                               const StatusRequest&) {
+  return wire::CreateStatusRequest(fbb);
+}
+StatusRequest FromWire(const wire::StatusRequest&) { return {}; }
+
+flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                             const StatusReply& m) {
+  std::vector<flatbuffers::Offset<wire::ShardStatus>> shards;
+  for (const ShardStatus& s : m.shards) {
+    shards.push_back(wire::CreateShardStatusDirect(fbb, s.id, s.address.c_str(), s.key_begin,
+                                                   s.key_end, s.up, s.applied_clock,
+                                                   s.checkpoint_age_seconds, s.restarts));
+  }
+  std::vector<flatbuffers::Offset<wire::WorkerStatus>> workers;
+  for (const WorkerStatus& w : m.workers) {
+    workers.push_back(wire::CreateWorkerStatusDirect(
+        fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.clock, w.alive, w.done,
+        w.samples_per_second, &w.partitions, w.paused));
+  }
+  flatbuffers::Offset<wire::ShardMap> map;
+  if (m.shard_map) map = Build(fbb, *m.shard_map);
+  return wire::CreateStatusReplyDirect(fbb, m.state, m.mode, m.policy, m.stop_reason.c_str(),
+                                       m.seconds_running, m.last_accuracy, map,
+                                       m.membership_version, &m.model, &shards, &workers,
+                                       &m.partitions, m.pause_at, m.moving);
+}
+StatusReply FromWire(const wire::StatusReply& t) {
+  StatusReply m;
+  m.state = t.state();
+  m.mode = t.mode();
+  m.policy = t.policy();
+  m.stop_reason = Str(t.stop_reason());
+  m.seconds_running = t.seconds_running();
+  m.last_accuracy = t.last_accuracy();
+  if (t.shard_map() != nullptr) m.shard_map = FromWire(*t.shard_map());
+  m.membership_version = t.membership_version();
+  m.model = Keys(t.model());
+  if (t.shards() != nullptr) {
+    for (const wire::ShardStatus* s : *t.shards()) {
+      m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(), s->up(),
+                          s->applied_clock(), s->checkpoint_age_seconds(), s->restarts()});
+    }
+  }
+  if (t.workers() != nullptr) {
+    for (const wire::WorkerStatus* w : *t.workers()) {
+      WorkerStatus ws{w->id(), w->rank(), w->batch(), w->staleness(), w->staleness_range(),
+                      w->clock(), w->alive(), w->done(), w->samples_per_second(), {}, w->paused()};
+      if (w->partitions() != nullptr) ws.partitions.assign(w->partitions()->begin(), w->partitions()->end());
+      m.workers.push_back(std::move(ws));
+    }
+  }
+  m.partitions = Positions(t.partitions());
+  m.pause_at = t.pause_at();
+  m.moving = t.moving();
+  return m;
+}
+
+flatbuffers::Offset<wire::RemoveWorker> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                              const RemoveWorker& m) {
+  return wire::CreateRemoveWorker(fbb, m.id);
+}
+RemoveWorker FromWire(const wire::RemoveWorker& t) { return {t.id()}; }
+
+flatbuffers::Offset<wire::ShardControl> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                              const ShardControl& m) {
+  return wire::CreateShardControl(fbb, m.op, m.shard_id);
+}
+ShardControl FromWire(const wire::ShardControl& t) { return {t.op(), t.shard_id()}; }
+
+flatbuffers::Offset<wire::FaultControl> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                              const FaultControl& m) {
+  return wire::CreateFaultControlDirect(fbb, m.op, m.target.c_str(), m.spec.c_str());
+}
+FaultControl FromWire(const wire::FaultControl& t) {
+  return {t.op(), Str(t.target()), Str(t.spec())};
+}
+
+flatbuffers::Offset<wire::FaultControlReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                                   const FaultControlReply& m) {
+  std::vector<flatbuffers::Offset<wire::FaultEntry>> entries;
+  for (const auto& [target, spec] : m.entries) {
+    entries.push_back(wire::CreateFaultEntryDirect(fbb, target.c_str(), spec.c_str()));
+  }
+  return wire::CreateFaultControlReplyDirect(fbb, m.version, &entries);
+}
+FaultControlReply FromWire(const wire::FaultControlReply& t) {
+  FaultControlReply m;
+  m.version = t.version();
+  if (t.entries() != nullptr) {
+    for (const wire::FaultEntry* e : *t.entries()) {
+      m.entries.emplace_back(Str(e->target()), Str(e->spec()));
+    }
+  }
+  return m;
+}
+
+}  // namespace msg
+
+std::string EncodeMonitorRecord(const MonitorRecord& r) {
+  flatbuffers::FlatBufferBuilder fbb(1024 + r.model.size() * sizeof(wire::KeyLen));
+  std::vector<flatbuffers::Offset<wire::MonitorWorker>> workers;
+  for (const auto& w : r.workers) {
+    workers.push_back(wire::CreateMonitorWorkerDirect(
+        fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock, w.clock,
+        w.joined_version, w.alive, w.done, OrNull(w.token), OrNull(w.public_key)));
+  }
+  std::vector<flatbuffers::Offset<wire::MonitorShard>> shards;
+  for (const auto& s : r.shards) {
+    shards.push_back(wire::CreateMonitorShardDirect(fbb, s.id, s.address.c_str(), s.incarnation,
+                                                    s.key_begin, s.key_end, s.applied_clock,
+                                                    s.restarts, s.drained, OrNull(s.public_key)));
+  }
+  auto model = fbb.CreateVectorOfStructs(r.model);
+  auto reason = fbb.CreateString(r.stop_reason);
+  std::vector<wire::PartitionPosition> pos;
+  std::vector<uint32_t> owners, releasing;
+  for (const auto& p : r.partitions) {
+    pos.emplace_back(p.index, p.epoch, p.offset);
+    owners.push_back(p.owner);
+    releasing.push_back(p.releasing);
+  }
+  auto positions = fbb.CreateVectorOfStructs(pos);
+  auto owner_v = fbb.CreateVector(owners);
+  auto releasing_v = fbb.CreateVector(releasing);
+  auto wv = fbb.CreateVector(workers);
+  auto sv = fbb.CreateVector(shards);
+  wire::MonitorStateBuilder b(fbb);
+  b.add_format(kMonitorStateFormat);
+  b.add_job_id(r.job_id);
+  b.add_state(r.state);
+  b.add_stop_reason(reason);
+  b.add_next_id(r.next_id);
+  b.add_next_rank(r.next_rank);
+  b.add_model(model);
+  b.add_map_built(r.map_built);
+  b.add_map_version(r.map_version);
+  b.add_membership_version(r.membership_version);
+  b.add_partition_count(r.partition_count);
+  b.add_workers(wv);
+  b.add_shards(sv);
+  b.add_seconds_running(r.seconds_running.value_or(-1));
+  b.add_saved_unix(r.saved_unix);
+  b.add_last_accuracy(r.last_accuracy.value_or(-1.0f));
+  b.add_time_to_target(r.time_to_target.value_or(-1));
+  b.add_slack_open(r.slack_open);
+  b.add_partitions(positions);
+  b.add_partition_owners(owner_v);
+  b.add_partition_releasing(releasing_v);
+  b.add_batch_per_worker(r.batch_per_worker);
+  fbb.Finish(b.Finish());
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (!verifier.VerifyBuffer<wire::MonitorState>(nullptr)) {
+    return absl::DataLossError("the saved monitor state does not verify");
+  }
+  const auto* st = flatbuffers::GetRoot<wire::MonitorState>(bytes.data());
+  if (st->format() != kMonitorStateFormat) {
+    return absl::DataLossError("monitor state format " + std::to_string(st->format()) +
+                               ", this build reads " + std::to_string(kMonitorStateFormat));
+  }
+  MonitorRecord r;
+  r.job_id = st->job_id();
+  r.state = st->state();
+  r.stop_reason = Str(st->stop_reason());
+  r.next_id = st->next_id();
+  r.next_rank = st->next_rank();
+  if (st->model() != nullptr) {
+    for (const wire::KeyLen* k : *st->model()) r.model.push_back(*k);
+  }
+  r.map_built = st->map_built();
+  r.map_version = st->map_version();
+  r.membership_version = st->membership_version();
+  r.partition_count = st->partition_count();
+  r.batch_per_worker = st->batch_per_worker();
+  if (st->partitions() != nullptr) {
+    for (flatbuffers::uoffset_t i = 0; i < st->partitions()->size(); ++i) {
+      const wire::PartitionPosition* pp = st->partitions()->Get(i);
+      MonitorRecord::Partition p;
+      p.index = pp->index();
+      p.epoch = pp->epoch();
+      p.offset = pp->offset();
+      if (st->partition_owners() != nullptr && i < st->partition_owners()->size()) {
+        p.owner = st->partition_owners()->Get(i);
+      }
+      if (st->partition_releasing() != nullptr && i < st->partition_releasing()->size()) {
+        p.releasing = st->partition_releasing()->Get(i);
+      }
+      r.partitions.push_back(p);
+    }
+  }
+  if (st->workers() != nullptr) {
+    for (const wire::MonitorWorker* mw : *st->workers()) {
+      MonitorRecord::Worker w;
+      w.id = mw->id();
+      w.rank = mw->rank();
+      w.batch = mw->batch();
+      w.staleness = mw->staleness();
+      w.staleness_range = mw->staleness_range();
+      w.start_clock = mw->start_clock();
+      w.clock = mw->clock();
+      w.joined_version = mw->joined_version();
+      w.alive = mw->alive();
+      w.done = mw->done();
+      w.token = Str(mw->token());
+      w.public_key = Str(mw->public_key());
+      r.workers.push_back(std::move(w));
+    }
+  }
+  if (st->shards() != nullptr) {
+    for (const wire::MonitorShard* ms : *st->shards()) {
+      MonitorRecord::Shard s;
+      s.id = ms->id();
+      s.address = Str(ms->address());
+      s.incarnation = ms->incarnation();
+      s.key_begin = ms->key_begin();
+      s.key_end = ms->key_end();
+      s.applied_clock = ms->applied_clock();
+      s.restarts = ms->restarts();
+      s.drained = ms->drained();
+      s.public_key = Str(ms->public_key());
+      r.shards.push_back(std::move(s));
+    }
+  }
+  if (st->seconds_running() >= 0) r.seconds_running = st->seconds_running();
+  r.saved_unix = st->saved_unix();
+  if (st->last_accuracy() >= 0) r.last_accuracy = st->last_accuracy();
+  if (st->time_to_target() >= 0) r.time_to_target = st->time_to_target();
+  r.slack_open = st->slack_open();
+  return r;
+}
+
+}  // namespace pacer

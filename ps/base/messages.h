@@ -1,0 +1,410 @@
+// Typed messages and records and their Flatbuffers form, converted in one
+// place: the edge where Pacer's structs meet the schema (schema/pacer.fbs),
+// so that the cores handle typed values.
+//
+// A message type M (in namespace msg) names its table as M::Wire; Build
+// writes it into a builder, FromWire reads it back, and EncodeMessage /
+// msg::Read (and RpcChannel's typed Send and Call) do the whole trip to and
+// from frames. Every request and reply has its struct here, and so has the
+// monitor's saved state (MonitorRecord); the cores and clients handle these
+// values, and no other library file builds or reads a table. The envelope,
+// the checks on a received message and Error replies stay in wire.h.
+#ifndef PACER_PS_BASE_MESSAGES_H_
+#define PACER_PS_BASE_MESSAGES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ps/base/wire.h"
+
+namespace pacer {
+
+namespace msg {
+
+// An empty success reply.
+struct Ack {
+  using Wire = wire::Ack;
+};
+
+// The monitor to a shard: leave the job (the job ended, or it was drained).
+struct Stop {
+  using Wire = wire::Stop;
+  std::string reason;
+};
+
+// The monitor to a shard: send keys [key_begin, key_end) with their values
+// (answered by MoveData), or with `drop`, let go of them (answered by Ack).
+struct MoveOut {
+  using Wire = wire::MoveOut;
+  uint64_t key_begin = 0, key_end = 0;
+  bool drop = false;
+};
+
+// Keys moving to a new owner; their values (parameters, then momentum, in
+// key order) are the payload frame.
+struct MoveData {
+  using Wire = wire::MoveData;
+  std::vector<wire::KeyLen> keys;
+  int64_t applied_clock = -1;
+  uint64_t steps = 0;
+};
+
+// A refusal: why, as a code and in words.
+struct Error {
+  using Wire = wire::Error;
+  wire::ErrorCode code = wire::ErrorCode::Unknown;
+  std::string reason;
+};
+
+// --- the job and the cluster, as register and heartbeat replies carry them
+
+struct JobConfig {
+  using Wire = wire::JobConfig;
+  wire::Mode mode = wire::Mode::Bsp;
+  float learning_rate = 0.1f;
+  float momentum = 0.9f;
+  uint32_t global_batch = 192;
+  uint32_t epochs = 0;
+  double time_cap_seconds = 0;
+  float target_accuracy = 0;
+  uint64_t seed = 1;
+  double eval_interval_seconds = 1.0;
+  uint32_t heartbeat_interval_ms = 100;
+  uint32_t backup_workers = 0;
+  wire::Policy policy = wire::Policy::Fixed;
+  bool staleness_aware_lr = true;
+  uint32_t eval_interval_clocks = 0;
+};
+
+struct ShardInfo {
+  uint32_t id = 0;
+  std::string address;
+  uint64_t key_begin = 0, key_end = 0;
+  std::string public_key;  // CURVE (Z85) as it authenticated; "" without
+};
+
+struct ShardMap {
+  using Wire = wire::ShardMap;
+  uint64_t version = 0;
+  std::vector<ShardInfo> shards;
+};
+
+// A live worker as the shards see it.
+struct WorkerInfo {
+  uint32_t id = 0, rank = 0, batch = 0;
+  uint64_t start_clock = 0;
+  uint32_t staleness = 0, staleness_range = 0;
+  std::string public_key;
+};
+
+struct Assignment {
+  using Wire = wire::Assignment;
+  uint32_t batch_size = 0, staleness_bound = 0, staleness_range = 0;
+};
+
+// --- registration and heartbeats (schema/pacer.fbs says what each field is)
+
+struct Register {
+  using Wire = wire::Register;
+  wire::Role role = wire::Role::Worker;
+  std::string address;  // a shard's address; a worker's token
+  uint32_t shard_id = 0;
+  uint64_t checkpoint_job = 0, checkpoint_map_version = 0;
+  uint64_t incarnation = 0;
+};
+
+struct RegisterReply {
+  using Wire = wire::RegisterReply;
+  uint32_t id = 0, rank = 0;
+  std::optional<JobConfig> job;
+};
+
+struct Heartbeat {
+  using Wire = wire::Heartbeat;
+  wire::Role role = wire::Role::Worker;
+  uint64_t clock = 0;
+  float samples_per_second = 0;
+  bool done = false;
+  uint32_t iterations = 0, batch = 0;
+  float compute_seconds_per_sample = 0, communication_seconds = 0, wait_seconds = 0;
+  uint32_t memory_limit_batch = 0;
+  std::vector<wire::PartitionPosition> positions;
+  float checkpoint_age_seconds = -1;
+  bool paused = false;
+  uint64_t samples = 0;
+  double compute_seconds = 0, batch_squares = 0, batch_compute = 0;
+  double compute_min_seconds = 0, compute_max_seconds = 0;
+};
+
+struct HeartbeatReply {
+  using Wire = wire::HeartbeatReply;
+  wire::JobState state = wire::JobState::Waiting;
+  std::optional<ShardMap> shard_map;
+  uint64_t membership_version = 0, start_clock = 0;
+  uint32_t partition_index = 0, partition_count = 0;
+  std::optional<Assignment> assignment;
+  std::string stop_reason;
+  bool evaluate = false;
+  std::vector<wire::PartitionPosition> partitions;
+  uint64_t pause_at = 0;
+  std::string faults;
+  uint64_t faults_version = 0;
+};
+
+// --- the monitor to the shards
+
+struct DeclareModel {
+  using Wire = wire::DeclareModel;
+  std::vector<wire::KeyLen> keys;
+  uint64_t shard_map_version = 0;
+};
+
+struct Membership {
+  using Wire = wire::Membership;
+  uint64_t version = 0;
+  std::vector<WorkerInfo> workers;
+};
+
+// --- the data path. The keys are copied out of the message (a frame's
+// bytes need not be aligned for wire::KeyLen; a model has tens of keys);
+// the values travel in the payload frame, never copied here.
+
+struct Init {
+  using Wire = wire::Init;
+  std::vector<wire::KeyLen> keys;
+};
+
+struct Push {
+  using Wire = wire::Push;
+  uint64_t clock = 0;
+  uint32_t batch = 0;
+  std::vector<wire::KeyLen> keys;
+  std::optional<int64_t> read_applied;
+  std::optional<uint64_t> read_steps;
+  uint64_t seq = 0;
+  uint32_t part = 0, parts = 1;
+};
+
+struct PushReply {
+  using Wire = wire::PushReply;
+  uint64_t clock = 0;
+  bool complete = true;
+};
+
+struct Pull {
+  using Wire = wire::Pull;
+  uint64_t clock = 0;
+  std::vector<wire::KeyLen> keys;
+  bool latest = false;
+};
+
+struct PullReply {
+  using Wire = wire::PullReply;
+  uint64_t clock = 0;
+  int64_t applied_clock = -1;
+  std::vector<wire::KeyLen> keys;
+  float waited_seconds = 0;
+  uint64_t steps = 0;
+};
+
+struct AccuracyReport {
+  using Wire = wire::AccuracyReport;
+  uint64_t clock = 0;
+  float accuracy = 0, loss = 0;
+  uint32_t samples = 0, every_clocks = 0;
+};
+
+// --- pacerctl and the monitor
+
+struct StatusRequest {
+  using Wire = wire::StatusRequest;
+};
+
+struct ShardStatus {
+  uint32_t id = 0;
+  std::string address;
+  uint64_t key_begin = 0, key_end = 0;
+  bool up = false;
+  int64_t applied_clock = -1;
+  float checkpoint_age_seconds = -1;
+  uint32_t restarts = 0;
+};
+
+struct WorkerStatus {
+  uint32_t id = 0, rank = 0, batch = 0, staleness = 0, staleness_range = 0;
+  uint64_t clock = 0;
+  bool alive = false, done = false;
+  float samples_per_second = 0;
+  std::vector<uint32_t> partitions;
+  bool paused = false;
+};
+
+struct StatusReply {
+  using Wire = wire::StatusReply;
+  wire::JobState state = wire::JobState::Waiting;
+  wire::Mode mode = wire::Mode::Bsp;
+  wire::Policy policy = wire::Policy::Fixed;
+  std::string stop_reason;
+  double seconds_running = -1;
+  float last_accuracy = -1;
+  std::optional<ShardMap> shard_map;
+  uint64_t membership_version = 0;
+  std::vector<wire::KeyLen> model;
+  std::vector<ShardStatus> shards;
+  std::vector<WorkerStatus> workers;
+  std::vector<wire::PartitionPosition> partitions;
+  uint64_t pause_at = 0;
+  bool moving = false;
+};
+
+struct RemoveWorker {
+  using Wire = wire::RemoveWorker;
+  uint32_t id = 0;
+};
+
+struct ShardControl {
+  using Wire = wire::ShardControl;
+  wire::ShardOp op = wire::ShardOp::Add;
+  uint32_t shard_id = 0;
+};
+
+struct FaultControl {
+  using Wire = wire::FaultControl;
+  wire::FaultOp op = wire::FaultOp::List;
+  std::string target, spec;
+};
+
+struct FaultControlReply {
+  using Wire = wire::FaultControlReply;
+  uint64_t version = 0;
+  std::vector<std::pair<std::string, std::string>> entries;  // target, spec
+};
+
+flatbuffers::Offset<wire::Ack> Build(flatbuffers::FlatBufferBuilder& fbb, const Ack& m);
+flatbuffers::Offset<wire::Error> Build(flatbuffers::FlatBufferBuilder& fbb, const Error& m);
+flatbuffers::Offset<wire::Stop> Build(flatbuffers::FlatBufferBuilder& fbb, const Stop& m);
+flatbuffers::Offset<wire::MoveOut> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveOut& m);
+flatbuffers::Offset<wire::MoveData> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveData& m);
+
+Ack FromWire(const wire::Ack& t);
+Error FromWire(const wire::Error& t);
+Stop FromWire(const wire::Stop& t);
+MoveOut FromWire(const wire::MoveOut& t);
+MoveData FromWire(const wire::MoveData& t);
+flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, const JobConfig& m);
+flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardMap& m);
+flatbuffers::Offset<wire::Assignment> Build(flatbuffers::FlatBufferBuilder& fbb, const Assignment& m);
+flatbuffers::Offset<wire::Register> Build(flatbuffers::FlatBufferBuilder& fbb, const Register& m);
+flatbuffers::Offset<wire::RegisterReply> Build(flatbuffers::FlatBufferBuilder& fbb, const RegisterReply& m);
+flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, const Heartbeat& m);
+flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& fbb, const HeartbeatReply& m);
+flatbuffers::Offset<wire::DeclareModel> Build(flatbuffers::FlatBufferBuilder& fbb, const DeclareModel& m);
+flatbuffers::Offset<wire::Membership> Build(flatbuffers::FlatBufferBuilder& fbb, const Membership& m);
+flatbuffers::Offset<wire::Init> Build(flatbuffers::FlatBufferBuilder& fbb, const Init& m);
+flatbuffers::Offset<wire::Push> Build(flatbuffers::FlatBufferBuilder& fbb, const Push& m);
+flatbuffers::Offset<wire::PushReply> Build(flatbuffers::FlatBufferBuilder& fbb, const PushReply& m);
+flatbuffers::Offset<wire::Pull> Build(flatbuffers::FlatBufferBuilder& fbb, const Pull& m);
+flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb, const PullReply& m);
+flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb, const AccuracyReport& m);
+flatbuffers::Offset<wire::StatusRequest> Build(flatbuffers::FlatBufferBuilder& fbb, const StatusRequest& m);
+flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb, const StatusReply& m);
+flatbuffers::Offset<wire::RemoveWorker> Build(flatbuffers::FlatBufferBuilder& fbb, const RemoveWorker& m);
+flatbuffers::Offset<wire::ShardControl> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardControl& m);
+flatbuffers::Offset<wire::FaultControl> Build(flatbuffers::FlatBufferBuilder& fbb, const FaultControl& m);
+flatbuffers::Offset<wire::FaultControlReply> Build(flatbuffers::FlatBufferBuilder& fbb, const FaultControlReply& m);
+JobConfig FromWire(const wire::JobConfig& t);
+ShardMap FromWire(const wire::ShardMap& t);
+Assignment FromWire(const wire::Assignment& t);
+Register FromWire(const wire::Register& t);
+RegisterReply FromWire(const wire::RegisterReply& t);
+Heartbeat FromWire(const wire::Heartbeat& t);
+HeartbeatReply FromWire(const wire::HeartbeatReply& t);
+DeclareModel FromWire(const wire::DeclareModel& t);
+Membership FromWire(const wire::Membership& t);
+Init FromWire(const wire::Init& t);
+Push FromWire(const wire::Push& t);
+PushReply FromWire(const wire::PushReply& t);
+Pull FromWire(const wire::Pull& t);
+PullReply FromWire(const wire::PullReply& t);
+AccuracyReport FromWire(const wire::AccuracyReport& t);
+StatusRequest FromWire(const wire::StatusRequest& t);
+StatusReply FromWire(const wire::StatusReply& t);
+RemoveWorker FromWire(const wire::RemoveWorker& t);
+ShardControl FromWire(const wire::ShardControl& t);
+FaultControl FromWire(const wire::FaultControl& t);
+FaultControlReply FromWire(const wire::FaultControlReply& t);
+
+// The body of `d` as an M; `d.type()` must be M's (check it first).
+template <class M>
+M Read(const Decoded& d) {
+  return FromWire(*d.As<typename M::Wire>());
+}
+
+}  // namespace msg
+
+// The frames of `m` sent under `env`, with an optional payload frame.
+template <class M>
+Frames EncodeMessage(const Envelope& env, const M& m, Frame payload = {}, bool with_crc = true) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  return EncodeBody(env, fbb, msg::Build(fbb, m), std::move(payload), with_crc);
+}
+
+// What a restarted monitor needs to go on with its job (--data-dir).
+struct MonitorRecord {
+  struct Worker {
+    uint32_t id = 0, rank = 0, batch = 0, staleness = 0, staleness_range = 0;
+    uint64_t start_clock = 0, clock = 0, joined_version = 0;
+    bool alive = true, done = false;
+    std::string token;       // its registration token ("": none)
+    std::string public_key;  // CURVE ("" without transport security)
+  };
+  struct Shard {
+    uint32_t id = 0;
+    std::string address;
+    uint64_t incarnation = 0;
+    uint64_t key_begin = 0, key_end = 0;
+    int64_t applied_clock = -1;
+    uint32_t restarts = 0;
+    bool drained = false;
+    std::string public_key;
+  };
+  // A data partition: its read position, owner and previous owner (worker
+  // ids; 0: none).
+  struct Partition {
+    uint32_t index = 0, epoch = 0;
+    uint64_t offset = 0;
+    uint32_t owner = 0, releasing = 0;
+  };
+
+  uint64_t job_id = 0;
+  wire::JobState state = wire::JobState::Waiting;
+  std::string stop_reason;
+  uint32_t next_id = 0, next_rank = 0;
+  std::vector<wire::KeyLen> model;
+  bool map_built = false;
+  uint64_t map_version = 0, membership_version = 0;
+  uint32_t partition_count = 0;
+  std::vector<Worker> workers;
+  std::vector<Shard> shards;  // in registration order
+  std::vector<Partition> partitions;
+  std::optional<double> seconds_running;  // none: not started
+  double saved_unix = 0;                  // wall clock of the save
+  std::optional<float> last_accuracy;
+  std::optional<double> time_to_target;
+  bool slack_open = true;
+  double batch_per_worker = 0;  // --rescale-batch: B / workers at the start
+};
+
+// The record as a MonitorState flatbuffer (format 1).
+std::string EncodeMonitorRecord(const MonitorRecord& r);
+// DataLoss when `bytes` does not verify or is of another format.
+absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes);
+
+}  // namespace pacer
+
+#endif  // PACER_PS_BASE_MESSAGES_H_
