@@ -34,7 +34,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       server_(*registry_, "monitor", clock, spdlog::level::warn),
       metrics_(*registry_),
       created_at_(clock->Now()),
-      policy_(PolicyFor(options)) {
+      policy_(PolicyFor(options), clock) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
 }
 
@@ -455,47 +455,54 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
 
 void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Heartbeat hb = msg::Read<msg::Heartbeat>(d);
-  if (hb.role == wire::Role::Shard) {
-    auto shard = std::find_if(shards_.begin(), shards_.end(),
-                              [&](const ShardState& s) { return s.id == d.env.sender; });
-    if (shard != shards_.end()) {
-      shard->last_seen = clock_->Now();
-      // The heartbeat says max(0, applied clock).
-      shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb.clock));
-      shard->checkpoint_age = hb.checkpoint_age_seconds;
-      shard->reported_applied = static_cast<int64_t>(hb.clock);
-      if (hb.done && !shard->down) {
-        shard->down = true;
-        spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
-                     "until it registers again",
-                     shard->id);
-        UpdateShardGauges();
-      } else if (!hb.done && shard->down && shard->acked_model) {
-        shard->down = false;  // it was only silent for a while
-        UpdateShardGauges();
-      }
+  if (hb.role == wire::Role::Shard) return OnShardHeartbeat(peer, d.env, hb, out);
+  OnWorkerHeartbeat(peer, d.env, hb, out);
+}
+
+void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const msg::Heartbeat& hb,
+                                   std::vector<Outgoing>* out) {
+  auto shard = std::find_if(shards_.begin(), shards_.end(),
+                            [&](const ShardState& s) { return s.id == env.sender; });
+  if (shard != shards_.end()) {
+    shard->last_seen = clock_->Now();
+    // The heartbeat says max(0, applied clock).
+    shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb.clock));
+    shard->checkpoint_age = hb.checkpoint_age_seconds;
+    shard->reported_applied = static_cast<int64_t>(hb.clock);
+    if (hb.done && !shard->down) {
+      shard->down = true;
+      spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
+                   "until it registers again",
+                   shard->id);
+      UpdateShardGauges();
+    } else if (!hb.done && shard->down && shard->acked_model) {
+      shard->down = false;  // it was only silent for a while
+      UpdateShardGauges();
     }
-    msg::HeartbeatReply reply;
-    reply.state = state_;
-    reply.membership_version = membership_version_;
-    reply.stop_reason = stop_reason_;
-    reply.faults = faults_.For("server", d.env.sender);
-    reply.faults_version = faults_.version();
-    out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
-    return;
   }
-  auto it = workers_.find(d.env.sender);
+  msg::HeartbeatReply reply;
+  reply.state = state_;
+  reply.membership_version = membership_version_;
+  reply.stop_reason = stop_reason_;
+  reply.faults = faults_.For("server", env.sender);
+  reply.faults_version = faults_.version();
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
+}
+
+void MonitorCore::OnWorkerHeartbeat(const Frame& peer, const Envelope& env,
+                                    const msg::Heartbeat& hb, std::vector<Outgoing>* out) {
+  auto it = workers_.find(env.sender);
   if (it == workers_.end() || !it->second.alive) {
     if (state_ == wire::JobState::Stopped) {
       msg::HeartbeatReply reply;
       reply.state = state_;
       reply.membership_version = membership_version_;
       reply.stop_reason = stop_reason_;
-      out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
+      out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
       return;
     }
-    return ReplyError(peer, d.env, wire::ErrorCode::NotMember,
-                      "worker " + std::to_string(d.env.sender) +
+    return ReplyError(peer, env, wire::ErrorCode::NotMember,
+                      "worker " + std::to_string(env.sender) +
                           " is not a live member (its lease expired?)",
                       out);
   }
@@ -512,8 +519,22 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   }
   w.clock = std::max(w.clock, hb.clock);
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
+  TakePositions(w, hb.positions);
+  if (hb.done && !w.done) {
+    w.done = true;
+    spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb.clock);
+    ChangeMembership("finished", "worker " + std::to_string(w.id) + " finished");
+    if (map_built_) UpdatePolicyWorkers();
+  } else {
+    ReportTimings(w, hb);
+  }
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), WorkerReply(w))});
+}
+
+void MonitorCore::TakePositions(WorkerState& w,
+                                const std::vector<wire::PartitionPosition>& positions) {
   std::set<uint32_t> reading;
-  for (const wire::PartitionPosition& pp : hb.positions) {
+  for (const wire::PartitionPosition& pp : positions) {
     if (pp.index() >= partitions_.size()) continue;
     reading.insert(pp.index());
     PartitionState& ps = partitions_[pp.index()];
@@ -531,37 +552,36 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
       ps.releasing = 0;
     }
   }
-  if (hb.done && !w.done) {
-    w.done = true;
-    spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb.clock);
-    ChangeMembership("finished", "worker " + std::to_string(w.id) + " finished");
-    if (map_built_) UpdatePolicyWorkers();
-  } else {
-    // Every heartbeat reports where the worker is (its clock), even one
-    // that finished no iteration: a straggler stuck in a long one must not
-    // look as if it kept its old pace.
-    policy::TimingReport r;
-    r.iterations = hb.iterations;
-    r.samples = uint64_t{hb.iterations} * hb.batch;
-    r.compute_seconds = double{hb.compute_seconds_per_sample} * static_cast<double>(r.samples);
-    if (hb.samples > 0 && hb.iterations > 0) {
-      r.samples = hb.samples;
-      r.compute_seconds = hb.compute_seconds;
-      r.batch_squares = hb.batch_squares;
-      r.batch_compute = hb.batch_compute;
-      r.min_compute = hb.compute_min_seconds;
-      r.max_compute = hb.compute_max_seconds;
-    }
-    r.communication_seconds = double{hb.communication_seconds} * hb.iterations;
-    r.wait_seconds = double{hb.wait_seconds} * hb.iterations;
-    r.memory_limit_batch = hb.memory_limit_batch;
-    r.clock = hb.clock;
-    r.at = w.last_seen;
-    policy_.Report(w.id, r);
-    // A worker whose speed just shifted gets its new size in this reply
-    // rather than a heartbeat later.
-    if (state_ == wire::JobState::Running && policy_.urgent()) RunPolicy(w.last_seen);
+}
+
+void MonitorCore::ReportTimings(WorkerState& w, const msg::Heartbeat& hb) {
+  // Every heartbeat reports where the worker is (its clock), even one
+  // that finished no iteration: a straggler stuck in a long one must not
+  // look as if it kept its old pace.
+  policy::TimingReport r;
+  r.iterations = hb.iterations;
+  r.samples = uint64_t{hb.iterations} * hb.batch;
+  r.compute_seconds = double{hb.compute_seconds_per_sample} * static_cast<double>(r.samples);
+  if (hb.samples > 0 && hb.iterations > 0) {
+    r.samples = hb.samples;
+    r.compute_seconds = hb.compute_seconds;
+    r.batch_squares = hb.batch_squares;
+    r.batch_compute = hb.batch_compute;
+    r.min_compute = hb.compute_min_seconds;
+    r.max_compute = hb.compute_max_seconds;
   }
+  r.communication_seconds = double{hb.communication_seconds} * hb.iterations;
+  r.wait_seconds = double{hb.wait_seconds} * hb.iterations;
+  r.memory_limit_batch = hb.memory_limit_batch;
+  r.clock = hb.clock;
+  r.at = w.last_seen;
+  policy_.Report(w.id, r);
+  // A worker whose speed just shifted gets its new size in this reply
+  // rather than a heartbeat later.
+  if (state_ == wire::JobState::Running && policy_.urgent()) RunPolicy(w.last_seen);
+}
+
+msg::HeartbeatReply MonitorCore::WorkerReply(const WorkerState& w) const {
   // A worker runs once the job runs and every shard knows it is a member.
   wire::JobState state = state_;
   if (state == wire::JobState::Running && MinAckedMembership() < w.joined_version) {
@@ -586,7 +606,7 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
   reply.pause_at = pause_at_;
   reply.faults = faults_.For("worker", w.id);
   reply.faults_version = faults_.version();
-  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
+  return reply;
 }
 
 void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -1206,137 +1226,6 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   }
 }
 
-std::string MonitorCore::SaveState() const {
-  std::map<uint32_t, std::string> tokens;
-  for (const auto& [token, id] : worker_tokens_) tokens[id] = token;
-  MonitorRecord r;
-  r.job_id = options_.job_id;
-  r.state = state_;
-  r.stop_reason = stop_reason_;
-  r.next_id = next_id_;
-  r.next_rank = next_rank_;
-  r.model = model_;
-  r.map_built = map_built_;
-  r.map_version = map_version_;
-  r.membership_version = membership_version_;
-  r.partition_count = partition_count_;
-  for (const auto& [id, w] : workers_) {
-    auto t = tokens.find(id);
-    r.workers.push_back({w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.start_clock,
-                         w.clock, w.joined_version, w.alive, w.done,
-                         t == tokens.end() ? std::string() : t->second, w.public_key});
-  }
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    const ShardState& sh = shards_[i];
-    const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
-    r.shards.push_back({sh.id, sh.address, sh.incarnation, range.first, range.second,
-                        sh.applied_clock, sh.restarts, sh.drained, sh.public_key});
-  }
-  for (size_t p = 0; p < partitions_.size(); ++p) {
-    r.partitions.push_back({static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset,
-                            partitions_[p].owner, partitions_[p].releasing});
-  }
-  r.seconds_running = seconds_running();
-  r.saved_unix = UnixSeconds();
-  if (last_accuracy_) r.last_accuracy = static_cast<float>(*last_accuracy_);
-  r.time_to_target = time_to_target_;
-  r.slack_open = policy_.slack_open();
-  r.batch_per_worker = batch_per_worker_;
-  return EncodeMonitorRecord(r);
-}
-
-absl::Status MonitorCore::RestoreState(std::string_view bytes) {
-  auto decoded = DecodeMonitorRecord(bytes);
-  if (!decoded.ok()) return decoded.status();
-  const MonitorRecord& st = *decoded;
-  if (st.job_id != options_.job_id) {
-    return absl::InvalidArgumentError("the saved state is job " + std::to_string(st.job_id) +
-                                      ", this monitor runs job " + std::to_string(options_.job_id));
-  }
-  const TimePoint now = clock_->Now();
-  state_ = st.state;
-  stop_reason_ = st.stop_reason;
-  next_id_ = st.next_id;
-  next_rank_ = st.next_rank;
-  model_ = st.model;
-  map_built_ = st.map_built;
-  map_version_ = st.map_version;
-  membership_version_ = st.membership_version;
-  partition_count_ = st.partition_count;
-  batch_per_worker_ = st.batch_per_worker;
-  partitions_.assign(partition_count_, PartitionState{});
-  for (const auto& p : st.partitions) {
-    if (p.index >= partitions_.size()) continue;
-    partitions_[p.index] = {p.owner, p.epoch, p.offset, p.releasing};
-  }
-  workers_.clear();
-  worker_tokens_.clear();
-  std::map<uint32_t, policy::Assignment> saved;
-  for (const auto& mw : st.workers) {
-    WorkerState w;
-    w.id = mw.id;
-    w.rank = mw.rank;
-    w.batch = mw.batch;
-    w.staleness = mw.staleness;
-    w.staleness_range = mw.staleness_range;
-    w.start_clock = mw.start_clock;
-    w.clock = mw.clock;
-    w.joined_version = mw.joined_version;
-    w.alive = mw.alive;
-    w.done = mw.done;
-    w.public_key = mw.public_key;
-    w.last_seen = now;  // a fresh lease: it may still be training
-    workers_[w.id] = w;
-    if (!mw.token.empty()) worker_tokens_[mw.token] = w.id;
-    if (w.alive && !w.done) saved[w.id] = {w.batch, w.staleness, w.staleness_range};
-  }
-  shards_.clear();
-  ranges_.clear();
-  for (const auto& ms : st.shards) {
-    ShardState s;
-    s.id = ms.id;
-    s.address = ms.address;
-    s.incarnation = ms.incarnation;
-    s.public_key = ms.public_key;
-    s.applied_clock = ms.applied_clock;
-    s.restarts = ms.restarts;
-    s.drained = ms.drained;
-    s.last_seen = now;
-    shards_.push_back(s);
-    ranges_.emplace_back(ms.key_begin, ms.key_end);
-  }
-  if (st.seconds_running) {
-    // The time it was down counts as running time (the time cap).
-    const double down = std::max(0.0, UnixSeconds() - st.saved_unix);
-    started_at_ = now - FromSeconds(*st.seconds_running + down);
-  }
-  if (st.last_accuracy) last_accuracy_ = *st.last_accuracy;
-  if (st.time_to_target) time_to_target_ = st.time_to_target;
-  // Workers that were here are gone or will say so; the job waits for a
-  // live one before "all workers finished" can end it again.
-  awaiting_workers_ = LiveWorkers().empty();
-  if (state_ == wire::JobState::Stopped) {
-    spdlog::warn("job {} had stopped ({}); resuming it", options_.job_id, stop_reason_);
-    state_ = map_built_ ? wire::JobState::Running : wire::JobState::Waiting;
-    stop_reason_.clear();
-    if (map_built_ && !started_at_) started_at_ = now;
-  }
-  if (map_built_) {
-    RescaleBatch(LiveWorkers().size());
-    policy_.SetWorkers(LiveWorkers());
-    policy_.Restore(saved, st.slack_open);
-    ApplyAssignments();
-    metrics_.map_version->Set(static_cast<double>(map_version_));
-  }
-  // A new version, so that every shard takes the live set from us again.
-  ChangeMembership("restarted", "monitor restarted");
-  UpdateShardGauges();
-  spdlog::info("resumed job {} from its saved state: {}, {} shard(s), {} live worker(s), shard map "
-               "v{}, membership v{}",
-               options_.job_id, wire::EnumNameJobState(state_), shards_.size(),
-               LiveWorkers().size(), map_version_, membership_version_);
-  return absl::OkStatus();
-}
 
 // ---------------------------------------------------------------------------
 

@@ -257,6 +257,19 @@ class MonitorCore {
   void AssignPartitions();
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnShardHeartbeat(const Frame& peer, const Envelope& env, const msg::Heartbeat& hb,
+                        std::vector<Outgoing>* out);
+  void OnWorkerHeartbeat(const Frame& peer, const Envelope& env, const msg::Heartbeat& hb,
+                         std::vector<Outgoing>* out);
+  // A worker's read positions: only the partitions it reads move, and only
+  // forward; one it handed over and no longer reports is released.
+  void TakePositions(WorkerState& w, const std::vector<wire::PartitionPosition>& positions);
+  // A worker's timings since its last heartbeat, to the policy (and a
+  // round at once after a confirmed shift).
+  void ReportTimings(WorkerState& w, const msg::Heartbeat& hb);
+  // What a live worker is told: the job's state for it, map, assignment,
+  // partitions, pause, faults.
+  msg::HeartbeatReply WorkerReply(const WorkerState& w) const;
   void OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // pacerctl.
   void OnStatus(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -350,7 +363,7 @@ class MonitorCore {
 class MonitorServer {
  public:
   // Binds and starts serving on its own thread. `transport` must outlive it.
-  static absl::StatusOr<std::unique_ptr<MonitorServer>> Start(Transport* transport,
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MonitorServer>> Start(Transport* transport,
                                                               const MonitorOptions& options);
   ~MonitorServer();
   const std::string& address() const { return address_; }
