@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
 
 #include "ps/base/wire.h"
 
@@ -41,13 +42,15 @@ uint64_t RequestOf(const Frames& f) {
 
 class FaultTest : public ::testing::Test {
  protected:
-  void SetUp() override { Wire(std::make_shared<FaultInjector>(42, &registry_), "mem://0"); }
+  // Time is the fixture's fake clock, for the transport and the rules
+  // alike: nothing here sleeps.
+  void SetUp() override { Wire(std::make_shared<FaultInjector>(42, &registry_, &clock_), "mem://0"); }
   // Puts `faults` between a fresh client and server bound at `address`.
   void Wire(std::shared_ptr<FaultInjector> faults, const std::string& address) {
     client_.reset();
     server_.reset();
     faults_ = std::move(faults);
-    transport_ = MakeFaultyTransport(MakeInProcTransport(), faults_);
+    transport_ = MakeFaultyTransport(MakeInProcTransport(&clock_), faults_);
     auto server = transport_->Bind(address);
     ASSERT_TRUE(server.ok());
     server_ = std::move(*server);
@@ -64,18 +67,27 @@ class FaultTest : public ::testing::Test {
   void Send(uint32_t sender, uint64_t from, uint64_t to, wire::Body type = wire::Body::Ack) {
     for (uint64_t r = from; r <= to; ++r) ASSERT_TRUE(client_->Send(Message(sender, r, type)).ok());
   }
-  // Request ids received until `wait` passes with nothing more.
-  std::vector<uint64_t> Received(Duration wait = milliseconds(50)) {
+  // Request ids deliverable now, without waiting.
+  std::vector<uint64_t> ReceivedNow() {
     std::vector<uint64_t> got;
     for (;;) {
       Frames f;
-      auto r = transport_->Recv(server_.get(), &f, transport_->clock()->Now() + wait);
+      auto r = transport_->Recv(server_.get(), &f, clock_.Now());
       EXPECT_TRUE(r.ok());
       if (!r.ok() || !*r) return got;
       got.push_back(RequestOf(f));
     }
   }
+  // Request ids received as `wait` passes: what is deliverable now, then
+  // what is due by then.
+  std::vector<uint64_t> Received(Duration wait = milliseconds(50)) {
+    std::vector<uint64_t> got = ReceivedNow();
+    clock_.Advance(wait);
+    for (uint64_t r : ReceivedNow()) got.push_back(r);
+    return got;
+  }
 
+  FakeClock clock_;
   prometheus::Registry registry_;
   std::shared_ptr<FaultInjector> faults_;
   std::unique_ptr<Transport> transport_;
@@ -144,15 +156,16 @@ TEST_F(FaultTest, DropWithProbabilityIsSeededAndCounted) {
 
 TEST_F(FaultTest, DelayHoldsMessagesBackAndRecvWaitsForThem) {
   Rules("delay:ms=150,jitter=20");
-  const TimePoint t0 = transport_->clock()->Now();
   Send(7, 1, 3);
-  Frames f;
-  auto early = transport_->Recv(server_.get(), &f, t0 + milliseconds(100));
-  ASSERT_TRUE(early.ok());
-  EXPECT_FALSE(*early) << "delivered before its delay";
-  const auto got = Received(milliseconds(300));
-  EXPECT_EQ(got.size(), 3u);
-  EXPECT_GE(transport_->clock()->Now() - t0, milliseconds(150));
+  // The fault layer takes them in (and starts their delay) at the first
+  // receive; on a fake clock every receive here is one that does not wait.
+  EXPECT_TRUE(ReceivedNow().empty()) << "delivered before its delay";
+  clock_.Advance(milliseconds(100));
+  EXPECT_TRUE(ReceivedNow().empty()) << "delivered before its delay (at 100 ms)";
+  clock_.Advance(milliseconds(49));
+  EXPECT_TRUE(ReceivedNow().empty()) << "delivered before its delay (at 149 ms)";
+  clock_.Advance(milliseconds(21));  // 170 ms: past the delay and its jitter
+  EXPECT_EQ(ReceivedNow().size(), 3u);
   EXPECT_EQ(faults_->injected(FaultKind::kDelay), 3);
 }
 
@@ -160,13 +173,26 @@ TEST_F(FaultTest, PollWakesForADelayedMessage) {
   Rules("delay:ms=100");
   Send(7, 1, 1);
   Socket* s = server_.get();
-  const TimePoint t0 = transport_->clock()->Now();
-  auto ready = transport_->Poll(std::span<Socket* const>(&s, 1), t0 + milliseconds(1000));
+  const TimePoint t0 = clock_.Now();
+  // A poll that does not wait takes the message in: its delay runs from t0.
+  auto none = transport_->Poll(std::span<Socket* const>(&s, 1), t0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty()) << "ready before its delay";
+  // Poll waits on the fake clock (to a deadline of t0 + 1 s) while this
+  // thread moves it past the message's delay.
+  // Before 100 ms the message is not due, so Poll cannot return with it;
+  // it returns once it is, long before its deadline (else join would hang
+  // until ctest's timeout: the fake clock never reaches t0 + 1 s).
+  absl::StatusOr<std::vector<size_t>> ready;
+  std::thread poller([&] {
+    ready = transport_->Poll(std::span<Socket* const>(&s, 1), t0 + milliseconds(1000));
+  });
+  clock_.Advance(milliseconds(99));
+  clock_.Advance(milliseconds(1));
+  poller.join();
   ASSERT_TRUE(ready.ok());
   ASSERT_EQ(ready->size(), 1u);
-  const Duration waited = transport_->clock()->Now() - t0;
-  EXPECT_GE(waited, milliseconds(100));
-  EXPECT_LT(waited, milliseconds(900)) << "Poll slept to its deadline";
+  EXPECT_EQ(clock_.Now() - t0, milliseconds(100));
   Frames f;
   EXPECT_TRUE(*server_->TryRecv(&f));
 }
@@ -190,7 +216,7 @@ TEST_F(FaultTest, CorruptedMessagesFailVerification) {
   int rejected = 0;
   for (int i = 0; i < 50; ++i) {
     Frames f;
-    auto got = transport_->Recv(server_.get(), &f, transport_->clock()->Now() + milliseconds(200));
+    auto got = transport_->Recv(server_.get(), &f, clock_.Now());
     ASSERT_TRUE(got.ok() && *got);
     f.erase(f.begin());  // the ROUTER's peer id
     Decoded d;
@@ -221,18 +247,16 @@ TEST_F(FaultTest, PartitionBlocksOnlyTheNamedPeers) {
 }
 
 TEST_F(FaultTest, ARuleWithForEndsByItself) {
-  // The rules' time is the injector's clock: a fake one here, no sleeping.
-  FakeClock clock;
-  Wire(std::make_shared<FaultInjector>(42, nullptr, &clock), "mem://1");
+  // The rules' time is the injector's clock (the fixture's fake one).
   Rules("partition:for=0.2");
   Send(7, 1, 1);
-  EXPECT_TRUE(Received().empty());
-  clock.Advance(milliseconds(199));
+  EXPECT_TRUE(ReceivedNow().empty());
+  clock_.Advance(milliseconds(199));
   Send(7, 2, 2);
-  EXPECT_TRUE(Received().empty()) << "still within its 0.2 s";
-  clock.Advance(milliseconds(1));
+  EXPECT_TRUE(ReceivedNow().empty()) << "still within its 0.2 s";
+  clock_.Advance(milliseconds(1));
   Send(7, 3, 3);
-  EXPECT_EQ(Received(), (std::vector<uint64_t>{3}));
+  EXPECT_EQ(ReceivedNow(), (std::vector<uint64_t>{3}));
 }
 
 TEST_F(FaultTest, SlowDiskDelaysCheckpointsNotMessages) {
