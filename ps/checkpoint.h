@@ -68,10 +68,11 @@ class CheckpointStore {
 
   // Opens (creating if missing) the database in directory `path`; its parent
   // must exist. InvalidArgument / Internal with RocksDB's reason otherwise.
-  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
+      const std::string& path);
   // The same on a given RocksDB Env (tests: a file system that crashes).
-  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& path,
-                                                                rocksdb::Env* env);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
+      const std::string& path, rocksdb::Env* env);
   ~CheckpointStore();
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
@@ -104,7 +105,7 @@ absl::StatusOr<std::string> DataDirPath(const std::string& dir, const std::strin
 class RecordStore {
  public:
   // As CheckpointStore::Open.
-  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path);
   ~RecordStore();
   RecordStore(const RecordStore&) = delete;
   RecordStore& operator=(const RecordStore&) = delete;

@@ -6,11 +6,9 @@
 #include <optional>
 #include <thread>
 
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "ps/base/rpc.h"
+#include "ps/shard_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace pacer {
@@ -30,12 +28,7 @@ struct CheckpointWriter::State {
   uint32_t shard = 0;
   double started_unix = 0;
 
-  prometheus::Histogram* m_seconds = nullptr;
-  prometheus::Gauge* m_bytes = nullptr;
-  prometheus::Gauge* m_age = nullptr;
-  prometheus::Gauge* m_last = nullptr;
-  prometheus::Counter* m_ok = nullptr;
-  prometheus::Counter* m_failed = nullptr;
+  std::optional<CheckpointMetrics> metrics;
 
   std::mutex mu;  // guards to_write, busy, exit, abandoned, done
   std::condition_variable cv;
@@ -92,15 +85,15 @@ void CheckpointWriter::State::Write(const ShardSnapshot& snap) {
   absl::StatusOr<uint64_t> bytes = store->Save(snap);
   const double seconds = ToSeconds(clock->Now() - t0);
   if (!bytes.ok()) {
-    m_failed->Increment();
+    metrics->failed->Increment();
     spdlog::error("shard {}: checkpoint failed: {}", shard, ErrorText(bytes.status()));
     return;
   }
-  m_ok->Increment();
-  m_seconds->Observe(seconds);
-  m_bytes->Set(static_cast<double>(*bytes));
+  metrics->ok->Increment();
+  metrics->seconds->Observe(seconds);
+  metrics->bytes->Set(static_cast<double>(*bytes));
   last_success_unix = snap.taken_unix > 0 ? snap.taken_unix : UnixSeconds();
-  m_last->Set(last_success_unix);
+  metrics->last->Set(last_success_unix);
   SPDLOG_DEBUG("shard {}: checkpoint at applied clock {} ({} bytes in {:.3f} s)", shard,
                snap.applied_clock, *bytes, seconds);
 }
@@ -117,44 +110,7 @@ CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
   s.faults = std::move(faults);
   s.shard = shard;
   s.started_unix = UnixSeconds();
-  auto& r = *s.registry;
-  s.m_seconds = &prometheus::BuildHistogram()
-                     .Name("pacer_shard_checkpoint_duration_seconds")
-                     .Help("Time to write one checkpoint (synced)")
-                     .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
-                                                                      0.25, 0.5, 1, 2.5, 5, 10});
-  s.m_bytes = &prometheus::BuildGauge()
-                   .Name("pacer_shard_checkpoint_size_bytes")
-                   .Help("Bytes written by the last successful checkpoint")
-                   .Register(r)
-                   .Add({});
-  s.m_age = &prometheus::BuildGauge()
-                 .Name("pacer_shard_checkpoint_age_seconds")
-                 .Help(
-                     "Age of the state in the last successful checkpoint, in seconds "
-                     "(since start when none)")
-                 .Register(r)
-                 .Add({});
-  s.m_last = &prometheus::BuildGauge()
-                  .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
-                  .Help(
-                      "Unix time the state in the last successful checkpoint was "
-                      "captured (0: none yet)")
-                  .Register(r)
-                  .Add({});
-  prometheus::BuildGauge()
-      .Name("pacer_shard_checkpoint_interval_seconds")
-      .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
-      .Register(r)
-      .Add({})
-      .Set(ToSeconds(interval));
-  auto& done = prometheus::BuildCounter()
-                   .Name("pacer_shard_checkpoints_total")
-                   .Help("Checkpoints attempted, by result")
-                   .Register(r);
-  s.m_ok = &done.Add({{"result", "ok"}});
-  s.m_failed = &done.Add({{"result", "failed"}});
+  s.metrics.emplace(*s.registry, interval);
   // The thread holds the state too: it can outlive this object.
   thread_ = std::thread([state = state_] { state->Loop(); });
 }
@@ -216,7 +172,7 @@ double CheckpointWriter::last_success_unix() const { return state_->last_success
 double CheckpointWriter::AgeSeconds() const {
   const double last = state_->last_success_unix.load();
   const double age = UnixSeconds() - (last > 0 ? last : state_->started_unix);
-  state_->m_age->Set(age);
+  state_->metrics->age->Set(age);
   return age;
 }
 

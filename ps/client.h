@@ -87,7 +87,7 @@ struct FlatRange {
 class PsClient {
  public:
   // `keys` need not be sorted; the flat layout follows ascending key order.
-  static absl::StatusOr<std::unique_ptr<PsClient>> Create(Transport* transport,
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<PsClient>> Create(Transport* transport,
                                                           const ClientOptions& options,
                                                           const ShardMapInfo& map,
                                                           std::vector<wire::KeyLen> keys);

@@ -115,4 +115,44 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) {
                 .Add({});
 }
 
+CheckpointMetrics::CheckpointMetrics(prometheus::Registry& r, Duration interval) {
+  seconds = &prometheus::BuildHistogram()
+                 .Name("pacer_shard_checkpoint_duration_seconds")
+                 .Help("Time to write one checkpoint (synced)")
+                 .Register(r)
+                 .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                  0.25, 0.5, 1, 2.5, 5, 10});
+  bytes = &prometheus::BuildGauge()
+               .Name("pacer_shard_checkpoint_size_bytes")
+               .Help("Bytes written by the last successful checkpoint")
+               .Register(r)
+               .Add({});
+  age = &prometheus::BuildGauge()
+             .Name("pacer_shard_checkpoint_age_seconds")
+             .Help(
+                 "Age of the state in the last successful checkpoint, in seconds "
+                 "(since start when none)")
+             .Register(r)
+             .Add({});
+  last = &prometheus::BuildGauge()
+              .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
+              .Help(
+                  "Unix time the state in the last successful checkpoint was "
+                  "captured (0: none yet)")
+              .Register(r)
+              .Add({});
+  prometheus::BuildGauge()
+      .Name("pacer_shard_checkpoint_interval_seconds")
+      .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
+      .Register(r)
+      .Add({})
+      .Set(ToSeconds(interval));
+  auto& done = prometheus::BuildCounter()
+                   .Name("pacer_shard_checkpoints_total")
+                   .Help("Checkpoints attempted, by result")
+                   .Register(r);
+  ok = &done.Add({{"result", "ok"}});
+  failed = &done.Add({{"result", "failed"}});
+}
+
 }  // namespace pacer

@@ -1,5 +1,5 @@
-// A shard's metrics (pacer_shard_*), registered in one place; ShardCore
-// sets them.
+// A shard's metrics (pacer_shard_*), registered in one place: ShardCore
+// sets ShardMetrics, its checkpoint writer CheckpointMetrics.
 #ifndef PACER_PS_SHARD_METRICS_H_
 #define PACER_PS_SHARD_METRICS_H_
 
@@ -7,6 +7,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "ps/base/clock.h"
 
 namespace pacer {
 
@@ -34,6 +35,19 @@ struct ShardMetrics {
   prometheus::Gauge* keys = nullptr;
   prometheus::Gauge* live = nullptr;
   prometheus::Gauge* parked = nullptr;
+};
+
+// A shard's checkpoint series (pacer_shard_checkpoint_*, --data-dir only),
+// registered by its CheckpointWriter; `interval` is reported as set.
+struct CheckpointMetrics {
+  CheckpointMetrics(prometheus::Registry& r, Duration interval);
+
+  prometheus::Histogram* seconds = nullptr;
+  prometheus::Gauge* bytes = nullptr;
+  prometheus::Gauge* age = nullptr;
+  prometheus::Gauge* last = nullptr;
+  prometheus::Counter* ok = nullptr;
+  prometheus::Counter* failed = nullptr;
 };
 
 }  // namespace pacer

@@ -63,7 +63,7 @@ class ShardServer {
  public:
   // Binds, registers with the monitor (retrying until register_timeout) and
   // starts the serving thread. `transport` and `clock` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<ShardServer>> Start(Transport* transport,
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardServer>> Start(Transport* transport,
                                                             const ShardServerOptions& options);
   ~ShardServer();
 

@@ -39,7 +39,7 @@ class CpuContention {
  public:
   // `threads` spinning threads; when `cpu` >= 0 they, and the calling
   // thread, are pinned to that CPU. Fails when pinning is refused.
-  static absl::StatusOr<std::unique_ptr<CpuContention>> Start(int threads, int cpu);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CpuContention>> Start(int threads, int cpu);
   ~CpuContention();
   // Iterations of the busy loop so far (tests: the threads really run).
   uint64_t spins() const { return spins_.load(std::memory_order_relaxed); }

@@ -29,7 +29,7 @@ class MetricsServer {
   // `address` is HOST:PORT; port 0 binds an ephemeral port. `basic_auth`,
   // "USER:PASSWORD", guards /metrics (empty: open). Unavailable when it
   // cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& address, std::shared_ptr<prometheus::Registry> registry,
       const std::string& basic_auth = "");
   ~MetricsServer();

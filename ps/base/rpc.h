@@ -46,7 +46,7 @@ struct RpcOptions {
 // Used by one thread at a time.
 class RpcChannel {
  public:
-  static absl::StatusOr<std::unique_ptr<RpcChannel>> Connect(Transport* transport,
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RpcChannel>> Connect(Transport* transport,
                                                              const std::string& address,
                                                              const RpcOptions& options);
 

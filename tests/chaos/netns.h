@@ -28,7 +28,8 @@ class NetnsLab {
   // "pchaos<pid>-". FailedPrecondition with the reason where this process
   // may not (not root, no `ip`, no namespace support). Commands and their
   // errors are appended to `log_path`.
-  static absl::StatusOr<std::unique_ptr<NetnsLab>> Create(const std::string& log_path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<NetnsLab>> Create(
+      const std::string& log_path);
   // Deletes every namespace it made (with them, their veth pairs).
   ~NetnsLab();
   NetnsLab(const NetnsLab&) = delete;

@@ -132,6 +132,7 @@ int Runner::WaitForTraining() {
     Pause(Millis(100));
   }
   t0_ = UnixSeconds();
+  t0_at_ = clock_->Now();
   heals_.push_back(t0_);
   // Ids, for fault targets: shards registered in order; workers print theirs.
   std::string status;
@@ -150,14 +151,15 @@ int Runner::WaitForTraining() {
 
 void Runner::PlayTimeline() {
   for (const Action& a : s_.timeline) {
-    ScrapeUntil(t0_ + a.at);
+    ScrapeUntil(t0_at_ + FromSeconds(a.at));
     if (!Do(a)) {
       verdicts_.push_back({"timeline", "timeline", false, "could not " + a.what + " " + a.target});
     }
   }
   // Until 4 s before the end: scrape; then take the model and let it stop.
-  while (UnixSeconds() < t0_ + s_.seconds - 4 && monitor_->Running())
-    ScrapeUntil(UnixSeconds() + 0.25);
+  while (clock_->Now() < t0_at_ + FromSeconds(s_.seconds - 4) && monitor_->Running()) {
+    ScrapeUntil(clock_->Now() + Millis(250));
+  }
   if (lab_ != nullptr) LiftPartitions(/*all=*/true);
   Scrape();
 }
@@ -174,7 +176,8 @@ void Runner::EvaluateModel() {
 
 std::vector<std::string> Runner::WaitForEveryoneToLeave() {
   // The job stops at its time cap: everyone must leave by themselves.
-  monitor_->Wait(Millis(static_cast<int64_t>((t0_ + s_.seconds + 30 - UnixSeconds()) * 1000)));
+  monitor_->Wait(std::chrono::duration_cast<Millis>(t0_at_ + FromSeconds(s_.seconds + 30) -
+                                                    clock_->Now()));
   std::vector<std::string> hung;
   const auto leave_by = clock_->Now() + std::chrono::seconds(20);
   for (Proc* p : All()) {
@@ -237,9 +240,10 @@ bool Runner::MakeNodes() {
 }
 
 void Runner::LiftPartitions(bool all) {
+  const TimePoint now_at = clock_->Now();
   const double now = UnixSeconds();
   for (auto it = lifts_.begin(); it != lifts_.end();) {
-    if (!all && it->first > now) {
+    if (!all && it->first > now_at) {
       ++it;
       continue;
     }
@@ -254,8 +258,8 @@ void Runner::LiftPartitions(bool all) {
   }
 }
 
-void Runner::ScrapeUntil(double until) {
-  while (UnixSeconds() < until) {
+void Runner::ScrapeUntil(TimePoint until) {
+  while (clock_->Now() < until) {
     if (g_interrupted) throw Interrupted{};
     if (lab_ != nullptr) LiftPartitions();
     Scrape();
@@ -545,7 +549,7 @@ bool Runner::DoCut(const Action& a, double now) {
     return false;
   }
   if (Proc* p = Target(a.target)) p->cut_off = true;
-  lifts_.push_back({now + a.seconds, node});
+  lifts_.push_back({clock_->Now() + FromSeconds(a.seconds), node});
   if (a.target.rfind("worker:", 0) == 0) {
     expect_monitor_.push_back(
         {"pacer_monitor_workers_lost_total", "worker partitioned (iptables)"});

@@ -112,12 +112,15 @@ class Runner {
   // `dir`: every process's logs and the journals. `bin_dir`: where the
   // binaries are. `netns`: each process in its own network namespace
   // (netns.h); else all on 127.0.0.1.
-  Runner(Scenario s, std::string dir, std::string bin_dir, uint64_t seed, bool netns)
+  // `clock`: what its waits and timers count on.
+  Runner(Scenario s, std::string dir, std::string bin_dir, uint64_t seed, bool netns,
+         const Clock* clock = Clock::Real())
       : s_(std::move(s)),
         dir_(std::move(dir)),
         bin_(std::move(bin_dir)),
         seed_(seed),
-        netns_(netns) {}
+        netns_(netns),
+        clock_(clock) {}
   ~Runner();
 
   // The whole run: exit code 0 when it passed (every invariant holds but
@@ -158,8 +161,8 @@ class Runner {
   std::vector<std::string> WaitForEveryoneToLeave();
   std::vector<Proc*> All();
   Proc* Target(const std::string& target);
-  // Sleeps ~250 ms between scrapes until unix time `until`.
-  void ScrapeUntil(double until);
+  // Sleeps ~250 ms between scrapes until `until` on the runner's clock.
+  void ScrapeUntil(TimePoint until);
   void Scrape();
   // Sleeps `d` on the runner's clock.
   void Pause(Duration d) const { clock_->SleepUntil(clock_->Now() + d); }
@@ -196,16 +199,19 @@ class Runner {
   std::string dir_, bin_;
   uint64_t seed_;
   bool netns_;
-  const Clock* clock_ = Clock::Real();
+  const Clock* const clock_;
   std::unique_ptr<NetnsLab> lab_;                      // before procs_: its namespaces outlive them
-  std::vector<std::pair<double, std::string>> lifts_;  // --netns: (unix s, node) to let back
+  std::vector<std::pair<TimePoint, std::string>> lifts_;  // --netns: (when, node) to let back
   std::string monitor_address_;
   std::vector<std::unique_ptr<Proc>> procs_;  // every process ever started
   Proc* monitor_ = nullptr;
   std::vector<Proc*> shards_, workers_;  // current incarnations, by index
   std::vector<uint32_t> shard_ids_, worker_ids_;
   std::vector<std::string> journals_;  // by worker index
-  double t0_ = 0;                      // training started (unix s)
+  // Training started: in Unix seconds (what the journals and heals are
+  // compared with) and on the runner's clock (what its waits count from).
+  double t0_ = 0;
+  TimePoint t0_at_{};
   std::vector<double> heals_;          // unix s
   struct Kill {
     size_t shard;

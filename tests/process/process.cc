@@ -11,7 +11,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "ps/base/clock.h"
 
 namespace pacer::test {
 
@@ -27,6 +26,7 @@ std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv,
                                         const ProcessOptions& options) {
   std::unique_ptr<Process> p(new Process());
   p->name_ = name;
+  p->clock_ = options.clock;
   p->out_path_ = options.log.empty() ? dir + "/" + name + ".out" : options.log;
   p->err_path_ = options.log.empty() ? dir + "/" + name + options.stderr_suffix : options.log;
   const int mode = O_WRONLY | O_CREAT | (options.log.empty() ? O_TRUNC : O_APPEND);
@@ -77,7 +77,7 @@ std::string Process::Stderr() const { return ReadFile(err_path_); }
 
 std::optional<std::string> Process::WaitForLine(const std::string& prefix,
                                                 std::chrono::milliseconds timeout) {
-  const Clock* clock = Clock::Real();
+  const Clock* clock = clock_;
   const TimePoint deadline = clock->Now() + timeout;
   for (;;) {
     // Whether it still runs before reading: a line printed just before it
@@ -94,7 +94,7 @@ std::optional<std::string> Process::WaitForLine(const std::string& prefix,
 
 std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
   if (exit_code_) return exit_code_;
-  const Clock* clock = Clock::Real();
+  const Clock* clock = clock_;
   const TimePoint deadline = clock->Now() + timeout;
   for (;;) {
     int status = 0;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ps/base/clock.h"
+
 namespace pacer::test {
 
 struct ProcessOptions {
@@ -26,6 +28,8 @@ struct ProcessOptions {
   std::string log;
   // argv[0] may be a bare command name, looked up in PATH.
   bool search_path = false;
+  // The clock its waits count on.
+  const Clock* clock = Clock::Real();
 };
 
 class Process {
@@ -65,6 +69,7 @@ class Process {
  private:
   Process() = default;
   int pid_ = -1;
+  const Clock* clock_ = Clock::Real();
   std::optional<int> exit_code_;
   std::atomic<bool> reaped_{false};
   double started_ = 0, ended_ = 0;
