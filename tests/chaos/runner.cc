@@ -421,7 +421,7 @@ bool Runner::Do(const Action& a) {
   if (a.what == "slow") return DoSlow(a, now);
   if (a.what == "add-shard") return DoAddShard();
   if (a.what == "drain-shard") return DoDrainShard(a);
-  if (a.what == "partition" && lab_ != nullptr) return DoCut(a, now);
+  if (a.what == "partition" && lab_ != nullptr) return DoCut(a);
   if (a.what == "faults" || a.what == "partition") return DoFaults(a, now);
   if (a.what == "clear-faults") return DoClearFaults(now);
   return false;
@@ -540,7 +540,7 @@ bool Runner::DoDrainShard(const Action& a) {
 }
 
 // partition with --netns: iptables in the node's namespace.
-bool Runner::DoCut(const Action& a, double now) {
+bool Runner::DoCut(const Action& a) {
   // Real network: the kernel drops every packet to and from the node.
   const std::string node =
       a.target.substr(0, a.target.find(':')) + a.target.substr(a.target.find(':') + 1);

@@ -179,7 +179,7 @@ class Runner {
   bool DoSlow(const Action& a, double now);
   bool DoAddShard();
   bool DoDrainShard(const Action& a);
-  bool DoCut(const Action& a, double now);
+  bool DoCut(const Action& a);
   bool DoFaults(const Action& a, double now);
   bool DoClearFaults(double now);
 
