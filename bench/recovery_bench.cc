@@ -57,7 +57,7 @@ void CheckpointThroughput(size_t floats, const std::string& dir, int reps) {
   const uint32_t key_floats = 250000;
   for (size_t k = 0, left = floats; left > 0; ++k) {
     const uint32_t n = static_cast<uint32_t>(std::min<size_t>(key_floats, left));
-    s.keys.emplace_back(k, n);
+    s.table.keys.push_back({k, n, pacer::kDefaultGroup, 1});
     left -= n;
   }
   auto params = std::make_shared<std::vector<float>>(floats);
@@ -66,8 +66,8 @@ void CheckpointThroughput(size_t floats, const std::string& dir, int reps) {
   std::normal_distribution<float> nd;
   for (float& x : *params) x = nd(rng);
   for (float& x : *velocity) x = nd(rng);
-  s.params = params;
-  s.velocity = velocity;
+  s.table.params = params;
+  s.table.state = {velocity};  // SGD with momentum
   const double mb = 2.0 * floats * sizeof(float) / 1e6;
 
   auto store = pacer::CheckpointStore::Open(dir + "/throughput");

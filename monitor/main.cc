@@ -112,10 +112,45 @@ int main(int argc, char** argv) {
   app.add_option("--deadband", opts.policy.batch.deadband,
                  "Relative batch change the policy skips as noise")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
-  app.add_option("--lr", opts.learning_rate, "SGD learning rate")->capture_default_str()
-      ->check(pacer::Positive());
-  app.add_option("--momentum", opts.momentum, "SGD momentum")->capture_default_str()
-      ->check(CLI::Range(0.0, 0.9999));
+  // The shards' optimizer and the job's default parameter group: torch.optim's
+  // settings, each defaulting as torch 1.13 does for the chosen optimizer
+  // (Pacer's SGD: lr 0.1, momentum 0.9). Checked after parsing, exit 2.
+  std::string optimizer_name = "sgd";
+  pacer::OptimizerSettings given;
+  app.add_option("--optimizer", optimizer_name,
+                 "Server-side optimizer, torch.optim's update of PyTorch 1.13: sgd, adam, adamw "
+                 "or adagrad")
+      ->capture_default_str();
+  struct FloatFlag {
+    const char* name;
+    float pacer::OptimizerSettings::*field;
+    const char* help;
+  };
+  static constexpr FloatFlag kFloatFlags[] = {
+      {"--lr", &pacer::OptimizerSettings::lr,
+       "Learning rate (default: 0.1 for sgd, 1e-3 for adam and adamw, 1e-2 for adagrad); a "
+       "push's lr or pacerctl set-lr may change it while training runs"},
+      {"--momentum", &pacer::OptimizerSettings::momentum, "sgd: momentum (default 0.9)"},
+      {"--dampening", &pacer::OptimizerSettings::dampening,
+       "sgd: dampening of the momentum (default 0)"},
+      {"--weight-decay", &pacer::OptimizerSettings::weight_decay,
+       "Weight decay (default 0; adamw 1e-2, decoupled as in AdamW)"},
+      {"--beta1", &pacer::OptimizerSettings::beta1, "adam, adamw: beta1 of betas (default 0.9)"},
+      {"--beta2", &pacer::OptimizerSettings::beta2, "adam, adamw: beta2 of betas (default 0.999)"},
+      {"--eps", &pacer::OptimizerSettings::eps,
+       "adam, adamw: eps (default 1e-8); adagrad: eps (default 1e-10)"},
+      {"--lr-decay", &pacer::OptimizerSettings::lr_decay, "adagrad: lr_decay (default 0)"},
+      {"--initial-accumulator-value", &pacer::OptimizerSettings::initial_accumulator_value,
+       "adagrad: initial_accumulator_value (default 0)"},
+  };
+  std::vector<CLI::Option*> float_options;
+  for (const FloatFlag& f : kFloatFlags) {
+    float_options.push_back(app.add_option(f.name, given.*f.field, f.help));
+  }
+  CLI::Option* nesterov_flag =
+      app.add_flag("--nesterov", given.nesterov, "sgd: Nesterov momentum (needs a momentum and no dampening)");
+  CLI::Option* amsgrad_flag =
+      app.add_flag("--amsgrad", given.amsgrad, "adam, adamw: the AMSGrad variant");
   app.add_option("--global-batch", opts.global_batch,
                  "Global batch B, split evenly across the workers present at the start")
       ->capture_default_str()->check(pacer::Positive());
@@ -206,6 +241,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--min-batch %u is above --max-batch %u\n", opts.policy.batch.b_min,
                  opts.policy.batch.b_max);
     return pacer::kExitUsage;
+  }
+  {
+    auto kind = pacer::ParseOptimizerKind(optimizer_name);
+    if (!kind.ok()) {
+      std::fprintf(stderr, "--optimizer: %s\n", std::string(kind.status().message()).c_str());
+      return pacer::kExitUsage;
+    }
+    // Each setting the command line (or config, or environment) gave wins
+    // over the optimizer's default.
+    pacer::OptimizerSettings settings = pacer::DefaultSettings(*kind);
+    for (size_t i = 0; i < float_options.size(); ++i) {
+      if (float_options[i]->count() > 0) settings.*kFloatFlags[i].field = given.*kFloatFlags[i].field;
+    }
+    if (nesterov_flag->count() > 0) settings.nesterov = given.nesterov;
+    if (amsgrad_flag->count() > 0) settings.amsgrad = given.amsgrad;
+    if (absl::Status st = pacer::ValidateSettings(*kind, settings, "optimizer flags"); !st.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+      return pacer::kExitUsage;
+    }
+    opts.optimizer = *kind;
+    opts.optimizer_settings = settings;
   }
   opts.lease = pacer::FromSeconds(lease_s);
   opts.lease_expiry = !unsafe.Off("lease-expiry");

@@ -1,6 +1,7 @@
 #include "monitor/monitor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 
@@ -8,7 +9,9 @@
 #include "prometheus/gauge.h"
 #include "ps/base/messages.h"
 #include "ps/base/rpc.h"
+#include "ps/optimizer.h"
 #include "ps/partition.h"
+#include "ps/table.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
 
@@ -75,8 +78,8 @@ void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorC
 msg::JobConfig MonitorCore::Job() const {
   msg::JobConfig j;
   j.mode = options_.mode;
-  j.learning_rate = options_.learning_rate;
-  j.momentum = options_.momentum;
+  j.optimizer = options_.optimizer;
+  j.optimizer_settings = options_.optimizer_settings;
   j.global_batch = options_.global_batch;
   j.epochs = options_.epochs;
   j.time_cap_seconds = options_.time_cap_seconds;
@@ -125,7 +128,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
   if (!SenderMatchesKey(peer, d, out)) return;
   // Commands that change the job (all but listing the faults).
   const bool command = d.type() == wire::Body::RemoveWorker ||
-                       d.type() == wire::Body::ShardControl ||
+                       d.type() == wire::Body::ShardControl || d.type() == wire::Body::SetLr ||
                        (d.type() == wire::Body::FaultControl &&
                         msg::Read<msg::FaultControl>(d).op != wire::FaultOp::List);
   if (command) {
@@ -142,6 +145,7 @@ void MonitorCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     case wire::Body::RemoveWorker: return OnRemoveWorker(peer, d, out);
     case wire::Body::ShardControl: return OnShardControl(peer, d, out);
     case wire::Body::FaultControl: return OnFaultControl(peer, d, out);
+    case wire::Body::SetLr: return OnSetLr(peer, d, out);
     default:
       return ReplyError(peer, d.env, wire::ErrorCode::WrongType,
                         std::string("the monitor does not serve ") + wire::EnumNameBody(d.type()),
@@ -408,15 +412,32 @@ void MonitorCore::UpdateShardGauges() {
 }
 
 void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  std::vector<wire::KeyLen> keys = msg::Read<msg::DeclareModel>(d).keys;
-  std::sort(keys.begin(), keys.end(), [](auto& a, auto& b) { return a.key() < b.key(); });
+  msg::DeclareModel m = msg::Read<msg::DeclareModel>(d);
+  if (m.keys.empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "a model needs at least one key", out);
+  }
+  if ((!m.names.empty() && m.names.size() != m.keys.size()) ||
+      (!m.groups.empty() && m.groups.size() != m.keys.size())) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "a declaration names a tensor and a group for every key or for none", out);
+  }
+  // Keys in order, their names and groups with them.
+  std::vector<size_t> order(m.keys.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return m.keys[a].key() < m.keys[b].key(); });
+  std::vector<wire::KeyLen> keys;
+  std::vector<std::string> names;
+  std::vector<uint32_t> groups;
+  for (size_t i : order) {
+    keys.push_back(m.keys[i]);
+    if (!m.names.empty()) names.push_back(m.names[i]);
+    if (!m.groups.empty()) groups.push_back(m.groups[i]);
+  }
   for (size_t i = 1; i < keys.size(); ++i) {
     if (keys[i].key() == keys[i - 1].key()) {
       return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "duplicate key in model", out);
     }
-  }
-  if (keys.empty()) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "a model needs at least one key", out);
   }
   uint64_t values = 0;
   const uint64_t max_key_values = options_.max_message_bytes / sizeof(float);
@@ -433,21 +454,51 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   if (values > (uint64_t{1} << 34)) {
     return ReplyError(peer, d.env, wire::ErrorCode::BadLength, "model too large", out);
   }
+  // The groups' settings, over the job's (--optimizer and its flags).
+  TableConfig config{options_.optimizer, options_.optimizer_settings, m.param_groups};
+  if (absl::Status st = ParamTable::ValidateConfig(config); !st.ok()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "model declaration: " + std::string(st.message()), out);
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i] > m.param_groups.size()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "key " + std::to_string(keys[i].key()) + " is in group " +
+                            std::to_string(groups[i]) + "; the declaration has " +
+                            std::to_string(m.param_groups.size() + 1) + " (with 'default')",
+                        out);
+    }
+  }
+  if (std::all_of(groups.begin(), groups.end(), [](uint32_t g) { return g == kDefaultGroup; })) {
+    groups.clear();
+  }
   if (model_.empty()) {
-    model_ = keys;
+    model_ = std::move(keys);
+    model_names_ = std::move(names);
+    model_groups_ = std::move(groups);
+    param_groups_ = std::move(m.param_groups);
     dirty_ = true;
-    uint64_t total = 0;
-    for (const auto& k : keys) total += k.length();
-    spdlog::info("model declared by sender {}: {} keys, {} parameters", d.env.sender, keys.size(),
-                 total);
+    std::string group_list;
+    for (const GroupSettings& g : param_groups_) {
+      group_list += "; group '" + g.name + "': " + FormatGroupSettings(g);
+    }
+    spdlog::info("model declared by sender {}: {} keys, {} parameters; {} {}{}",
+                 d.env.sender, model_.size(), values, OptimizerName(options_.optimizer),
+                 FormatSettings(options_.optimizer, options_.optimizer_settings), group_list);
   } else {
-    bool same = keys.size() == model_.size() &&
-                std::equal(keys.begin(), keys.end(), model_.begin(), [](auto& a, auto& b) {
-                  return a.key() == b.key() && a.length() == b.length();
-                });
+    const bool same = keys.size() == model_.size() &&
+                      std::equal(keys.begin(), keys.end(), model_.begin(), [](auto& a, auto& b) {
+                        return a.key() == b.key() && a.length() == b.length();
+                      });
     if (!same) {
       return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                         "model declaration differs from the one already declared", out);
+    }
+    if (names != model_names_ || groups != model_groups_ || m.param_groups != param_groups_) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                        "model declaration's tensor names or parameter groups differ from the "
+                        "ones already declared",
+                        out);
     }
   }
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
@@ -486,6 +537,8 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.stop_reason = stop_reason_;
   reply.faults = faults_.For("server", env.sender);
   reply.faults_version = faults_.version();
+  reply.lr_overrides = LrOverridesByIndex();
+  reply.lr_overrides_version = lr_overrides_version_;
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
 }
 
@@ -692,6 +745,60 @@ void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vecto
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
 }
 
+void MonitorCore::OnSetLr(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
+  const msg::SetLr c = msg::Read<msg::SetLr>(d);
+  auto refuse = [&](const std::string& why) {
+    ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
+  };
+  if (model_.empty()) return refuse("no model declared yet: its groups are not known");
+  const bool known = c.group == kDefaultGroupName ||
+                     std::any_of(param_groups_.begin(), param_groups_.end(),
+                                 [&](const GroupSettings& g) { return g.name == c.group; });
+  if (!known) {
+    std::string groups = kDefaultGroupName;
+    for (const GroupSettings& g : param_groups_) groups += ", " + g.name;
+    return refuse("no parameter group '" + c.group + "' (the model has: " + groups + ")");
+  }
+  if (c.clear) {
+    if (lr_overrides_.erase(c.group) > 0) {
+      ++lr_overrides_version_;
+      spdlog::info("pacerctl set-lr: group '{}' no longer overridden", c.group);
+    }
+  } else {
+    if (!std::isfinite(c.lr) || c.lr < 0.0f) {
+      return refuse("invalid learning rate " + std::to_string(c.lr) + " (must be >= 0)");
+    }
+    lr_overrides_[c.group] = c.lr;
+    ++lr_overrides_version_;
+    spdlog::info("pacerctl set-lr: group '{}' lr {} (wins over what pushes carry until cleared)",
+                 c.group, c.lr);
+  }
+  dirty_ = true;
+  msg::SetLrReply reply;
+  reply.overrides.assign(lr_overrides_.begin(), lr_overrides_.end());
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
+}
+
+std::vector<wire::GroupLr> MonitorCore::LrOverridesByIndex() const {
+  std::vector<wire::GroupLr> out;
+  for (const auto& [name, lr] : lr_overrides_) {
+    if (name == kDefaultGroupName) {
+      out.emplace_back(kDefaultGroup, lr);
+      continue;
+    }
+    for (size_t i = 0; i < param_groups_.size(); ++i) {
+      if (param_groups_[i].name == name) out.emplace_back(static_cast<uint32_t>(i + 1), lr);
+    }
+  }
+  return out;
+}
+
+size_t MonitorCore::StateSlots() const {
+  bool amsgrad = options_.optimizer_settings.amsgrad;
+  for (const GroupSettings& g : param_groups_) amsgrad = amsgrad || g.amsgrad.value_or(false);
+  return MakeOptimizer(options_.optimizer, amsgrad)->state_slots();
+}
+
 void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::ShardControl c = msg::Read<msg::ShardControl>(d);
   auto refuse = [&](const std::string& why) {
@@ -781,9 +888,11 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   for (const auto& k : model_) {
     if (k.key() >= key_begin && k.key() < key_end) moving += k.length();
   }
-  if (2 * moving * sizeof(float) + 65536 > options_.max_message_bytes) {
+  const size_t buffers = 1 + StateSlots();
+  if (buffers * moving * sizeof(float) + 65536 > options_.max_message_bytes) {
     return refuse("the range holds " + std::to_string(moving) +
-                  " values; moving them with their momentum needs more than --max-message-bytes");
+                  " values; moving them with their optimizer state (" + std::to_string(buffers) +
+                  " floats each) needs more than --max-message-bytes");
   }
   move_.emplace(move_from, move_to, key_begin, key_end, options_.job_id, clock_->Now());
   move_op_ = c.op;
@@ -950,13 +1059,16 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
     env.job_id = options_.job_id;
     env.sender = 0;
     if (need_model) {
-      std::vector<wire::KeyLen> owned;
-      for (const auto& k : model_) {
-        if (k.key() >= ranges_[i].first && k.key() < ranges_[i].second) owned.push_back(k);
+      msg::DeclareModel declare;
+      declare.shard_map_version = map_version_;
+      declare.param_groups = param_groups_;
+      for (size_t k = 0; k < model_.size(); ++k) {
+        if (model_[k].key() < ranges_[i].first || model_[k].key() >= ranges_[i].second) continue;
+        declare.keys.push_back(model_[k]);
+        declare.groups.push_back(model_groups_.empty() ? kDefaultGroup : model_groups_[k]);
       }
       env.request_id = s.model_request = NewRequestId();
-      out->push_back({Frame(), static_cast<int>(i),
-                      EncodeMessage(env, msg::DeclareModel{std::move(owned), map_version_})});
+      out->push_back({Frame(), static_cast<int>(i), EncodeMessage(env, declare)});
     }
     msg::Membership members;
     members.version = membership_version_;
@@ -1203,8 +1315,9 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       state_ = wire::JobState::Running;
       started_at_ = now;
       dirty_ = true;
-      spdlog::info("job {} running ({}, lr {}, momentum {}, global batch {})", options_.job_id,
-                   wire::EnumNameMode(options_.mode), options_.learning_rate, options_.momentum,
+      spdlog::info("job {} running ({}, {} lr {}, global batch {})", options_.job_id,
+                   wire::EnumNameMode(options_.mode), OptimizerName(options_.optimizer),
+                   options_.optimizer_settings.lr,
                    options_.global_batch);
     }
   }

@@ -48,9 +48,12 @@ struct MonitorOptions {
   // The straggler policy (--policy and its flags). Its mode, global batch
   // and kind are taken from this struct's other fields at start.
   policy::PolicyOptions policy;
-  // Server-side SGD (--lr, --momentum).
-  float learning_rate = 0.1f;
-  float momentum = 0.9f;
+  // The shards' optimizer (--optimizer) and the job's default parameter
+  // group (--lr, --momentum, --weight-decay, ...: torch.optim's settings,
+  // each defaulting as DefaultSettings(optimizer) says). The model's
+  // declaration may add groups with their own settings.
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  OptimizerSettings optimizer_settings = DefaultSettings(OptimizerKind::kSgd);
   // Global batch B (--global-batch): split evenly over the workers present
   // when the run starts; a later worker gets the same share.
   uint32_t global_batch = 192;
@@ -277,6 +280,12 @@ class MonitorCore {
   void OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // pacerctl fault: sets, clears or lists the run-time fault table.
   void OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // pacerctl set-lr: sets or clears a group's lr override.
+  void OnSetLr(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // The overrides by group index, for the shards.
+  std::vector<wire::GroupLr> LrOverridesByIndex() const;
+  // Per-value optimizer state buffers a shard keeps (a move carries them).
+  size_t StateSlots() const;
   // Elastic shards: starts the move in progress once the cluster is quiet,
   // re-sends its pending step.
   void StepMove(std::vector<Outgoing>* out);
@@ -341,6 +350,14 @@ class MonitorCore {
   uint64_t membership_version_ = 0;
 
   std::vector<wire::KeyLen> model_;  // declared by the first worker
+  // Its tensor names and group per key (parallel to model_; empty: none
+  // given) and its parameter groups (group i + 1 is param_groups_[i]).
+  std::vector<std::string> model_names_;
+  std::vector<uint32_t> model_groups_;
+  std::vector<GroupSettings> param_groups_;
+  // pacerctl set-lr: group name -> lr, and the version the shards see.
+  std::map<std::string, float> lr_overrides_;
+  uint64_t lr_overrides_version_ = 0;
   bool map_built_ = false;
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard

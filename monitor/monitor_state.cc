@@ -20,6 +20,11 @@ std::string MonitorCore::SaveState() const {
   r.next_id = next_id_;
   r.next_rank = next_rank_;
   r.model = model_;
+  r.model_names = model_names_;
+  r.model_groups = model_groups_;
+  r.param_groups = param_groups_;
+  r.lr_overrides.assign(lr_overrides_.begin(), lr_overrides_.end());
+  r.lr_overrides_version = lr_overrides_version_;
   r.map_built = map_built_;
   r.map_version = map_version_;
   r.membership_version = membership_version_;
@@ -63,6 +68,12 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   next_id_ = st.next_id;
   next_rank_ = st.next_rank;
   model_ = st.model;
+  model_names_ = st.model_names;
+  model_groups_ = st.model_groups;
+  param_groups_ = st.param_groups;
+  lr_overrides_.clear();
+  lr_overrides_.insert(st.lr_overrides.begin(), st.lr_overrides.end());
+  lr_overrides_version_ = st.lr_overrides_version;
   map_built_ = st.map_built;
   map_version_ = st.map_version;
   membership_version_ = st.membership_version;

@@ -3,9 +3,11 @@
 //   pacerctl [--monitor ADDR] status [-o table|wide|json] [--watch S]
 //   pacerctl [--monitor ADDR] remove-worker ID
 //   pacerctl [--monitor ADDR] export-model FILE
+//   pacerctl [--monitor ADDR] set-lr GROUP VALUE|clear
 //
 // --monitor falls back to $PACER_MONITOR. Data on stdout, messages on stderr.
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -255,6 +257,47 @@ int FaultCommand(Ctl& ctl, pacer::wire::FaultOp op, const std::string& target,
   return pacer::kExitOk;
 }
 
+// pacerctl set-lr GROUP VALUE|clear: a group's lr by hand.
+int SetLrCommand(Ctl& ctl, const std::string& group, const std::string& value) {
+  pacer::msg::SetLr request;
+  request.group = group;
+  if (value == "clear") {
+    request.clear = true;
+  } else {
+    char* end = nullptr;
+    request.lr = std::strtof(value.c_str(), &end);
+    if (value.empty() || end == nullptr || *end != '\0' || !std::isfinite(request.lr) ||
+        request.lr < 0.0f) {
+      std::fprintf(stderr, "pacerctl: set-lr: '%s' is neither a learning rate (>= 0) nor 'clear'\n",
+                   value.c_str());
+      return pacer::kExitUsage;
+    }
+  }
+  ctl.monitor->options().resend_after = std::chrono::seconds(1);  // setting twice does no harm
+  if (auto st = ctl.Status(); !st.ok()) {  // learns the job id
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(st.status()).c_str());
+    return pacer::kExitFailure;
+  }
+  auto reply = ctl.monitor->Call(request, ctl.Deadline());
+  if (!reply.ok()) {
+    std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(reply.status()).c_str());
+    return pacer::kExitFailure;
+  }
+  if (reply->type() != pacer::wire::Body::SetLrReply) {
+    std::fprintf(stderr, "pacerctl: unexpected answer %s\n", pacer::wire::EnumNameBody(reply->type()));
+    return pacer::kExitFailure;
+  }
+  const auto r = pacer::msg::Read<pacer::msg::SetLrReply>(*reply);
+  if (r.overrides.empty()) {
+    std::printf("no learning rate set by hand: each group steps at the lr its pushes carry, "
+                "else its declared lr\n");
+    return pacer::kExitOk;
+  }
+  std::printf("%-16s %s\n", "GROUP", "LR (set by hand; wins until cleared)");
+  for (const auto& [name, lr] : r.overrides) std::printf("%-16s %g\n", name.c_str(), lr);
+  return pacer::kExitOk;
+}
+
 int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
   auto r = ctl.Status();
   if (!r.ok()) {
@@ -403,6 +446,14 @@ int main(int argc, char** argv) {
   fault_clear->add_option("TARGET", fault_target, "A target as for set");
   auto* fault_list = fault->add_subcommand("list", "The fault table");
 
+  std::string lr_group, lr_value;
+  auto* set_lr = app.add_subcommand(
+      "set-lr", "Set a parameter group's learning rate by hand: it wins over the lr that pushes "
+                "carry (a worker's scheduler) and the group's declared lr until cleared");
+  set_lr->add_option("GROUP", lr_group,
+                     "The group's name: 'default', or one the model declares")->required();
+  set_lr->add_option("VALUE", lr_value, "The learning rate (>= 0), or 'clear'")->required();
+
   std::string path;
   auto* exportm = app.add_subcommand(
       "export-model", "Read the current parameters from the shards and write them to FILE "
@@ -423,9 +474,11 @@ int main(int argc, char** argv) {
                  key_prefix.c_str());
     return pacer::kExitOk;
   }
-  if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume && !*fault) {
+  if (!*status && !*remove && !*exportm && !*add && !*drain && !*pause && !*resume && !*fault &&
+      !*set_lr) {
     std::fprintf(stderr, "pacerctl: a command is required: status, remove-worker, export-model, "
-                         "add-shard, drain-shard, pause, resume, fault or keygen (see --help)\n");
+                         "add-shard, drain-shard, pause, resume, fault, set-lr or keygen (see "
+                         "--help)\n");
     return pacer::kExitUsage;
   }
   if (monitor.empty()) {
@@ -445,5 +498,6 @@ int main(int argc, char** argv) {
   if (*fault_set) return FaultCommand(ctl, pacer::wire::FaultOp::Set, fault_target, fault_spec);
   if (*fault_clear) return FaultCommand(ctl, pacer::wire::FaultOp::Clear, fault_target, "");
   if (*fault_list) return FaultCommand(ctl, pacer::wire::FaultOp::List, "", "");
+  if (*set_lr) return SetLrCommand(ctl, lr_group, lr_value);
   return ExportModelCommand(ctl, path);
 }

@@ -18,7 +18,14 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the checkpoint format is little-endian");
 
 constexpr char kCheckpointMagic[4] = {'P', 'C', 'K', '1'};
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
+// Before the optimizer menu: SGD with momentum only (read and migrated).
+constexpr uint32_t kFormatSgdOnly = 2;
+// Chunk prefixes: parameters, then state slots 0, 1, 2.
+constexpr char kParamPrefix = 'p';
+constexpr char kStatePrefix[kMaxStateSlots] = {'v', 'w', 'x'};
+// Longest group name a header may hold.
+constexpr uint32_t kMaxGroupName = 1024;
 constexpr char kMetaKey[] = "meta";
 
 std::string ChunkKey(char prefix, uint64_t index) {
@@ -47,6 +54,13 @@ class Reader {
     pos_ += sizeof(T);
     return true;
   }
+  bool GetString(std::string* v, uint32_t max) {
+    uint32_t n = 0;
+    if (!Get(&n) || n > max || data_.size() - pos_ < n) return false;
+    v->assign(data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
   size_t pos() const { return pos_; }
 
  private:
@@ -63,13 +77,50 @@ std::span<const char> Bytes(std::span<const float> v) {
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)};
 }
 
+// A group's settings: its name, a mask of the settings it sets, and each
+// setting's value (floats, then the two booleans as bytes).
+void PutGroup(std::string* out, const GroupSettings& g) {
+  Put(out, static_cast<uint32_t>(g.name.size()));
+  out->append(g.name);
+  const std::optional<float>* floats[] = {&g.lr,    &g.momentum, &g.dampening, &g.weight_decay,
+                                          &g.beta1, &g.beta2,    &g.eps,       &g.lr_decay,
+                                          &g.initial_accumulator_value};
+  const std::optional<bool>* bools[] = {&g.nesterov, &g.amsgrad};
+  uint32_t mask = 0, bit = 0;
+  for (const auto* f : floats) mask |= (f->has_value() ? 1u : 0u) << bit++;
+  for (const auto* b : bools) mask |= (b->has_value() ? 1u : 0u) << bit++;
+  Put(out, mask);
+  for (const auto* f : floats) Put(out, f->value_or(0.0f));
+  for (const auto* b : bools) Put(out, static_cast<uint8_t>(b->value_or(false)));
+}
+
+bool GetGroup(Reader& r, GroupSettings* g) {
+  if (!r.GetString(&g->name, kMaxGroupName)) return false;
+  std::optional<float>* floats[] = {&g->lr,    &g->momentum, &g->dampening, &g->weight_decay,
+                                    &g->beta1, &g->beta2,    &g->eps,       &g->lr_decay,
+                                    &g->initial_accumulator_value};
+  std::optional<bool>* bools[] = {&g->nesterov, &g->amsgrad};
+  uint32_t mask = 0, bit = 0;
+  if (!r.Get(&mask)) return false;
+  for (auto* f : floats) {
+    float v = 0;
+    if (!r.Get(&v)) return false;
+    if (mask & (1u << bit++)) *f = v;
+  }
+  for (auto* b : bools) {
+    uint8_t v = 0;
+    if (!r.Get(&v) || v > 1) return false;
+    if (mask & (1u << bit++)) *b = v != 0;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool ShardSnapshot::operator==(const ShardSnapshot& o) const {
   return job_id == o.job_id && shard_id == o.shard_id && map_version == o.map_version &&
          applied_clock == o.applied_clock && steps == o.steps &&
-         updates_applied == o.updates_applied && keys == o.keys && *params == *o.params &&
-         *velocity == *o.velocity && workers == o.workers;
+         updates_applied == o.updates_applied && table == o.table && workers == o.workers;
 }
 
 CheckpointStore::CheckpointStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
@@ -96,16 +147,18 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std
 }
 
 absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
+  const TableSnapshot& t = s.table;
   uint64_t floats = 0;
-  for (const auto& [key, len] : s.keys) floats += len;
-  if (!s.params || !s.velocity || floats != s.params->size() ||
-      s.velocity->size() != s.params->size()) {
+  for (const TableKey& k : t.keys) floats += k.length;
+  bool adds_up = t.params && floats == t.params->size() && t.state.size() <= kMaxStateSlots;
+  for (const ConstFloatBuffer& b : t.state) adds_up = adds_up && b && b->size() == floats;
+  if (!adds_up) {
     return absl::InvalidArgumentError(
         "snapshot does not add up: keys hold " + std::to_string(floats) + " floats, params " +
-        std::to_string(s.params ? s.params->size() : 0) + ", velocity " +
-        std::to_string(s.velocity ? s.velocity->size() : 0));
+        std::to_string(t.params ? t.params->size() : 0) + ", " + std::to_string(t.state.size()) +
+        " state slot(s)");
   }
-  const uint64_t chunks = Chunks(s.params->size());
+  const uint64_t chunks = Chunks(t.params->size());
   std::string meta;
   meta.append(kCheckpointMagic, sizeof kCheckpointMagic);
   Put(&meta, kFormatVersion);
@@ -115,10 +168,16 @@ absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
   Put(&meta, s.applied_clock);
   Put(&meta, s.steps);
   Put(&meta, s.updates_applied);
-  Put(&meta, static_cast<uint64_t>(s.keys.size()));
-  for (const auto& [key, len] : s.keys) {
-    Put(&meta, key);
-    Put(&meta, len);
+  Put(&meta, static_cast<uint32_t>(t.config.kind));
+  Put(&meta, static_cast<uint32_t>(t.state.size()));
+  Put(&meta, static_cast<uint32_t>(t.config.groups.size()));
+  for (const GroupSettings& g : t.config.groups) PutGroup(&meta, g);
+  Put(&meta, static_cast<uint64_t>(t.keys.size()));
+  for (const TableKey& k : t.keys) {
+    Put(&meta, k.key);
+    Put(&meta, k.length);
+    Put(&meta, k.group);
+    Put(&meta, k.steps);
   }
   Put(&meta, static_cast<uint64_t>(s.workers.size()));
   for (const auto& [worker, mark] : s.workers) {
@@ -126,18 +185,22 @@ absl::StatusOr<uint64_t> CheckpointStore::Save(const ShardSnapshot& s) {
     Put(&meta, mark.clock);
     Put(&meta, mark.seq);
   }
-  Put(&meta, static_cast<uint64_t>(s.params->size()));
+  Put(&meta, static_cast<uint64_t>(t.params->size()));
   Put(&meta, CheckpointStore::kChunkFloats);
-  // The CRC covers the header so far and every chunk, params then velocity.
+  // The CRC covers the header so far and every chunk: params, then each
+  // state slot.
   uint32_t crc = Crc32(0, meta.data(), meta.size());
   rocksdb::WriteBatch batch;
-  // Chunks of an older snapshot go in the same batch ("p0" and "v0" sort
-  // right after every "p/..." and "v/..." key).
-  batch.DeleteRange("p/", "p0");
-  batch.DeleteRange("v/", "v0");
+  // Chunks of an older snapshot go in the same batch ("p0" sorts right
+  // after every "p/..." key; likewise for the state prefixes).
+  for (char prefix : {kParamPrefix, kStatePrefix[0], kStatePrefix[1], kStatePrefix[2]}) {
+    const std::string from{prefix, '/'}, to{prefix, '0'};
+    batch.DeleteRange(from, to);
+  }
   uint64_t bytes = 0;
-  for (char prefix : {'p', 'v'}) {
-    const std::vector<float>& v = prefix == 'p' ? *s.params : *s.velocity;
+  for (size_t buffer = 0; buffer <= t.state.size(); ++buffer) {
+    const std::vector<float>& v = buffer == 0 ? *t.params : *t.state[buffer - 1];
+    const char prefix = buffer == 0 ? kParamPrefix : kStatePrefix[buffer - 1];
     for (uint64_t c = 0; c < chunks; ++c) {
       const size_t begin = c * kChunkFloats;
       const size_t n = std::min<size_t>(kChunkFloats, v.size() - begin);
@@ -184,27 +247,58 @@ absl::StatusOr<ShardSnapshot> ParseCheckpoint(
   }
   Reader r(meta.substr(sizeof kCheckpointMagic));
   ShardSnapshot s;
+  TableSnapshot& t = s.table;
   uint32_t version = 0;
   uint64_t nkeys = 0, nworkers = 0, floats = 0;
   uint32_t chunk_floats = 0;
   if (!r.Get(&version)) return corrupt("truncated header");
-  if (version != kFormatVersion) {
+  if (version != kFormatVersion && version != kFormatSgdOnly) {
     return corrupt("format version " + std::to_string(version) + ", this build reads " +
-                   std::to_string(kFormatVersion));
+                   std::to_string(kFormatSgdOnly) + " and " + std::to_string(kFormatVersion));
   }
   if (!r.Get(&s.job_id) || !r.Get(&s.shard_id) || !r.Get(&s.map_version) ||
-      !r.Get(&s.applied_clock) || !r.Get(&s.steps) || !r.Get(&s.updates_applied) ||
-      !r.Get(&nkeys)) {
+      !r.Get(&s.applied_clock) || !r.Get(&s.steps) || !r.Get(&s.updates_applied)) {
     return corrupt("truncated header");
   }
+  uint32_t slots = 1;
+  if (version == kFormatSgdOnly) {
+    // SGD with momentum: one state slot, no groups; each key took the
+    // shard's steps.
+    s.migrated = true;
+    t.config.kind = OptimizerKind::kSgd;
+  } else {
+    uint32_t kind = 0, ngroups = 0;
+    if (!r.Get(&kind) || !r.Get(&slots) || !r.Get(&ngroups)) return corrupt("truncated header");
+    if (kind > static_cast<uint32_t>(OptimizerKind::kAdagrad)) {
+      return corrupt("unknown optimizer " + std::to_string(kind));
+    }
+    t.config.kind = static_cast<OptimizerKind>(kind);
+    if (slots > kMaxStateSlots) return corrupt("state slot count out of range");
+    if (ngroups > meta.size()) return corrupt("group count out of range");
+    for (uint32_t i = 0; i < ngroups; ++i) {
+      GroupSettings g;
+      if (!GetGroup(r, &g)) return corrupt("truncated parameter groups");
+      t.config.groups.push_back(std::move(g));
+    }
+  }
+  t.config.defaults = DefaultSettings(t.config.kind);
+  if (!r.Get(&nkeys)) return corrupt("truncated header");
   if (nkeys > meta.size()) return corrupt("key count out of range");
   uint64_t total = 0;
   for (uint64_t i = 0; i < nkeys; ++i) {
-    uint64_t key = 0;
-    uint32_t len = 0;
-    if (!r.Get(&key) || !r.Get(&len)) return corrupt("truncated key layout");
-    s.keys.emplace_back(key, len);
-    total += len;
+    TableKey k;
+    if (!r.Get(&k.key) || !r.Get(&k.length)) return corrupt("truncated key layout");
+    if (version == kFormatSgdOnly) {
+      k.steps = s.steps;
+    } else if (!r.Get(&k.group) || !r.Get(&k.steps)) {
+      return corrupt("truncated key layout");
+    }
+    if (k.group > t.config.groups.size()) {
+      return corrupt("key " + std::to_string(k.key) + " is in group " + std::to_string(k.group) +
+                     ", which the checkpoint does not declare");
+    }
+    t.keys.push_back(k);
+    total += k.length;
   }
   if (!r.Get(&nworkers) || nworkers > meta.size()) return corrupt("truncated worker marks");
   for (uint64_t i = 0; i < nworkers; ++i) {
@@ -226,11 +320,11 @@ absl::StatusOr<ShardSnapshot> ParseCheckpoint(
   uint32_t crc = Crc32(0, meta.data(), crc_at);
   // Grown chunk by chunk: the header's count is not trusted with an
   // allocation before the chunks that hold its values are there.
-  auto params = std::make_shared<std::vector<float>>();
-  auto velocity = std::make_shared<std::vector<float>>();
+  std::vector<std::shared_ptr<std::vector<float>>> buffers;
   const uint64_t chunks = Chunks(floats);
-  for (char prefix : {'p', 'v'}) {
-    std::vector<float>& v = prefix == 'p' ? *params : *velocity;
+  for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
+    auto v = std::make_shared<std::vector<float>>();
+    const char prefix = buffer == 0 ? kParamPrefix : kStatePrefix[buffer - 1];
     for (uint64_t c = 0; c < chunks; ++c) {
       const std::string key = ChunkKey(prefix, c);
       std::optional<std::string> value = chunk(key);
@@ -238,14 +332,15 @@ absl::StatusOr<ShardSnapshot> ParseCheckpoint(
       const size_t begin = c * CheckpointStore::kChunkFloats;
       const size_t n = std::min<size_t>(CheckpointStore::kChunkFloats, floats - begin);
       if (value->size() != n * sizeof(float)) return corrupt("chunk " + key + " has the wrong size");
-      v.resize(begin + n);
-      std::memcpy(v.data() + begin, value->data(), value->size());
+      v->resize(begin + n);
+      std::memcpy(v->data() + begin, value->data(), value->size());
       crc = Crc32(crc, value->data(), value->size());
     }
+    buffers.push_back(std::move(v));
   }
   if (crc != stored_crc) return corrupt("CRC mismatch");
-  s.params = std::move(params);
-  s.velocity = std::move(velocity);
+  t.params = buffers[0];
+  for (size_t i = 1; i < buffers.size(); ++i) t.state.push_back(buffers[i]);
   return s;
 }
 

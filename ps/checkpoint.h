@@ -4,12 +4,19 @@
 // either the previous snapshot or the new one, never a mix.
 //
 // Layout in the database (all integers little-endian):
-//   "meta"        header: magic "PCK1", format version, the scalar fields,
-//                 the key layout, the worker marks, the chunk counts and a
-//                 CRC-32 over the header and every chunk;
+//   "meta"        header: magic "PCK1", format version (3), the scalar
+//                 fields, the optimizer (kind, state slots, the parameter
+//                 groups' settings), the key layout (key, length, group,
+//                 steps), the worker marks, the chunk counts and a CRC-32
+//                 over the header and every chunk;
 //   "p/NNNNNNNN"  parameter floats, chunks of kChunkFloats;
-//   "v/NNNNNNNN"  optimizer state (momentum), the same chunking.
+//   "v/...", "w/...", "x/..."  optimizer state slots 0, 1, 2 (momentum;
+//                 Adam's m, v and max v; Adagrad's sum), the same chunking.
 // Chunks of an older, larger snapshot are deleted in the same batch.
+// Format 2 (before the optimizer menu: SGD with momentum, keys without
+// groups or steps) is read and migrated: its "v/" chunks become SGD's
+// momentum and every key's step count is the shard's. Any other format, or
+// anything that fails the checks, is refused (DataLoss), never misread.
 #ifndef PACER_PS_CHECKPOINT_H_
 #define PACER_PS_CHECKPOINT_H_
 
@@ -23,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/table.h"
 
 namespace rocksdb {
 class DB;
@@ -50,14 +58,15 @@ struct ShardSnapshot {
   uint64_t steps = 0;
   // Pushes whose effect is in params (pushes still in open clocks are not).
   uint64_t updates_applied = 0;
-  // The owned keys in order, with their lengths: params and velocity are
-  // their values laid end to end. Shared and never written once in a
-  // snapshot: the shard writes its next step into new buffers while a
-  // snapshot holds these (no copy on the shard's thread).
-  std::vector<std::pair<uint64_t, uint32_t>> keys;
-  std::shared_ptr<const std::vector<float>> params = std::make_shared<std::vector<float>>();
-  std::shared_ptr<const std::vector<float>> velocity = std::make_shared<std::vector<float>>();
+  // The parameter table: the owned keys in order (with group and steps),
+  // the optimizer and its groups, the parameters and each state slot, their
+  // values laid end to end. Shared and never written once in a snapshot:
+  // the shard writes its next step into new buffers while a snapshot holds
+  // these (no copy on the shard's thread).
+  TableSnapshot table;
   std::map<uint32_t, WorkerMark> workers;
+  // Read from a format-2 checkpoint (migrated; not stored).
+  bool migrated = false;
   // Compares the values, not the buffers' addresses.
   bool operator==(const ShardSnapshot& o) const;
 };
@@ -78,8 +87,8 @@ class CheckpointStore {
   CheckpointStore& operator=(const CheckpointStore&) = delete;
 
   // Writes `s` as the latest snapshot, atomically and synced to disk. Returns
-  // the bytes written. InvalidArgument when params, velocity and the key
-  // layout disagree.
+  // the bytes written. InvalidArgument when the parameters, the state slots
+  // and the key layout disagree.
   absl::StatusOr<uint64_t> Save(const ShardSnapshot& s);
   // The latest complete snapshot; nullopt when none was ever saved.
   // DataLoss when what is stored fails its checks.

@@ -1,7 +1,7 @@
 #include "ps/shard.h"
 
 #include <algorithm>
-#include <atomic>
+#include <cmath>
 #include <cstring>
 
 #include "ps/base/messages.h"
@@ -19,30 +19,6 @@ constexpr size_t kPushTimes = 8;
 
 double Seconds(TimePoint t) { return ToSeconds(t - TimePoint{}); }
 
-// Swaps `buf` for a buffer nobody else holds when a reply or a snapshot
-// still shares it, reusing `spare` once it is free. Returns the old values
-// (alive in `spare`) when it swapped, else nullptr.
-const float* Unshare(std::shared_ptr<std::vector<float>>& buf,
-                     std::shared_ptr<std::vector<float>>& spare) {
-  const float* old = nullptr;
-  if (buf.use_count() > 1) {
-    std::shared_ptr<std::vector<float>> next;
-    if (spare && spare.use_count() == 1 && spare->size() == buf->size()) {
-      next = std::move(spare);
-    } else {
-      next = std::make_shared<std::vector<float>>(buf->size());
-    }
-    spare = std::move(buf);
-    buf = std::move(next);
-    old = spare->data();
-  }
-  // Pairs with the release in the last holder's shared_ptr decrement: its
-  // reads of the buffer happen before our writes.
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return old;
-}
-
-
 }  // namespace
 
 ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
@@ -50,11 +26,12 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       server_(*registry_, "shard", clock, spdlog::level::debug),
-      metrics_(*registry_) {
-}
+      metrics_(*registry_),
+      table_(std::make_unique<ParamTable>(TableConfig{})) {}
 
 void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
   job_ = job;
+  table_ = std::make_unique<ParamTable>(job.optimizer);
   configured_ = true;
   shard_id_ = shard_id;
   server_.SetIdentity(job.job_id, shard_id, "shard " + std::to_string(shard_id));
@@ -139,16 +116,16 @@ bool ShardCore::CheckKeys(std::span<const wire::KeyLen> keys, std::string* why,
   uint64_t previous = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const wire::KeyLen& k = keys[i];
-    auto it = slots_.find(k.key());
-    if (it == slots_.end()) {
+    const ParamTable::Slot* slot = table_->Find(k.key());
+    if (slot == nullptr) {
       *code = wire::ErrorCode::NotOwner;
       *why = "key " + std::to_string(k.key()) + " is not owned by shard " +
              std::to_string(shard_id_);
       return false;
     }
-    if (it->second.length != k.length()) {
+    if (slot->length != k.length()) {
       *code = wire::ErrorCode::BadLength;
-      *why = "key " + std::to_string(k.key()) + " has " + std::to_string(it->second.length) +
+      *why = "key " + std::to_string(k.key()) + " has " + std::to_string(slot->length) +
              " values, request says " + std::to_string(k.length());
       return false;
     }
@@ -167,35 +144,50 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor assigns keys", out);
   }
   const msg::DeclareModel m = msg::Read<msg::DeclareModel>(d);
-  map_version_ = std::max(map_version_, m.shard_map_version);
-  std::map<uint64_t, KeySlot> slots;
+  if (!m.groups.empty() && m.groups.size() != m.keys.size()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "a declaration names a group for every key or for none", out);
+  }
+  std::vector<TableKey> keys;
   size_t total = 0;
-  for (const wire::KeyLen& k : m.keys) {
-    if (!slots.emplace(k.key(), KeySlot{total, k.length()}).second) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "duplicate key " + std::to_string(k.key()), out);
-    }
+  for (size_t i = 0; i < m.keys.size(); ++i) {
+    const wire::KeyLen& k = m.keys[i];
     total += k.length();
     if (k.length() > options_.max_message_bytes / sizeof(float) || total > (size_t{1} << 34)) {
       return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
                         "key " + std::to_string(k.key()) + " is too large", out);
     }
+    keys.push_back({k.key(), static_cast<uint32_t>(k.length()),
+                    m.groups.empty() ? kDefaultGroup : m.groups[i], 0});
   }
-  bool same = slots.size() == slots_.size() &&
-              std::equal(slots.begin(), slots.end(), slots_.begin(), [](auto& a, auto& b) {
-                return a.first == b.first && a.second.length == b.second.length;
-              });
-  if (!same) {
-    if (!slots_.empty()) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "this shard already holds a different model", out);
+  std::sort(keys.begin(), keys.end(), [](auto& a, auto& b) { return a.key < b.key; });
+  const auto& slots = table_->slots();
+  const bool same = keys.size() == slots.size() &&
+                    std::equal(keys.begin(), keys.end(), slots.begin(), [](auto& a, auto& b) {
+                      return a.key == b.first && a.length == b.second.length &&
+                             a.group == b.second.group;
+                    });
+  if (!same && !table_->empty()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "this shard already holds a different model", out);
+  }
+  // The groups' settings: the declaration's (a restored table keeps its
+  // state; only settings such as lr or weight decay may differ).
+  if (table_->config().groups != m.param_groups) {
+    if (absl::Status st = table_->SetGroups(m.param_groups); !st.ok()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, std::string(st.message()), out);
     }
-    slots_ = std::move(slots);
-    params_ = std::make_shared<std::vector<float>>(total, 0.0f);
-    velocity_ = std::make_shared<std::vector<float>>(total, 0.0f);
-    metrics_.keys->Set(static_cast<double>(slots_.size()));
-    spdlog::info("shard {}: holds {} keys, {} values", shard_id_, slots_.size(), total);
   }
+  if (!same) {
+    if (absl::Status st = table_->Declare(keys); !st.ok()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, std::string(st.message()), out);
+    }
+    metrics_.keys->Set(static_cast<double>(table_->key_count()));
+    spdlog::info("shard {}: holds {} keys, {} values ({} with {} parameter group(s))", shard_id_,
+                 table_->key_count(), table_->values(), OptimizerName(table_->config().kind),
+                 table_->groups());
+  }
+  map_version_ = std::max(map_version_, m.shard_map_version);
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
 
@@ -247,13 +239,13 @@ void ShardCore::OnMembership(const Frame& peer, const Decoded& d, std::vector<Ou
 void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Init m = msg::Read<msg::Init>(d);
   std::string why;
-  if (slots_.empty()) {
+  if (table_->empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
   if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
     return ReplyError(peer, d.env, code, why, out);
   }
-  if (m.keys.size() != slots_.size()) {
+  if (m.keys.size() != table_->key_count()) {
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "init must carry every key of the shard", out);
   }
@@ -266,12 +258,7 @@ void ShardCore::OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing
                       out);
   }
   if (!initialized_) {
-    const float* src = d.floats().data();
-    for (const wire::KeyLen& k : m.keys) {
-      const KeySlot& s = slots_.at(k.key());
-      std::memcpy(MutableParams().data() + s.offset, src, s.length * sizeof(float));
-      src += s.length;
-    }
+    table_->Write({m.keys, d.floats()});
     initialized_ = true;
     spdlog::info("shard {}: parameters initialised by sender {}", shard_id_, d.env.sender);
   }
@@ -289,44 +276,30 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
   }
   const msg::MoveOut m = msg::Read<msg::MoveOut>(d);
   if (m.drop) return DropKeys(peer, d, m.key_begin, m.key_end, out);
-  std::vector<wire::KeyLen> moving;
-  std::map<uint64_t, KeySlot> kept;
-  size_t moving_total = 0, kept_total = 0;
-  for (const auto& [key, slot] : slots_) {
-    if (key >= m.key_begin && key < m.key_end) {
-      moving.emplace_back(key, slot.length);
-      moving_total += slot.length;
-    } else {
-      kept.emplace(key, KeySlot{kept_total, slot.length});
-      kept_total += slot.length;
-    }
-  }
-  // The payload: the moving parameters, then their momentum.
-  auto payload = std::make_shared<std::vector<float>>(2 * moving_total);
-  auto next_params = std::make_shared<std::vector<float>>(kept_total);
-  auto next_velocity = std::make_shared<std::vector<float>>(kept_total);
-  size_t at = 0;
-  for (const auto& [key, slot] : slots_) {
-    const float* w = params_->data() + slot.offset;
-    const float* v = velocity_->data() + slot.offset;
-    auto k = kept.find(key);
-    if (k != kept.end()) {
-      std::copy(w, w + slot.length, next_params->data() + k->second.offset);
-      std::copy(v, v + slot.length, next_velocity->data() + k->second.offset);
-    } else {
-      std::copy(w, w + slot.length, payload->data() + at);
-      std::copy(v, v + slot.length, payload->data() + moving_total + at);
-      at += slot.length;
-    }
-  }
   // A copy: the keys stay here until the monitor says drop (after the new
-  // owner has them).
-  spdlog::info("shard {}: copied {} keys ({} values) in [{}, {}) for their new owner", shard_id_,
-               moving.size(), moving_total, m.key_begin, m.key_end);
-  Frame frame(payload, payload->data(), payload->size() * sizeof(float));
-  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
-                                      msg::MoveData{std::move(moving), applied_clock_, steps_},
-                                      payload->empty() ? Frame() : std::move(frame),
+  // owner has them). The payload: their parameters, then each state slot.
+  auto slice = std::make_shared<TableSlice>(table_->Extract(m.key_begin, m.key_end));
+  msg::MoveData data;
+  data.applied_clock = applied_clock_;
+  data.steps = steps_;
+  data.optimizer = table_->config().kind;
+  data.state_slots = static_cast<uint32_t>(table_->state_slots());
+  data.param_groups = table_->config().groups;
+  size_t moving_total = 0;
+  for (const TableKey& k : slice->keys) {
+    data.keys.emplace_back(k.key, k.length);
+    data.groups.push_back(k.group);
+    data.key_steps.push_back(k.steps);
+    moving_total += k.length;
+  }
+  spdlog::info("shard {}: copied {} keys ({} values, {} state) in [{}, {}) for their new owner",
+               shard_id_, slice->keys.size(), moving_total, OptimizerName(data.optimizer),
+               m.key_begin, m.key_end);
+  Frame frame;
+  if (!slice->values.empty()) {
+    frame = Frame(slice, slice->values.data(), slice->values.size() * sizeof(float));
+  }
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), data, std::move(frame),
                                       options_.check_crc)});
   move_ok_ = true;
 }
@@ -337,41 +310,14 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
   // parked pull that can no longer be answered here.
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   move_ok_ = true;
-  std::map<uint64_t, KeySlot> kept;
-  size_t kept_total = 0, dropped = 0;
-  for (const auto& [key, slot] : slots_) {
-    if (key >= begin && key < end) {
-      ++dropped;
-    } else {
-      kept.emplace(key, KeySlot{kept_total, slot.length});
-      kept_total += slot.length;
-    }
-  }
+  const size_t dropped = table_->Drop(begin, end);
   if (dropped > 0) {
-    auto next_params = std::make_shared<std::vector<float>>(kept_total);
-    auto next_velocity = std::make_shared<std::vector<float>>(kept_total);
-    for (const auto& [key, slot] : kept) {
-      const KeySlot& old = slots_.at(key);
-      std::copy(params_->begin() + static_cast<long>(old.offset),
-                params_->begin() + static_cast<long>(old.offset + old.length),
-                next_params->begin() + static_cast<long>(slot.offset));
-      std::copy(velocity_->begin() + static_cast<long>(old.offset),
-                velocity_->begin() + static_cast<long>(old.offset + old.length),
-                next_velocity->begin() + static_cast<long>(slot.offset));
-    }
-    slots_ = std::move(kept);
-    params_ = std::move(next_params);
-    velocity_ = std::move(next_velocity);
-    spare_params_.reset();
-    spare_velocity_.reset();
-    spare_acc_.clear();
-    ++key_version_;
-    for (auto& [id, member] : live_) member.staged.reset();  // may name keys gone
-    metrics_.keys->Set(static_cast<double>(slots_.size()));
+    LayoutChanged();
     // Parked pulls that name a key gone from here: the reader must ask the new owner.
     for (auto it = parked_.begin(); it != parked_.end();) {
-      const bool gone = std::any_of(it->keys.begin(), it->keys.end(),
-                                    [&](const wire::KeyLen& k) { return !slots_.count(k.key()); });
+      const bool gone = std::any_of(it->keys.begin(), it->keys.end(), [&](const wire::KeyLen& k) {
+        return table_->Find(k.key()) == nullptr;
+      });
       if (gone) {
         ReplyError(it->peer, it->env, wire::ErrorCode::NotOwner, "keys moved to another shard", out);
         it = parked_.erase(it);
@@ -380,8 +326,18 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
       }
     }
     spdlog::info("shard {}: dropped {} keys in [{}, {}) (moved); {} keys left", shard_id_, dropped,
-                 begin, end, slots_.size());
+                 begin, end, table_->key_count());
   }
+}
+
+void ShardCore::LayoutChanged() {
+  spare_acc_.clear();
+  ++key_version_;
+  for (auto& [id, member] : live_) {
+    member.staged.reset();  // may name keys gone, at old offsets
+    member.staging.clear();
+  }
+  metrics_.keys->Set(static_cast<double>(table_->key_count()));
 }
 
 void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -393,67 +349,57 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
                       "a clock is still open (the workers must be held first)", out);
   }
   const msg::MoveData m = msg::Read<msg::MoveData>(d);
-  size_t incoming = 0;
-  for (const wire::KeyLen& k : m.keys) {
-    if (slots_.count(k.key())) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "key " + std::to_string(k.key()) + " is already here", out);
-    }
-    incoming += k.length();
-  }
-  std::span<const float> values = d.floats();
-  if (values.size() != 2 * incoming) {
-    return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
-                      "a move of " + std::to_string(incoming) + " values needs " +
-                          std::to_string(2 * incoming) + " floats",
+  if (m.optimizer != table_->config().kind) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "keys with " + std::string(OptimizerName(m.optimizer)) +
+                          " state; this shard runs " +
+                          std::string(OptimizerName(table_->config().kind)),
                       out);
   }
-  // Lay every key out in key order again (checkpoints rely on it).
-  std::map<uint64_t, std::pair<const float*, const float*>> sources;  // key -> (w, v)
-  std::map<uint64_t, size_t> lengths;
-  for (const auto& [key, slot] : slots_) {
-    sources[key] = {params_->data() + slot.offset, velocity_->data() + slot.offset};
-    lengths[key] = slot.length;
+  if (m.groups.size() != m.keys.size() || m.key_steps.size() != m.keys.size()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                      "a move names each key's group and steps", out);
   }
-  size_t at = 0;
-  for (const wire::KeyLen& k : m.keys) {
-    sources[k.key()] = {values.data() + at, values.data() + incoming + at};
-    lengths[k.key()] = k.length();
-    at += k.length();
+  // A shard that holds no keys yet (added idle) takes the model's groups.
+  if (table_->empty() && table_->config().groups != m.param_groups) {
+    if (absl::Status st = table_->SetGroups(m.param_groups); !st.ok()) {
+      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, std::string(st.message()), out);
+    }
   }
-  const size_t total = params_->size() + incoming;
-  auto next_params = std::make_shared<std::vector<float>>(total);
-  auto next_velocity = std::make_shared<std::vector<float>>(total);
-  std::map<uint64_t, KeySlot> slots;
-  size_t offset = 0;
-  for (const auto& [key, src] : sources) {
-    const size_t n = lengths[key];
-    std::copy(src.first, src.first + n, next_params->data() + offset);
-    std::copy(src.second, src.second + n, next_velocity->data() + offset);
-    slots.emplace(key, KeySlot{offset, n});
-    offset += n;
+  if (m.state_slots != table_->state_slots()) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "keys with " + std::to_string(m.state_slots) + " state slot(s); this shard keeps " +
+                          std::to_string(table_->state_slots()),
+                      out);
   }
-  slots_ = std::move(slots);
-  ++key_version_;
-  for (auto& [id, member] : live_) member.staged.reset();
-  params_ = std::move(next_params);
-  velocity_ = std::move(next_velocity);
-  spare_params_.reset();
-  spare_velocity_.reset();
-  spare_acc_.clear();
+  TableSlice slice;
+  size_t incoming = 0;
+  for (size_t i = 0; i < m.keys.size(); ++i) {
+    slice.keys.push_back({m.keys[i].key(), static_cast<uint32_t>(m.keys[i].length()), m.groups[i],
+                          m.key_steps[i]});
+    incoming += m.keys[i].length();
+  }
+  std::span<const float> values = d.floats();
+  slice.values.assign(values.begin(), values.end());
+  if (absl::Status st = table_->Insert(slice); !st.ok()) {
+    const bool here = table_->Find(m.keys.empty() ? 0 : m.keys[0].key()) != nullptr;
+    return ReplyError(peer, d.env, here ? wire::ErrorCode::Mismatch : wire::ErrorCode::BadLength,
+                      std::string(st.message()), out);
+  }
+  LayoutChanged();
   if (!initialized_ || applied_clock_ < m.applied_clock) {
     applied_clock_ = m.applied_clock;
     steps_ = std::max(steps_, m.steps);
     metrics_.clock->Set(static_cast<double>(applied_clock_));
   }
   initialized_ = true;
-  metrics_.keys->Set(static_cast<double>(slots_.size()));
   spdlog::info("shard {}: moved in {} keys ({} values) at applied clock {}", shard_id_,
                m.keys.size(), incoming, applied_clock_);
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
   move_ok_ = true;
   Advance(out);
 }
+
 
 ShardSnapshot ShardCore::Snapshot() const {
   ShardSnapshot s;
@@ -463,11 +409,8 @@ ShardSnapshot ShardCore::Snapshot() const {
   s.applied_clock = applied_clock_;
   s.steps = steps_;
   s.updates_applied = updates_applied_;
-  s.keys.reserve(slots_.size());
-  for (const auto& [key, slot] : slots_) s.keys.emplace_back(key, static_cast<uint32_t>(slot.length));
-  // Shared, not copied: the next write goes to new buffers (Unshare).
-  s.params = params_;
-  s.velocity = velocity_;
+  // Shared, not copied: the next write goes to new buffers.
+  s.table = table_->Snapshot();
   for (const auto& [id, m] : live_) s.workers[id] = {m.pushed, m.seq};
   // Restored workers the monitor has not named again yet keep their marks:
   // a checkpoint taken before the membership arrives must not lose them.
@@ -488,7 +431,7 @@ ShardSnapshot ShardCore::Snapshot() const {
 
 absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   if (!configured_) return absl::FailedPreconditionError("restore before the shard is configured");
-  if (!slots_.empty() || initialized_) {
+  if (!table_->empty() || initialized_) {
     return absl::FailedPreconditionError("restore into a shard that already holds a model");
   }
   if (s.job_id != job_.job_id || s.shard_id != shard_id_) {
@@ -496,21 +439,7 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
         "checkpoint of job " + std::to_string(s.job_id) + " shard " + std::to_string(s.shard_id) +
         ", this is job " + std::to_string(job_.job_id) + " shard " + std::to_string(shard_id_));
   }
-  std::map<uint64_t, KeySlot> slots;
-  size_t total = 0;
-  for (const auto& [key, len] : s.keys) {
-    if (!slots.emplace(key, KeySlot{total, len}).second) {
-      return absl::InvalidArgumentError("checkpoint repeats key " + std::to_string(key));
-    }
-    total += len;
-  }
-  if (!s.params || !s.velocity || total != s.params->size() || total != s.velocity->size()) {
-    return absl::InvalidArgumentError("checkpoint does not add up: keys hold " +
-                                      std::to_string(total) + " values");
-  }
-  slots_ = std::move(slots);
-  params_ = std::make_shared<std::vector<float>>(*s.params);
-  velocity_ = std::make_shared<std::vector<float>>(*s.velocity);
+  if (absl::Status st = table_->Restore(s.table); !st.ok()) return st;
   applied_clock_ = s.applied_clock;
   steps_ = s.steps;
   updates_applied_ = s.updates_applied;
@@ -519,10 +448,13 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   map_version_ = s.map_version;
   restored_ = true;
   initialized_ = true;
-  metrics_.keys->Set(static_cast<double>(slots_.size()));
+  metrics_.keys->Set(static_cast<double>(table_->key_count()));
   metrics_.clock->Set(static_cast<double>(applied_clock_));
-  spdlog::info("shard {}: restored {} keys, {} values at applied clock {} (step {}, {} updates)",
-               shard_id_, slots_.size(), total, applied_clock_, steps_, updates_applied_);
+  spdlog::info("shard {}: restored {} keys, {} values with {} state at applied clock {} (step {}, "
+               "{} updates){}",
+               shard_id_, table_->key_count(), table_->values(),
+               OptimizerName(table_->config().kind), applied_clock_, steps_, updates_applied_,
+               s.migrated ? "; migrated from a checkpoint of format 2 (SGD with momentum)" : "");
   return absl::OkStatus();
 }
 
@@ -533,28 +465,7 @@ std::vector<float> ShardCore::TakeBuffer() {
     std::fill(b.begin(), b.end(), 0.0f);
     return b;
   }
-  return std::vector<float>(params_->size(), 0.0f);
-}
-
-std::vector<float>& ShardCore::MutableParams() {
-  if (const float* old = Unshare(params_, spare_params_)) {
-    std::copy(old, old + params_->size(), params_->data());
-  }
-  return *params_;
-}
-
-std::vector<float>& ShardCore::MutableVelocity() {
-  if (const float* old = Unshare(velocity_, spare_velocity_)) {
-    std::copy(old, old + velocity_->size(), velocity_->data());
-  }
-  return *velocity_;
-}
-
-void ShardCore::PrepareFullStep(const float** from_w, const float** from_v) {
-  const float* w = Unshare(params_, spare_params_);
-  const float* v = Unshare(velocity_, spare_velocity_);
-  *from_w = w != nullptr ? w : params_->data();
-  *from_v = v != nullptr ? v : velocity_->data();
+  return std::vector<float>(table_->values(), 0.0f);
 }
 
 void ShardCore::NotePassed(Member& member, int64_t clock) {
@@ -578,7 +489,7 @@ bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vecto
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Push m = msg::Read<msg::Push>(d);
   std::string why;
-  if (slots_.empty() || !initialized_) {
+  if (table_->empty() || !initialized_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
   }
   if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
@@ -608,13 +519,13 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
                      shard_id_, d.env.sender, lost, mem.seq + 1, seq - 1, lost_updates_);
       }
     }
-    if (seq <= mem.seq && options_.dedup) {
-      // A retry of a push already handled (before a timeout, or before the
-      // snapshot this shard restarted from): acknowledged, not applied.
-      metrics_.duplicates->Increment();
-      out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::PushReply{m.clock})});
-      return;
-    }
+  }
+  if (Duplicate(d.env.sender, mem, m.seq, m.clock)) {
+    // A retry of a push already handled (before a timeout, or before the
+    // snapshot this shard restarted from): acknowledged, not applied.
+    metrics_.duplicates->Increment();
+    out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::PushReply{m.clock})});
+    return;
   }
   if (m.parts != 1 || m.part != 0) return OnPushPart(peer, d, m, mem, out);
   PushArgs push;
@@ -623,10 +534,22 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
   push.seq = m.seq;
   push.read_applied = m.read_applied;
   push.read_steps = m.read_steps;
-  push.keys = m.keys;
-  push.values = d.floats();
+  push.grad = {m.keys, d.floats()};
+  push.lrs = m.lrs;
   if (job_.mode == wire::Mode::Asp) return OnAsyncPush(peer, d.env, push, mem, out);
   OnSyncPush(peer, d.env, push, mem, out);
+}
+
+bool ShardCore::Duplicate(uint32_t worker, const Member& member, uint64_t seq,
+                          uint64_t clock) const {
+  if (!options_.dedup) return false;
+  if (seq != 0 && seq <= member.seq) return true;
+  if (job_.mode == wire::Mode::Asp) {
+    // No seq: clocks only move forward.
+    return seq == 0 && static_cast<int64_t>(clock) <= member.pushed;
+  }
+  auto open = open_.find(clock);
+  return open != open_.end() && open->second.pushed.count(worker) > 0;
 }
 
 void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, const msg::Push& m,
@@ -666,9 +589,14 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, const msg::Push&
     st->batch = m.batch;
     if (m.read_applied) st->read_applied = m.read_applied;
     if (m.read_steps) st->read_steps = m.read_steps;
+    if (!m.lrs.empty()) st->lrs = m.lrs;
+    // Each key's values straight to its offset in the staging buffer.
+    if (member.staging.size() != table_->values()) member.staging.assign(table_->values(), 0.0f);
     const float* src = d.floats().data();
     for (const wire::KeyLen& k : m.keys) {
-      st->values[k.key()].assign(src, src + k.length());
+      const ParamTable::Slot* slot = table_->Find(k.key());  // CheckKeys passed
+      std::memcpy(member.staging.data() + slot->offset, src, k.length() * sizeof(float));
+      st->keys[k.key()] = k.length();
       src += k.length();
     }
   }
@@ -677,22 +605,19 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, const msg::Push&
                                         msg::PushReply{m.clock, /*complete=*/false})});
     return;
   }
-  // The last part: the push, assembled in key order, as if in one message.
+  // The last part: the push, its keys in order, its values where the
+  // staging buffer holds them (at the keys' table offsets).
   std::vector<wire::KeyLen> all_keys;
-  std::vector<float> values;
-  all_keys.reserve(st->values.size());
-  for (const auto& [key, v] : st->values) {
-    all_keys.emplace_back(key, v.size());
-    values.insert(values.end(), v.begin(), v.end());
-  }
+  all_keys.reserve(st->keys.size());
+  for (const auto& [key, length] : st->keys) all_keys.emplace_back(key, length);
   PushArgs push;
   push.clock = st->clock;
   push.batch = st->batch;
   push.seq = st->seq;
   push.read_applied = st->read_applied;
   push.read_steps = st->read_steps;
-  push.keys = all_keys;
-  push.values = values;
+  push.grad = {all_keys, member.staging, /*at_offsets=*/true};
+  push.lrs = st->lrs;
   if (job_.mode == wire::Mode::Asp) {
     OnAsyncPush(peer, d.env, push, member, out);
     member.staged.reset();
@@ -735,51 +660,57 @@ void ShardCore::RecordPush(Member& member, uint64_t clock) {
 void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
                             Member& member, std::vector<Outgoing>* out) {
   const uint64_t clock = push.clock;
-  if (push.seq == 0 && static_cast<int64_t>(clock) <= member.pushed && options_.dedup) {
-    // A retry of a push already applied (no seq: clocks only move forward).
-    metrics_.duplicates->Increment();
-  } else {
-    // One step on this gradient, weighted b_i / B (an empty push, batch 0,
-    // is recorded and changes nothing).
-    if (options_.apply_updates && !push.keys.empty() && push.batch > 0) {
-      const float scale = StalenessWeight(push) * static_cast<float>(push.batch) /
-                          static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
-      const float* src = push.values.data();
-      // A push of every key rewrites every value: step into fresh buffers
-      // if a reply or snapshot holds the current ones; else copy first.
-      const float* from_w = nullptr;
-      const float* from_v = nullptr;
-      if (push.keys.size() == slots_.size()) {
-        PrepareFullStep(&from_w, &from_v);
-      } else {
-        from_w = MutableParams().data();
-        from_v = MutableVelocity().data();
-      }
-      float* w = params_->data();
-      float* v = velocity_->data();
-      for (const wire::KeyLen& k : push.keys) {
-        const KeySlot& s = slots_.at(k.key());
-        SgdMomentumStepFrom({w + s.offset, s.length}, {v + s.offset, s.length}, from_w + s.offset,
-                            from_v + s.offset, {src, s.length}, job_.sgd, scale);
-        src += s.length;
-      }
-    }
-    member.seq = std::max(member.seq, push.seq);
-    RecordPush(member, clock);
-    CountApplied();
-    ++steps_;
-    metrics_.steps->Increment();
-    applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
-    metrics_.clock->Set(static_cast<double>(applied_clock_));
+  // One optimizer step on this gradient, its lr scaled b_i / B (an empty
+  // push, batch 0, is recorded and changes nothing).
+  if (options_.apply_updates && !push.grad.keys.empty() && push.batch > 0) {
+    const float scale = StalenessWeight(push) * static_cast<float>(push.batch) /
+                        static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
+    StepRecord step;
+    step.grad = push.grad;
+    step.lr = StepLrs(push.lrs, scale);
+    table_->Step(step);
   }
+  member.seq = std::max(member.seq, push.seq);
+  RecordPush(member, clock);
+  CountApplied();
+  ++steps_;
+  metrics_.steps->Increment();
+  applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
+  metrics_.clock->Set(static_cast<double>(applied_clock_));
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
   Advance(out);
+}
+
+std::vector<float> ShardCore::StepLrs(std::span<const wire::GroupLr> carried, float scale) const {
+  std::vector<float> lr(table_->groups());
+  for (uint32_t g = 0; g < lr.size(); ++g) lr[g] = table_->settings(g).lr;
+  for (const wire::GroupLr& c : carried) {
+    if (c.group() < lr.size() && std::isfinite(c.lr()) && c.lr() >= 0.0f) lr[c.group()] = c.lr();
+  }
+  for (const auto& [g, value] : lr_overrides_) {
+    if (g < lr.size()) lr[g] = value;
+  }
+  for (float& x : lr) x *= scale;
+  return lr;
+}
+
+void ShardCore::SetLrOverrides(uint64_t version, const std::vector<wire::GroupLr>& overrides) {
+  if (version <= lr_overrides_version_) return;
+  lr_overrides_version_ = version;
+  lr_overrides_.clear();
+  for (const wire::GroupLr& o : overrides) lr_overrides_[o.group()] = o.lr();
+  std::string list;
+  for (const auto& [g, value] : lr_overrides_) {
+    list += (list.empty() ? "" : ", ") + std::string("group ") + std::to_string(g) + " lr " +
+            std::to_string(value);
+  }
+  spdlog::info("shard {}: learning rates set by hand (v{}): {}", shard_id_, version,
+               list.empty() ? "none" : list);
 }
 
 bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push,
                            Member& member, std::vector<Outgoing>* out) {
   const uint64_t clock = push.clock;
-  std::span<const float> values = push.values;
   // It pushed every clock before this one (the replies said so).
   NotePassed(member, static_cast<int64_t>(clock) - 1);
   if (restored_) Advance(out);
@@ -816,28 +747,42 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   auto it = open_.find(clock);
   if (it == open_.end()) {
     const TimePoint now = clock_->Now();
-    it = open_.emplace(clock, OpenClock{TakeBuffer(), {}, {}, 0, now, now}).first;
+    OpenClock fresh;
+    fresh.acc = TakeBuffer();
+    fresh.opened = fresh.reported = clock_->Now();
+    it = open_.emplace(clock, std::move(fresh)).first;
   }
   OpenClock& oc = it->second;
-  // A retried push is applied once (unless dedup is switched off).
-  if (oc.pushed.insert(env.sender).second || !options_.dedup) {
-    const float weight = StalenessWeight(push) * static_cast<float>(push.batch);
-    if (options_.apply_updates) {
-      const float* src = values.data();
-      for (const wire::KeyLen& k : push.keys) {
-        const KeySlot& s = slots_.at(k.key());
-        Accumulate({oc.acc.data() + s.offset, s.length}, {src, s.length}, weight);
-        src += s.length;
-      }
+  // Duplicates were answered before (Duplicate); this push counts.
+  oc.pushed.insert(env.sender);
+  const float weight = StalenessWeight(push) * static_cast<float>(push.batch);
+  if (options_.apply_updates) table_->AddInto(oc.acc, push.grad, weight);
+  oc.batch_sum += push.batch;
+  oc.weight_sum += weight;
+  oc.seqs[env.sender] = push.seq;
+  if (!push.lrs.empty()) {
+    // The step's lrs: those of the push with the highest seq (one clock).
+    const bool differ =
+        oc.has_lrs && !std::equal(push.lrs.begin(), push.lrs.end(), oc.lrs.begin(), oc.lrs.end(),
+                                  [](const wire::GroupLr& a, const wire::GroupLr& b) {
+                                    return a.group() == b.group() && a.lr() == b.lr();
+                                  });
+    if (differ && !lr_disagreement_logged_) {
+      lr_disagreement_logged_ = true;
+      spdlog::warn("shard {}: the pushes of clock {} carry different learning rates (worker {}'s "
+                   "with seq {} among them); the step takes those of the push with the highest "
+                   "seq (logged once)",
+                   shard_id_, clock, env.sender, push.seq);
     }
-    oc.batch_sum += push.batch;
-    oc.seqs[env.sender] = push.seq;
-    member.seq = std::max(member.seq, push.seq);
-    RecordPush(member, clock);
-    CountApplied();
-  } else {
-    metrics_.duplicates->Increment();
+    if (!oc.has_lrs || push.seq >= oc.lrs_seq) {
+      oc.lrs.assign(push.lrs.begin(), push.lrs.end());
+      oc.lrs_seq = push.seq;
+      oc.has_lrs = true;
+    }
   }
+  member.seq = std::max(member.seq, push.seq);
+  RecordPush(member, clock);
+  CountApplied();
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
   Advance(out);
   return true;
@@ -897,7 +842,7 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
 void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Pull m = msg::Read<msg::Pull>(d);
   std::string why;
-  if (slots_.empty()) {
+  if (table_->empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
   if (wire::ErrorCode code; !CheckKeys(m.keys, &why, &code)) {
@@ -944,25 +889,26 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
                            std::span<const wire::KeyLen> keys, double waited,
                            std::vector<Outgoing>* out) {
   size_t total = 0;
-  bool contiguous = true;  // keys laid out back to back in params_
+  bool contiguous = true;  // keys laid out back to back in the table
   size_t first = 0;
+  const FloatBuffer& params = table_->params();
   for (size_t i = 0; i < keys.size(); ++i) {
-    const KeySlot& s = slots_.at(keys[i].key());
+    const ParamTable::Slot& s = *table_->Find(keys[i].key());
     if (i == 0) first = s.offset;
     contiguous &= s.offset == first + total;
     total += keys[i].length();
   }
   Frame payload;
   if (total > 0 && contiguous) {
-    // Zero-copy: the frame shares params_, which is copied before any write
-    // while the frame is alive (MutableParams).
-    payload = Frame(params_, params_->data() + first, total * sizeof(float));
+    // Zero-copy: the frame shares the parameters, which the table writes
+    // around while the frame is alive.
+    payload = Frame(params, params->data() + first, total * sizeof(float));
   } else if (total > 0) {
     auto buf = ReplyBuffer(total);
     float* dst = buf->data();
     for (const auto& k : keys) {
-      const KeySlot& s = slots_.at(k.key());
-      std::memcpy(dst, params_->data() + s.offset, s.length * sizeof(float));
+      const ParamTable::Slot& s = *table_->Find(k.key());
+      std::memcpy(dst, params->data() + s.offset, s.length * sizeof(float));
       dst += s.length;
     }
     payload = Frame(buf, buf->data(), total * sizeof(float));
@@ -1001,13 +947,17 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       OpenClock& oc = it->second;
       size_t from_live = 0;
       for (const auto& [id, m] : live_) from_live += oc.pushed.count(id);
-      // One synchronous step: g = sum_i (b_i / B) g_i, B the batch of the pushes.
-      if (options_.apply_updates && oc.batch_sum > 0) {
-        const float* from_w = nullptr;
-        const float* from_v = nullptr;
-        PrepareFullStep(&from_w, &from_v);
-        SgdMomentumStepFrom(*params_, *velocity_, from_w, from_v, oc.acc, job_.sgd,
-                            1.0f / static_cast<float>(oc.batch_sum));
+      // One synchronous step on the batch-weighted mean of the clock's
+      // gradients, g = sum_i w_i b_i g_i / sum_i w_i b_i (w_i the staleness
+      // weight, 1 when fresh: then exactly torch's step on the global
+      // batch); the weights' mean scales the lr, not the gradient.
+      if (options_.apply_updates && oc.batch_sum > 0 && oc.weight_sum > 0) {
+        StepRecord step;
+        step.grad = {{}, oc.acc, /*at_offsets=*/true};
+        step.grad_scale = static_cast<float>(1.0 / oc.weight_sum);
+        step.lr = StepLrs(oc.lrs, static_cast<float>(oc.weight_sum /
+                                                     static_cast<double>(oc.batch_sum)));
+        table_->Step(step);
       }
       if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left
@@ -1082,10 +1032,5 @@ TimePoint ShardCore::NextDeadline() const {
   return t;
 }
 
-std::span<const float> ShardCore::Param(uint64_t key) const {
-  auto it = slots_.find(key);
-  if (it == slots_.end()) return {};
-  return {params_->data() + it->second.offset, it->second.length};
-}
 
 }  // namespace pacer

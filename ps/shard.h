@@ -1,6 +1,7 @@
-// A parameter-server shard: the keys it owns, the optimizer, the per-clock
-// barrier. ShardCore is the logic with no sockets and an injected clock;
-// ShardServer (shard_server.h) runs it on a transport.
+// A parameter-server shard: the per-clock barrier, dedup and membership
+// around a parameter table (ps/table.h: the keys it owns, their parameters,
+// the optimizer and its state). ShardCore is the logic with no sockets and
+// an injected clock; ShardServer (shard_server.h) runs it on a transport.
 #ifndef PACER_PS_SHARD_H_
 #define PACER_PS_SHARD_H_
 
@@ -21,7 +22,7 @@
 #include "ps/checkpoint.h"
 #include "ps/base/clock.h"
 #include "ps/base/metrics.h"
-#include "ps/optimizer.h"
+#include "ps/table.h"
 #include "ps/base/messages.h"
 #include "ps/base/server_core.h"
 #include "ps/shard_metrics.h"
@@ -63,7 +64,9 @@ struct ShardOptions {
 struct ShardJob {
   uint64_t job_id = 0;
   wire::Mode mode = wire::Mode::Bsp;
-  SgdOptions sgd;
+  // The optimizer and the job's default group (the monitor's --optimizer
+  // and its settings); the model's declaration adds its parameter groups.
+  TableConfig optimizer;
   // B: in asp each push is one step on its gradient weighted by b_i / B, so
   // a round of pushes moves the model as far as one synchronous step.
   uint32_t global_batch = 192;
@@ -78,8 +81,10 @@ struct ShardJob {
 // The parts of one worker's push in several parts (Push.parts > 1) a shard
 // has received so far, held until the last one; not in snapshots (the
 // worker sends them all again when a restarted shard never completes its
-// push). At namespace scope: std::optional of a nested class with default
-// member initializers does not compile with clang.
+// push). Their values go straight to their keys' offsets in a table-sized
+// buffer (the member's staging buffer), so the completed push is read from
+// there with no per-key copies. At namespace scope: std::optional of a
+// nested class with default member initializers does not compile with clang.
 struct StagedPush {
   uint64_t seq = 0;
   uint32_t parts = 0;
@@ -88,9 +93,10 @@ struct StagedPush {
   uint32_t batch = 0;
   std::optional<int64_t> read_applied;
   std::optional<uint64_t> read_steps;
+  std::vector<wire::GroupLr> lrs;
   std::vector<bool> got;                          // per part
   std::vector<std::vector<uint64_t>> part_keys;   // per part: the keys it carried
-  std::map<uint64_t, std::vector<float>> values;  // per key
+  std::map<uint64_t, uint64_t> keys;              // key -> length, of the parts held
 };
 
 // Single-threaded: one thread calls every method.
@@ -136,18 +142,25 @@ class ShardCore {
   uint64_t updates_applied() const { return updates_applied_; }
   bool initialized() const { return initialized_; }
   // Whether this shard holds a key range (values or not).
-  bool has_keys() const { return !slots_.empty(); }
+  bool has_keys() const { return !table_->empty(); }
   bool stop_requested() const { return stop_requested_; }
   uint64_t membership_version() const { return membership_version_; }
   size_t parked_pulls() const { return parked_.size(); }
   double rejected(wire::ErrorCode code) const { return server_.rejected(code); }
   prometheus::Registry& registry() { return *registry_; }
   // Parameters of one owned key (tests).
-  std::span<const float> Param(uint64_t key) const;
+  std::span<const float> Param(uint64_t key) const { return table_->Param(key); }
+  // The parameter table (tests, benchmarks).
+  const ParamTable& table() const { return *table_; }
+
+  // The learning rates set by hand (pacerctl set-lr, from the monitor's
+  // heartbeat replies), by group index: each wins over what pushes carry
+  // until a later version leaves it out. Older versions are ignored.
+  void SetLrOverrides(uint64_t version, const std::vector<wire::GroupLr>& overrides);
 
   // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
-  // between two messages, so no step is half applied: parameters, momentum,
-  // the applied clock and step count, each live worker's pushed clock and
+  // between two messages, so no step is half applied: the parameter table
+  // (parameters, optimizer state, each key's steps), the applied clock and step count, each live worker's pushed clock and
   // last applied push seq, and the membership version. Pushes to clocks
   // still open are not in it. It copies no parameters: it shares the
   // current buffers, and the next step writes into new ones.
@@ -173,17 +186,18 @@ class ShardCore {
   uint64_t skipped_clocks() const { return skipped_clocks_; }
 
  private:
-  struct KeySlot {
-    size_t offset;
-    size_t length;
-  };
   struct OpenClock {
-    std::vector<float> acc;        // sum of b_i * g_i over the pushes so far
+    std::vector<float> acc;        // sum of w_i * b_i * g_i over the pushes so far
     std::set<uint32_t> pushed;     // workers whose push for this clock arrived
     std::map<uint32_t, uint64_t> seqs;  // their push seqs (0: none given)
     uint64_t batch_sum = 0;        // sum of b_i over those pushes
+    double weight_sum = 0;         // sum of w_i * b_i (w_i: the staleness weight)
     TimePoint opened{};            // first push, for stall reports
     TimePoint reported{};          // last stall report
+    // The lrs of the push with the highest seq that carried any (the step's).
+    std::vector<wire::GroupLr> lrs;
+    uint64_t lrs_seq = 0;
+    bool has_lrs = false;
   };
   struct ParkedPull {
     Frame peer;
@@ -205,8 +219,10 @@ class ShardCore {
     uint64_t seq = 0;              // highest push seq handled
     // After a restore: the first push with a seq counts the lost ones.
     bool check_gap = false;
-    // The parts of a push in several parts held so far (StagedPush).
+    // The parts of a push in several parts held so far (StagedPush), and
+    // the table-sized buffer their values go to (kept between pushes).
     std::optional<StagedPush> staged;
+    std::vector<float> staging;
   };
   // One push as the barrier sees it, whether it came in one message or in
   // parts: keys in ascending order, values laid out in that order.
@@ -216,8 +232,8 @@ class ShardCore {
     uint64_t seq = 0;
     std::optional<int64_t> read_applied;
     std::optional<uint64_t> read_steps;
-    std::span<const wire::KeyLen> keys;
-    std::span<const float> values;
+    GradientView grad;
+    std::span<const wire::GroupLr> lrs;
   };
 
   // Under CURVE: whether the sender's id belongs to the key it came with
@@ -244,6 +260,16 @@ class ShardCore {
   // Closes every clock that all live workers have pushed, then answers the
   // pulls that became ready.
   void Advance(std::vector<Outgoing>* out);
+  // Whether a push was handled before and must not be applied again: dedup,
+  // decided here only. A push with a seq: one at or below the worker's last
+  // handled seq. Without one: asp, a clock at or below its last pushed one;
+  // the synchronous modes, a clock still open that it pushed already.
+  bool Duplicate(uint32_t worker, const Member& member, uint64_t seq, uint64_t clock) const;
+  // Each group's lr for a step, before its scale: a pacerctl set-lr
+  // override, else the lr the step's push carried, else the group's
+  // declared lr, else the job's default (the last two: the table's
+  // settings).
+  std::vector<float> StepLrs(std::span<const wire::GroupLr> carried, float scale) const;
   // One push folded in: updates_applied_ and its two metrics.
   void CountApplied();
   void RecordPush(Member& member, uint64_t clock);
@@ -264,15 +290,9 @@ class ShardCore {
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
   std::vector<float> TakeBuffer();
-  // The parameters, ready to be written: copied first if a reply or a
-  // snapshot holds them.
-  std::vector<float>& MutableParams();
-  std::vector<float>& MutableVelocity();
-  // For a step that rewrites every value: makes params_ and velocity_
-  // writable without copying. When a reply or snapshot still holds one, it
-  // is swapped for a spare buffer and the old one is returned in *from_w /
-  // *from_v for the step to read (else they point at the buffers themselves).
-  void PrepareFullStep(const float** from_w, const float** from_v);
+  // After keys moved in or out: staged parts and spare accumulators no
+  // longer fit the table's layout.
+  void LayoutChanged();
   // Moves a live worker's pushed clock up to `clock` (after a restore, the
   // clocks it pushed before are lost, not missing).
   void NotePassed(Member& member, int64_t clock);
@@ -291,18 +311,19 @@ class ShardCore {
   bool configured_ = false;
   bool stop_requested_ = false;
 
-  // The model: owned keys, parameters and momentum, set by DeclareModel.
-  std::map<uint64_t, KeySlot> slots_;
-  // Shared with ZeroMQ while a pull reply that references it is in flight;
-  // MutableParams() copies it first in that case (copy-on-write), so replies
-  // go out zero-copy and never see a half-applied step.
-  std::shared_ptr<std::vector<float>> params_ = std::make_shared<std::vector<float>>();
-  std::shared_ptr<std::vector<float>> spare_params_;
-  // Momentum: shared the same way, with checkpoint snapshots only.
-  std::shared_ptr<std::vector<float>> velocity_ = std::make_shared<std::vector<float>>();
-  std::shared_ptr<std::vector<float>> spare_velocity_;
-  std::vector<float> scratch_;
+  // The model: owned keys, parameters, optimizer state (DeclareModel, key
+  // moves, Restore). Its buffers are shared with ZeroMQ while a pull reply
+  // that references them is in flight, and with checkpoint snapshots; the
+  // table writes around them (copy-on-write), so replies go out zero-copy
+  // and never see a half-applied step.
+  std::unique_ptr<ParamTable> table_;
   bool initialized_ = false;
+
+  // pacerctl set-lr, by group index, and the version it came with.
+  std::map<uint32_t, float> lr_overrides_;
+  uint64_t lr_overrides_version_ = 0;
+  // A synchronous step whose pushes carried different lrs is logged once.
+  bool lr_disagreement_logged_ = false;
 
   // The shard-map version of the monitor's last declaration.
   uint64_t map_version_ = 0;

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (snapshot) {
       spdlog::info("loaded checkpoint of job {} shard {} ({} values, applied clock {}) from {} in "
                    "{:.3f} s",
-                   snapshot->job_id, snapshot->shard_id, snapshot->params->size(),
+                   snapshot->job_id, snapshot->shard_id, snapshot->table.params->size(),
                    snapshot->applied_clock, path, ToSeconds(transport->clock()->Now() - t0));
     }
   }
@@ -83,8 +83,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       job.job_id = reply->env.job_id;
       if (r.job) {
         job.mode = r.job->mode;
-        job.sgd.learning_rate = r.job->learning_rate;
-        job.sgd.momentum = r.job->momentum;
+        job.optimizer.kind = r.job->optimizer;
+        job.optimizer.defaults = r.job->optimizer_settings;
         job.global_batch = r.job->global_batch;
         job.backup_workers = r.job->backup_workers;
         job.staleness_aware_lr = r.job->staleness_aware_lr;
@@ -208,6 +208,12 @@ void ShardServer::HeartbeatLoop() {
         return;
       }
       runtime_faults.Apply(r.faults_version, r.faults);
+      if (r.lr_overrides_version > 0) {
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        if (!pending_lr_ || pending_lr_->first < r.lr_overrides_version) {
+          pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
+        }
+      }
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
     // Sleep in short steps so that shutdown is prompt.
@@ -247,6 +253,14 @@ void ShardServer::Run() {
     if (!got.ok()) {
       spdlog::error("shard {}: receive failed: {}", id_, ErrorText(got.status()));
       break;
+    }
+    {
+      // pacerctl set-lr, from the heartbeat thread: taken between messages.
+      std::lock_guard<std::mutex> lock(lr_mu_);
+      if (pending_lr_) {
+        core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
+        pending_lr_.reset();
+      }
     }
     // Handle every ready message before replies go out.
     for (int i = 0; *got && i < 256; ++i) {

@@ -5,8 +5,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "ps/checkpoint_writer.h"
@@ -129,6 +133,11 @@ class ShardServer {
   uint64_t keys_at_checkpoint_ = 0;        // serving thread only
   uint64_t periodic_taken_ = 0;            // checkpoints on time or count (serving thread)
   absl::Status stop_status_;               // serving thread; read after Wait()
+
+  // pacerctl set-lr's overrides (version, by group) from a heartbeat reply,
+  // until the serving thread hands them to core_.
+  std::mutex lr_mu_;  // guards pending_lr_
+  std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> pending_lr_;
 };
 
 }  // namespace pacer

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "prometheus/registry.h"
+#include "ps/base/wire.h"
 #include "ps/checkpoint_writer.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
@@ -168,13 +169,27 @@ class CheckpointTest : public ::testing::Test {
     s.applied_clock = 1000 + static_cast<int64_t>(seed);
     s.steps = 1001;
     s.updates_applied = 3003;
-    for (size_t k = 0; k < keys; ++k) s.keys.emplace_back(10 * k + 1, len);
+    // Adam with amsgrad (three state slots) and a second group: every
+    // part of the optimizer's state is in the round trip.
+    TableSnapshot& t = s.table;
+    t.config.kind = OptimizerKind::kAdam;
+    t.config.defaults = DefaultSettings(OptimizerKind::kAdam);
+    GroupSettings no_decay;
+    no_decay.name = "no_decay";
+    no_decay.weight_decay = 0.0f;
+    no_decay.amsgrad = true;
+    t.config.groups = {no_decay};
+    for (size_t k = 0; k < keys; ++k) {
+      t.keys.push_back({10 * k + 1, len, static_cast<uint32_t>(k % 2), 1000 + k});
+    }
     auto params = std::make_shared<std::vector<float>>(keys * len);
-    auto velocity = std::make_shared<std::vector<float>>(keys * len);
     for (float& x : *params) x = n(rng);
-    for (float& x : *velocity) x = n(rng);
-    s.params = params;
-    s.velocity = velocity;
+    t.params = params;
+    for (int slot = 0; slot < 3; ++slot) {
+      auto v = std::make_shared<std::vector<float>>(keys * len);
+      for (float& x : *v) x = n(rng);
+      t.state.push_back(v);
+    }
     s.workers = {{3, {999, 4000}}, {4, {1000, 4001}}, {9, {-1, 0}}};
     return s;
   }
@@ -198,7 +213,7 @@ TEST_F(CheckpointTest, SnapshotRoundTripsAcrossReopen) {
     ASSERT_TRUE(store.ok()) << store.status();
     auto bytes = (*store)->Save(s);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
-    EXPECT_GE(*bytes, 2 * s.params->size() * sizeof(float));
+    EXPECT_GE(*bytes, 4 * s.table.params->size() * sizeof(float));
   }
   auto store = CheckpointStore::Open(path_);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -234,9 +249,9 @@ TEST_F(CheckpointTest, InconsistentSnapshotIsRefusedAndNothingIsLost) {
   const ShardSnapshot good = Make(2, 100, 1);
   ASSERT_TRUE((*store)->Save(good).ok());
   ShardSnapshot bad = Make(2, 100, 2);
-  auto shorter = std::make_shared<std::vector<float>>(*bad.velocity);
+  auto shorter = std::make_shared<std::vector<float>>(*bad.table.state[1]);
   shorter->pop_back();
-  bad.velocity = shorter;
+  bad.table.state[1] = shorter;
   EXPECT_EQ((*store)->Save(bad).status().code(), absl::StatusCode::kInvalidArgument);
   auto got = (*store)->Load();
   ASSERT_TRUE(got.ok());
@@ -263,6 +278,107 @@ TEST_F(CheckpointTest, DamagedDataIsDataLossNotGarbage) {
   ASSERT_TRUE(store.ok());
   auto got = (*store)->Load();
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+}
+
+// Writes a checkpoint of format 2 (before the optimizer menu: SGD with
+// momentum, keys without groups or steps) as that build did, byte by byte.
+void WriteFormat2(const std::string& path, const std::vector<float>& w, const std::vector<float>& v,
+                  uint32_t version = 2) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(options, path, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string meta = "PCK1";
+  auto put = [&](auto x) { meta.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  put(version);
+  put(uint64_t{7});    // job
+  put(uint32_t{2});    // shard
+  put(uint64_t{5});    // map version
+  put(int64_t{41});    // applied clock
+  put(uint64_t{42});   // steps
+  put(uint64_t{126});  // updates applied
+  put(uint64_t{2});    // keys
+  put(uint64_t{1});
+  put(uint32_t{2});
+  put(uint64_t{9});
+  put(uint32_t{1});
+  put(uint64_t{1});    // workers
+  put(uint32_t{3});
+  put(int64_t{41});
+  put(uint64_t{120});
+  put(uint64_t{w.size()});
+  put(CheckpointStore::kChunkFloats);
+  const char* wb = reinterpret_cast<const char*>(w.data());
+  const char* vb = reinterpret_cast<const char*>(v.data());
+  uint32_t crc = Crc32(0, meta.data(), meta.size());
+  crc = Crc32(crc, wb, w.size() * sizeof(float));
+  crc = Crc32(crc, vb, v.size() * sizeof(float));
+  put(crc);
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "p/00000000",
+                      rocksdb::Slice(wb, w.size() * sizeof(float))).ok());
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "v/00000000",
+                      rocksdb::Slice(vb, v.size() * sizeof(float))).ok());
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "meta", meta).ok());
+}
+
+TEST_F(CheckpointTest, AFormat2CheckpointIsMigratedToSgdWithMomentum) {
+  const std::vector<float> w = {1.0f, 2.0f, 3.0f}, v = {0.5f, -0.5f, 0.25f};
+  WriteFormat2(path_, w, v);
+  auto store = CheckpointStore::Open(path_);
+  ASSERT_TRUE(store.ok());
+  auto got = (*store)->Load();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  const ShardSnapshot& s = **got;
+  EXPECT_TRUE(s.migrated);
+  EXPECT_EQ(s.applied_clock, 41);
+  EXPECT_EQ(s.workers.at(3), (WorkerMark{41, 120}));
+  EXPECT_EQ(s.table.config.kind, OptimizerKind::kSgd);
+  ASSERT_EQ(s.table.keys.size(), 2u);
+  // Each key took the shard's steps, in the default group.
+  EXPECT_EQ(s.table.keys[0], (TableKey{1, 2, kDefaultGroup, 42}));
+  EXPECT_EQ(s.table.keys[1], (TableKey{9, 1, kDefaultGroup, 42}));
+  EXPECT_EQ(*s.table.params, w);
+  ASSERT_EQ(s.table.state.size(), 1u);
+  EXPECT_EQ(*s.table.state[0], v) << "the momentum";
+  // Written again, it is a format-3 checkpoint with the same contents.
+  ASSERT_TRUE((*store)->Save(s).ok());
+  auto again = (*store)->Load();
+  ASSERT_TRUE(again.ok() && again->has_value());
+  EXPECT_FALSE((*again)->migrated);
+  EXPECT_TRUE(**again == s);
+}
+
+TEST_F(CheckpointTest, AnUnknownFormatIsRefusedNotMisread) {
+  WriteFormat2(path_, {1.0f, 2.0f, 3.0f}, {0, 0, 0}, /*version=*/4);
+  auto store = CheckpointStore::Open(path_);
+  ASSERT_TRUE(store.ok());
+  auto got = (*store)->Load();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(got.status().message()).find("format version 4"), std::string::npos)
+      << got.status();
+}
+
+TEST_F(CheckpointTest, DamagedOptimizerStateIsDataLoss) {
+  {
+    auto store = CheckpointStore::Open(path_);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Save(Make(2, 1000, 1)).ok());
+  }
+  {
+    // Flip a value of Adam's second moment (slot 1, "w/").
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path_, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string chunk;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), "w/00000000", &chunk).ok());
+    chunk[5] ^= 0x01;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "w/00000000", chunk).ok());
+  }
+  auto store = CheckpointStore::Open(path_);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Load().status().code(), absl::StatusCode::kDataLoss);
 }
 
 // A crash while a checkpoint is being written: the file system drops what

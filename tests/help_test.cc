@@ -254,7 +254,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"ShardOptions.dedup", "--unsafe-disable"},
     {"ShardOptions.apply_updates", "--no-apply"},
     {"ShardOptions.monitor_key", "--allowed-keys"},  // the key named 'monitor'
-    {"MonitorOptions.learning_rate", "--lr"},
+    {"MonitorOptions.optimizer_settings", "--lr"},  // and the other optimizer flags
     {"MonitorOptions.time_cap_seconds", "--time-cap"},
     {"MonitorOptions.lease_expiry", "--unsafe-disable"},
     {"MonitorOptions.heartbeat_interval_ms", "--heartbeat-ms"},

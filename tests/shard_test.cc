@@ -71,8 +71,8 @@ class ShardTest : public ::testing::Test {
     ShardJob job;
     job.job_id = kJob;
     job.mode = mode;
-    job.sgd.learning_rate = kLr;
-    job.sgd.momentum = kMomentum;
+    job.optimizer.defaults.lr = kLr;
+    job.optimizer.defaults.momentum = kMomentum;
     job.global_batch = kGlobalBatch;
     job.backup_workers = backup_workers;
     job.staleness_aware_lr = staleness_aware_lr;
@@ -253,33 +253,62 @@ void ExpectNear(const std::vector<float>& got, const std::vector<float>& want) {
 // ---------------------------------------------------------------------------
 // The optimizer.
 
+// One SGD step of a block held in (w, v), in place.
+void SgdStep(std::vector<float>& w, std::vector<float>& v, const std::vector<float>& g,
+             const OptimizerSettings& o, uint64_t step, float grad_scale = 1.0f) {
+  BlockStep b;
+  b.n = w.size();
+  b.w_in = b.w_out = w.data();
+  b.state_in[0] = b.state_out[0] = v.data();
+  b.grad = g.data();
+  b.grad_scale = grad_scale;
+  b.lr = o.lr;
+  b.step = step;
+  MakeOptimizer(OptimizerKind::kSgd, false)->Step(b, o);
+}
+
 TEST(OptimizerTest, SgdMomentumTwoStepsMatchHandComputation) {
   std::vector<float> w = {1.0f, 2.0f};
   std::vector<float> v = {0.0f, 0.0f};
-  SgdOptions o;
-  o.learning_rate = 0.1f;
+  OptimizerSettings o;
+  o.lr = 0.1f;
   o.momentum = 0.9f;
   const std::vector<float> g1 = {0.5f, -1.0f};
-  SgdMomentumStep(w, v, g1, o);
+  SgdStep(w, v, g1, o, 1);
   // v1 = g1; w1 = w0 - 0.1 * v1.
   ExpectNear(v, {0.5f, -1.0f});
   ExpectNear(w, {0.95f, 2.1f});
   const std::vector<float> g2 = {1.0f, 2.0f};
-  SgdMomentumStep(w, v, g2, o);
+  SgdStep(w, v, g2, o, 2);
   // v2 = 0.9 * v1 + g2 = {1.45, 1.1}; w2 = w1 - 0.1 * v2.
   ExpectNear(v, {1.45f, 1.1f});
   ExpectNear(w, {0.805f, 1.99f});
 }
 
-TEST(OptimizerTest, ScaleMultipliesTheGradient) {
+TEST(OptimizerTest, GradScaleMultipliesTheGradient) {
   std::vector<float> w = {0.0f};
   std::vector<float> v = {1.0f};
-  SgdOptions o;
-  o.learning_rate = 1.0f;
+  OptimizerSettings o;
+  o.lr = 1.0f;
   o.momentum = 0.5f;
-  SgdMomentumStep(w, v, std::vector<float>{4.0f}, o, /*scale=*/0.25f);
+  SgdStep(w, v, std::vector<float>{4.0f}, o, /*step=*/2, /*grad_scale=*/0.25f);
   ExpectNear(v, {1.5f});  // 0.5 * 1 + 0.25 * 4
   ExpectNear(w, {-1.5f});
+}
+
+TEST(OptimizerTest, SgdFirstStepTakesTheGradientAsTheBufferDespiteDampening) {
+  // torch: the momentum buffer starts as the gradient; dampening applies
+  // from the second step.
+  std::vector<float> w = {0.0f};
+  std::vector<float> v = {123.0f};  // not read on the first step
+  OptimizerSettings o;
+  o.lr = 1.0f;
+  o.momentum = 0.5f;
+  o.dampening = 0.5f;
+  SgdStep(w, v, std::vector<float>{2.0f}, o, 1);
+  ExpectNear(v, {2.0f});
+  SgdStep(w, v, std::vector<float>{2.0f}, o, 2);
+  ExpectNear(v, {2.0f});  // 0.5 * 2 + (1 - 0.5) * 2
 }
 
 TEST(OptimizerTest, AccumulateAddsScaledGradient) {
@@ -350,9 +379,9 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   const ShardSnapshot snap = shard_->Snapshot();
   EXPECT_EQ(snap.applied_clock, 0);
   EXPECT_EQ(snap.steps, 1u);
-  EXPECT_EQ(snap.keys.size(), 2u);
+  EXPECT_EQ(snap.table.keys.size(), 2u);
   EXPECT_EQ(snap.workers.at(kWorkerA).clock, 0);
-  EXPECT_NE(*snap.velocity, std::vector<float>(3, 0.0f)) << "momentum is part of the state";
+  EXPECT_NE(*snap.table.state[0], std::vector<float>(3, 0.0f)) << "momentum is part of the state";
   // The original goes on one more clock...
   const std::vector<float> ga = {0.0f, 4.0f, 8.0f}, gb = {4.0f, 0.0f, -8.0f};
   Push(kWorkerA, 1, 1, ga);
@@ -366,8 +395,8 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   ShardJob job;
   job.job_id = kJob;
   job.mode = wire::Mode::Bsp;
-  job.sgd.learning_rate = kLr;
-  job.sgd.momentum = kMomentum;
+  job.optimizer.defaults.lr = kLr;
+  job.optimizer.defaults.momentum = kMomentum;
   job.global_batch = kGlobalBatch;
   EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kFailedPrecondition)
       << "not configured yet";
@@ -376,7 +405,7 @@ TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   restored = std::make_unique<ShardCore>(opts, &clock_);
   restored->Configure(job, kShardId);
   ShardSnapshot broken = snap;
-  broken.velocity = std::make_shared<std::vector<float>>(2, 0.0f);
+  broken.table.state[0] = std::make_shared<std::vector<float>>(2, 0.0f);
   EXPECT_EQ(restored->Restore(broken).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(restored->Restore(snap).ok());
   EXPECT_EQ(restored->Restore(snap).code(), absl::StatusCode::kFailedPrecondition)
@@ -399,15 +428,15 @@ TEST_F(ShardTest, SnapshotSharesTheBuffersAndTheNextStepWritesNewOnes) {
   Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
   Push(kWorkerB, 0, 3, {3.0f, -2.0f, 4.0f});
   const ShardSnapshot snap = shard_->Snapshot();
-  const std::vector<float> at_snapshot = *snap.params;
-  const std::vector<float> velocity_at_snapshot = *snap.velocity;
-  EXPECT_EQ(snap.params->data(), shard_->Param(1).data()) << "no copy taken";
+  const std::vector<float> at_snapshot = *snap.table.params;
+  const std::vector<float> velocity_at_snapshot = *snap.table.state[0];
+  EXPECT_EQ(snap.table.params->data(), shard_->Param(1).data()) << "no copy taken";
   Push(kWorkerA, 1, 1, {0.0f, 4.0f, 8.0f});
   Push(kWorkerB, 1, 3, {4.0f, 0.0f, -8.0f});
   ASSERT_EQ(shard_->applied_clock(), 1);
-  EXPECT_NE(snap.params->data(), shard_->Param(1).data());
-  EXPECT_EQ(*snap.params, at_snapshot) << "the step must not write into the snapshot";
-  EXPECT_EQ(*snap.velocity, velocity_at_snapshot);
+  EXPECT_NE(snap.table.params->data(), shard_->Param(1).data());
+  EXPECT_EQ(*snap.table.params, at_snapshot) << "the step must not write into the snapshot";
+  EXPECT_EQ(*snap.table.state[0], velocity_at_snapshot);
   EXPECT_NE(Params(), at_snapshot);
 }
 
@@ -616,8 +645,8 @@ TEST_F(ShardTest, RestoredShardCountsLostPushesAndCatchesUp) {
   ShardJob job;
   job.job_id = kJob;
   job.mode = wire::Mode::Bsp;
-  job.sgd.learning_rate = kLr;
-  job.sgd.momentum = kMomentum;
+  job.optimizer.defaults.lr = kLr;
+  job.optimizer.defaults.momentum = kMomentum;
   job.global_batch = kGlobalBatch;
   shard_->Configure(job, kShardId);
   ASSERT_TRUE(shard_->Restore(snap).ok());
@@ -912,18 +941,19 @@ TEST_F(ShardTest, AspAppliesEachPushAtOnceWeightedByItsBatchShare) {
   const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
   const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
   ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
-  // v1 = (1/4) ga; w1 = w0 - lr * v1 (b_A / B = 1/4).
+  // One optimizer step per push, its lr scaled b_i / B (not its gradient):
+  // v1 = ga; w1 = w0 - (1/4) lr v1.
   std::vector<float> v1(3), w1(3);
   for (size_t i = 0; i < 3; ++i) {
-    v1[i] = 0.25f * ga[i];
-    w1[i] = kW0[i] - kLr * v1[i];
+    v1[i] = ga[i];
+    w1[i] = kW0[i] - 0.25f * kLr * v1[i];
   }
   ExpectNear(Params(), w1);
   EXPECT_EQ(shard_->applied_clock(), 0);
 
   ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
   std::vector<float> w2(3);
-  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (kMomentum * v1[i] + 0.75f * gb[i]);
+  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - 0.75f * kLr * (kMomentum * v1[i] + gb[i]);
   ExpectNear(Params(), w2);
 
   // A retried push (same worker, same clock) is acknowledged, not applied.
@@ -1167,13 +1197,16 @@ TEST_F(ShardTest, StaleGradientIsWeightedOneOverOnePlusTau) {
     PushRead(kWorkerA, 1, 1, ga, -1);
     PushRead(kWorkerB, 1, 3, gb, 0);
     ASSERT_EQ(shard_->applied_clock(), 1);
+    // The step's gradient is the weighted mean sum w_i b_i g_i / sum w_i b_i
+    // and the weights' mean, sum w_i b_i / sum b_i, scales its lr.
     const float wa = aware ? 0.5f : 1.0f;
+    const float weights = wa * 1 + 3;
     std::vector<float> want(3);
     for (size_t i = 0; i < 3; ++i) {
       const float v1 = (ga[i] + 3 * gb[i]) / 4;
       const float w1 = kW0[i] - kLr * v1;
-      const float v2 = kMomentum * v1 + (wa * ga[i] + 3 * gb[i]) / 4;
-      want[i] = w1 - kLr * v2;
+      const float v2 = kMomentum * v1 + (wa * ga[i] + 3 * gb[i]) / weights;
+      want[i] = w1 - (weights / 4) * kLr * v2;
     }
     ExpectNear(Params(), want);
     EXPECT_EQ(shard_->stale_pushes(), 1u);
@@ -1189,13 +1222,13 @@ TEST_F(ShardTest, AspCountsStalenessInRoundsOfPushes) {
   const std::vector<float> before = Params();
   PushRead(kWorkerA, 0, 1, {4.0f, 4.0f, 4.0f}, {}, 0);
   EXPECT_EQ(shard_->stale_pushes(), 1u);
-  // B's fresh pushes: v_k = mu v_{k-1} + (3/4) g. A's: weight 1/(1+2) times
-  // b/B = 1/4, on a gradient of 4: v5 = mu v4 + 1/3.
+  // B's fresh pushes: v_k = mu v_{k-1} + g, each step at lr (3/4) lr. A's,
+  // on a gradient of 4: v5 = mu v4 + 4, at lr 1/(1+2) times b/B = 1/4.
   float v = 0;
-  for (int k = 0; k < 4; ++k) v = kMomentum * v + 0.75f;
-  const float v5 = kMomentum * v + 4.0f / 12.0f;
+  for (int k = 0; k < 4; ++k) v = kMomentum * v + 1.0f;
+  const float v5 = kMomentum * v + 4.0f;
   std::vector<float> want(3);
-  for (size_t i = 0; i < 3; ++i) want[i] = before[i] - kLr * v5;
+  for (size_t i = 0; i < 3; ++i) want[i] = before[i] - kLr / 12.0f * v5;
   ExpectNear(Params(), want);
   // A push in lockstep (read one step ago, one push of the other worker
   // since: less than a round) counts as fresh.

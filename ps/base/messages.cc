@@ -8,6 +8,100 @@ constexpr uint32_t kMonitorStateFormat = 1;
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : ""; }
 const char* OrNull(const std::string& s) { return s.empty() ? nullptr : s.c_str(); }
 
+wire::OptimizerKind WireKind(OptimizerKind k) { return static_cast<wire::OptimizerKind>(k); }
+OptimizerKind KindOf(wire::OptimizerKind k) {
+  switch (k) {
+    case wire::OptimizerKind::Adam: return OptimizerKind::kAdam;
+    case wire::OptimizerKind::AdamW: return OptimizerKind::kAdamW;
+    case wire::OptimizerKind::Adagrad: return OptimizerKind::kAdagrad;
+    default: return OptimizerKind::kSgd;
+  }
+}
+
+// A group's settings: only those it sets.
+flatbuffers::Offset<wire::OptimizerSettings> BuildSettings(flatbuffers::FlatBufferBuilder& fbb,
+                                                           const GroupSettings& g) {
+  wire::OptimizerSettingsBuilder b(fbb);
+  if (g.lr) b.add_lr(*g.lr);
+  if (g.momentum) b.add_momentum(*g.momentum);
+  if (g.dampening) b.add_dampening(*g.dampening);
+  if (g.nesterov) b.add_nesterov(*g.nesterov);
+  if (g.weight_decay) b.add_weight_decay(*g.weight_decay);
+  if (g.beta1) b.add_beta1(*g.beta1);
+  if (g.beta2) b.add_beta2(*g.beta2);
+  if (g.eps) b.add_eps(*g.eps);
+  if (g.amsgrad) b.add_amsgrad(*g.amsgrad);
+  if (g.lr_decay) b.add_lr_decay(*g.lr_decay);
+  if (g.initial_accumulator_value) b.add_initial_accumulator_value(*g.initial_accumulator_value);
+  return b.Finish();
+}
+
+GroupSettings SettingsOf(const wire::OptimizerSettings* t, std::string name) {
+  GroupSettings g;
+  g.name = std::move(name);
+  if (t == nullptr) return g;
+  if (t->lr()) g.lr = *t->lr();
+  if (t->momentum()) g.momentum = *t->momentum();
+  if (t->dampening()) g.dampening = *t->dampening();
+  if (t->nesterov()) g.nesterov = *t->nesterov();
+  if (t->weight_decay()) g.weight_decay = *t->weight_decay();
+  if (t->beta1()) g.beta1 = *t->beta1();
+  if (t->beta2()) g.beta2 = *t->beta2();
+  if (t->eps()) g.eps = *t->eps();
+  if (t->amsgrad()) g.amsgrad = *t->amsgrad();
+  if (t->lr_decay()) g.lr_decay = *t->lr_decay();
+  if (t->initial_accumulator_value()) g.initial_accumulator_value = *t->initial_accumulator_value();
+  return g;
+}
+
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ParamGroup>>> BuildGroups(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<GroupSettings>& groups) {
+  std::vector<flatbuffers::Offset<wire::ParamGroup>> out;
+  for (const GroupSettings& g : groups) {
+    auto name = fbb.CreateString(g.name);
+    auto settings = BuildSettings(fbb, g);
+    out.push_back(wire::CreateParamGroup(fbb, name, settings));
+  }
+  return fbb.CreateVector(out);
+}
+
+std::vector<GroupSettings> GroupsOf(
+    const flatbuffers::Vector<flatbuffers::Offset<wire::ParamGroup>>* v) {
+  std::vector<GroupSettings> out;
+  if (v == nullptr) return out;
+  for (const wire::ParamGroup* g : *v) out.push_back(SettingsOf(g->settings(), Str(g->name())));
+  return out;
+}
+
+template <class T>
+std::vector<T> Scalars(const flatbuffers::Vector<T>* v) {
+  return v == nullptr ? std::vector<T>() : std::vector<T>(v->begin(), v->end());
+}
+
+template <class T>
+std::vector<T> Structs(const flatbuffers::Vector<const T*>* v) {
+  std::vector<T> out;
+  if (v == nullptr) return out;
+  for (const T* x : *v) out.push_back(*x);
+  return out;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LrOverride>>> BuildOverrides(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<std::pair<std::string, float>>& v) {
+  std::vector<flatbuffers::Offset<wire::LrOverride>> out;
+  for (const auto& [group, lr] : v) out.push_back(wire::CreateLrOverrideDirect(fbb, group.c_str(), lr));
+  return fbb.CreateVector(out);
+}
+
+std::vector<std::pair<std::string, float>> OverridesOf(
+    const flatbuffers::Vector<flatbuffers::Offset<wire::LrOverride>>* v) {
+  std::vector<std::pair<std::string, float>> out;
+  if (v == nullptr) return out;
+  for (const wire::LrOverride* o : *v) out.emplace_back(Str(o->group()), o->lr());
+  return out;
+}
+
 }  // namespace
 
 namespace msg {
@@ -23,7 +117,18 @@ flatbuffers::Offset<wire::MoveOut> Build(flatbuffers::FlatBufferBuilder& fbb, co
 }
 flatbuffers::Offset<wire::MoveData> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveData& m) {
   auto keys = fbb.CreateVectorOfStructs(m.keys);
-  return wire::CreateMoveData(fbb, keys, m.applied_clock, m.steps);
+  auto groups = fbb.CreateVector(m.groups);
+  auto key_steps = fbb.CreateVector(m.key_steps);
+  auto param_groups = BuildGroups(fbb, m.param_groups);
+  return wire::CreateMoveData(fbb, keys, m.applied_clock, m.steps, WireKind(m.optimizer),
+                              m.state_slots, groups, key_steps, param_groups);
+}
+flatbuffers::Offset<wire::SetLr> Build(flatbuffers::FlatBufferBuilder& fbb, const SetLr& m) {
+  return wire::CreateSetLrDirect(fbb, m.group.c_str(), m.lr, m.clear);
+}
+flatbuffers::Offset<wire::SetLrReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                            const SetLrReply& m) {
+  return wire::CreateSetLrReply(fbb, BuildOverrides(fbb, m.overrides));
 }
 
 flatbuffers::Offset<wire::Error> Build(flatbuffers::FlatBufferBuilder& fbb, const Error& m) {
@@ -41,8 +146,15 @@ MoveData FromWire(const wire::MoveData& t) {
   }
   m.applied_clock = t.applied_clock();
   m.steps = t.steps();
+  m.optimizer = KindOf(t.optimizer());
+  m.state_slots = t.state_slots();
+  m.groups = Scalars(t.groups());
+  m.key_steps = Scalars(t.key_steps());
+  m.param_groups = GroupsOf(t.param_groups());
   return m;
 }
+SetLr FromWire(const wire::SetLr& t) { return {Str(t.group()), t.lr(), t.clear()}; }
+SetLrReply FromWire(const wire::SetLrReply& t) { return {OverridesOf(t.overrides())}; }
 
 
 namespace {
@@ -71,16 +183,18 @@ flatbuffers::Offset<flatbuffers::Vector<const wire::KeyLen*>> KeysOf(
 }  // namespace
 
 flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, const JobConfig& m) {
-  return wire::CreateJobConfig(fbb, m.mode, m.learning_rate, m.momentum, m.global_batch, m.epochs,
-                               m.time_cap_seconds, m.target_accuracy, m.seed,
-                               m.eval_interval_seconds, m.heartbeat_interval_ms, m.backup_workers,
-                               m.policy, m.staleness_aware_lr, m.eval_interval_clocks);
+  auto settings = BuildSettings(fbb, AllSettings(m.optimizer_settings));
+  return wire::CreateJobConfig(fbb, m.mode, m.global_batch, m.epochs, m.time_cap_seconds,
+                               m.target_accuracy, m.seed, m.eval_interval_seconds,
+                               m.heartbeat_interval_ms, m.backup_workers, m.policy,
+                               m.staleness_aware_lr, m.eval_interval_clocks,
+                               WireKind(m.optimizer), settings);
 }
 JobConfig FromWire(const wire::JobConfig& t) {
   JobConfig m;
   m.mode = t.mode();
-  m.learning_rate = t.learning_rate();
-  m.momentum = t.momentum();
+  m.optimizer = KindOf(t.optimizer());
+  m.optimizer_settings = Resolve(DefaultSettings(m.optimizer), SettingsOf(t.optimizer_settings(), ""));
   m.global_batch = t.global_batch();
   m.epochs = t.epochs();
   m.time_cap_seconds = t.time_cap_seconds();
@@ -203,9 +317,11 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
   auto reason = m.stop_reason.empty() ? 0 : fbb.CreateString(m.stop_reason);
   auto partitions = fbb.CreateVectorOfStructs(m.partitions);
   auto faults = fbb.CreateString(m.faults);
+  auto overrides = m.lr_overrides.empty() ? 0 : fbb.CreateVectorOfStructs(m.lr_overrides);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
-                                    m.evaluate, partitions, m.pause_at, faults, m.faults_version);
+                                    m.evaluate, partitions, m.pause_at, faults, m.faults_version,
+                                    overrides, m.lr_overrides_version);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -222,15 +338,26 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.pause_at = t.pause_at();
   m.faults = Str(t.faults());
   m.faults_version = t.faults_version();
+  m.lr_overrides = Structs(t.lr_overrides());
+  m.lr_overrides_version = t.lr_overrides_version();
   return m;
 }
 
 flatbuffers::Offset<wire::DeclareModel> Build(flatbuffers::FlatBufferBuilder& fbb,
                                               const DeclareModel& m) {
-  return wire::CreateDeclareModel(fbb, KeysOf(fbb, m.keys), m.shard_map_version);
+  auto keys = KeysOf(fbb, m.keys);
+  auto names = m.names.empty() ? 0 : fbb.CreateVectorOfStrings(m.names);
+  auto groups = m.groups.empty() ? 0 : fbb.CreateVector(m.groups);
+  auto param_groups = m.param_groups.empty() ? 0 : BuildGroups(fbb, m.param_groups);
+  return wire::CreateDeclareModel(fbb, keys, m.shard_map_version, names, groups, param_groups);
 }
 DeclareModel FromWire(const wire::DeclareModel& t) {
-  return {Keys(t.keys()), t.shard_map_version()};
+  DeclareModel m{Keys(t.keys()), t.shard_map_version(), {}, Scalars(t.groups()),
+                 GroupsOf(t.param_groups())};
+  if (t.names() != nullptr) {
+    for (const flatbuffers::String* n : *t.names()) m.names.push_back(Str(n));
+  }
+  return m;
 }
 
 flatbuffers::Offset<wire::Membership> Build(flatbuffers::FlatBufferBuilder& fbb,
@@ -262,6 +389,7 @@ Init FromWire(const wire::Init& t) { return {Keys(t.keys())}; }
 
 flatbuffers::Offset<wire::Push> Build(flatbuffers::FlatBufferBuilder& fbb, const Push& m) {
   auto keys = KeysOf(fbb, m.keys);
+  auto lrs = m.lrs.empty() ? 0 : fbb.CreateVectorOfStructs(m.lrs);
   wire::PushBuilder b(fbb);
   b.add_clock(m.clock);
   b.add_batch(m.batch);
@@ -271,6 +399,7 @@ flatbuffers::Offset<wire::Push> Build(flatbuffers::FlatBufferBuilder& fbb, const
   b.add_seq(m.seq);
   b.add_part(m.part);
   b.add_parts(m.parts);
+  if (!m.lrs.empty()) b.add_lrs(lrs);
   return b.Finish();
 }
 Push FromWire(const wire::Push& t) {
@@ -283,6 +412,7 @@ Push FromWire(const wire::Push& t) {
   m.seq = t.seq();
   m.part = t.part();
   m.parts = t.parts();
+  m.lrs = Structs(t.lrs());
   return m;
 }
 
@@ -441,6 +571,10 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   auto releasing_v = fbb.CreateVector(releasing);
   auto wv = fbb.CreateVector(workers);
   auto sv = fbb.CreateVector(shards);
+  auto names = fbb.CreateVectorOfStrings(r.model_names);
+  auto model_groups = fbb.CreateVector(r.model_groups);
+  auto param_groups = BuildGroups(fbb, r.param_groups);
+  auto overrides = BuildOverrides(fbb, r.lr_overrides);
   wire::MonitorStateBuilder b(fbb);
   b.add_format(kMonitorStateFormat);
   b.add_job_id(r.job_id);
@@ -464,6 +598,11 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   b.add_partition_owners(owner_v);
   b.add_partition_releasing(releasing_v);
   b.add_batch_per_worker(r.batch_per_worker);
+  b.add_model_names(names);
+  b.add_model_groups(model_groups);
+  b.add_param_groups(param_groups);
+  b.add_lr_overrides(overrides);
+  b.add_lr_overrides_version(r.lr_overrides_version);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
 }
@@ -546,6 +685,13 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
   if (st->last_accuracy() >= 0) r.last_accuracy = st->last_accuracy();
   if (st->time_to_target() >= 0) r.time_to_target = st->time_to_target();
   r.slack_open = st->slack_open();
+  if (st->model_names() != nullptr) {
+    for (const flatbuffers::String* n : *st->model_names()) r.model_names.push_back(Str(n));
+  }
+  r.model_groups = Scalars(st->model_groups());
+  r.param_groups = GroupsOf(st->param_groups());
+  r.lr_overrides = OverridesOf(st->lr_overrides());
+  r.lr_overrides_version = st->lr_overrides_version();
   return r;
 }
 

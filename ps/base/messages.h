@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/base/optimizer_config.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -45,13 +46,33 @@ struct MoveOut {
   bool drop = false;
 };
 
-// Keys moving to a new owner; their values (parameters, then momentum, in
-// key order) are the payload frame.
+// Keys moving to a new owner; their values (parameters, then each optimizer
+// state slot's, in key order) are the payload frame. groups and key_steps
+// run parallel to keys.
 struct MoveData {
   using Wire = wire::MoveData;
   std::vector<wire::KeyLen> keys;
   int64_t applied_clock = -1;
   uint64_t steps = 0;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  uint32_t state_slots = 1;
+  std::vector<uint32_t> groups;
+  std::vector<uint64_t> key_steps;
+  std::vector<GroupSettings> param_groups;
+};
+
+// pacerctl to the monitor: a group's lr by hand, or (clear) no longer.
+struct SetLr {
+  using Wire = wire::SetLr;
+  std::string group;
+  float lr = 0;
+  bool clear = false;
+};
+
+// Every override now set, by group name.
+struct SetLrReply {
+  using Wire = wire::SetLrReply;
+  std::vector<std::pair<std::string, float>> overrides;
 };
 
 // A refusal: why, as a code and in words.
@@ -66,8 +87,8 @@ struct Error {
 struct JobConfig {
   using Wire = wire::JobConfig;
   wire::Mode mode = wire::Mode::Bsp;
-  float learning_rate = 0.1f;
-  float momentum = 0.9f;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  OptimizerSettings optimizer_settings = DefaultSettings(OptimizerKind::kSgd);
   uint32_t global_batch = 192;
   uint32_t epochs = 0;
   double time_cap_seconds = 0;
@@ -154,14 +175,22 @@ struct HeartbeatReply {
   uint64_t pause_at = 0;
   std::string faults;
   uint64_t faults_version = 0;
+  // To shards: pacerctl set-lr's overrides, by group index.
+  std::vector<wire::GroupLr> lr_overrides;
+  uint64_t lr_overrides_version = 0;
 };
 
 // --- the monitor to the shards
 
+// names and groups run parallel to keys (or are empty: no names, every
+// key in group 0); param_groups are groups 1, 2, ...
 struct DeclareModel {
   using Wire = wire::DeclareModel;
   std::vector<wire::KeyLen> keys;
   uint64_t shard_map_version = 0;
+  std::vector<std::string> names;
+  std::vector<uint32_t> groups;
+  std::vector<GroupSettings> param_groups;
 };
 
 struct Membership {
@@ -188,6 +217,7 @@ struct Push {
   std::optional<uint64_t> read_steps;
   uint64_t seq = 0;
   uint32_t part = 0, parts = 1;
+  std::vector<wire::GroupLr> lrs;  // the worker's lr for some groups
 };
 
 struct PushReply {
@@ -290,12 +320,16 @@ flatbuffers::Offset<wire::Error> Build(flatbuffers::FlatBufferBuilder& fbb, cons
 flatbuffers::Offset<wire::Stop> Build(flatbuffers::FlatBufferBuilder& fbb, const Stop& m);
 flatbuffers::Offset<wire::MoveOut> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveOut& m);
 flatbuffers::Offset<wire::MoveData> Build(flatbuffers::FlatBufferBuilder& fbb, const MoveData& m);
+flatbuffers::Offset<wire::SetLr> Build(flatbuffers::FlatBufferBuilder& fbb, const SetLr& m);
+flatbuffers::Offset<wire::SetLrReply> Build(flatbuffers::FlatBufferBuilder& fbb, const SetLrReply& m);
 
 Ack FromWire(const wire::Ack& t);
 Error FromWire(const wire::Error& t);
 Stop FromWire(const wire::Stop& t);
 MoveOut FromWire(const wire::MoveOut& t);
 MoveData FromWire(const wire::MoveData& t);
+SetLr FromWire(const wire::SetLr& t);
+SetLrReply FromWire(const wire::SetLrReply& t);
 flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, const JobConfig& m);
 flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardMap& m);
 flatbuffers::Offset<wire::Assignment> Build(flatbuffers::FlatBufferBuilder& fbb, const Assignment& m);
@@ -398,6 +432,12 @@ struct MonitorRecord {
   std::optional<double> time_to_target;
   bool slack_open = true;
   double batch_per_worker = 0;  // --rescale-batch: B / workers at the start
+  // The declaration's tensor names, groups per key and parameter groups.
+  std::vector<std::string> model_names;
+  std::vector<uint32_t> model_groups;
+  std::vector<GroupSettings> param_groups;
+  std::vector<std::pair<std::string, float>> lr_overrides;  // pacerctl set-lr
+  uint64_t lr_overrides_version = 0;
 };
 
 // The record as a MonitorState flatbuffer (format 1).

@@ -112,9 +112,18 @@ int main(int argc, char** argv) {
     s.job_id = 7;
     s.shard_id = 3;
     s.applied_clock = 4;
-    s.keys = {{1, 2}, {2, 1}};
-    s.params = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3});
-    s.velocity = std::make_shared<std::vector<float>>(std::vector<float>{0, 0, 1});
+    // Adam with a second parameter group: the optimizer's header fields
+    // and two state slots.
+    s.table.config.kind = pacer::OptimizerKind::kAdam;
+    s.table.config.defaults = pacer::DefaultSettings(pacer::OptimizerKind::kAdam);
+    pacer::GroupSettings no_decay;
+    no_decay.name = "no_decay";
+    no_decay.weight_decay = 0.0f;
+    s.table.config.groups = {no_decay};
+    s.table.keys = {{1, 2, 0, 4}, {2, 1, 1, 3}};
+    s.table.params = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3});
+    s.table.state = {std::make_shared<std::vector<float>>(std::vector<float>{0, 0, 1}),
+                     std::make_shared<std::vector<float>>(std::vector<float>{1, 1, 2})};
     s.workers[11] = {4, 9};
     if (!(*store)->Save(s).ok()) return 1;
   }
@@ -122,11 +131,14 @@ int main(int argc, char** argv) {
     rocksdb::DB* raw = nullptr;
     if (!rocksdb::DB::OpenForReadOnly(rocksdb::Options(), tmp.string(), &raw).ok()) return 1;
     std::unique_ptr<rocksdb::DB> db(raw);
-    std::string meta, p, v;
+    std::string meta, p, v, w;
     db->Get(rocksdb::ReadOptions(), "meta", &meta);
     db->Get(rocksdb::ReadOptions(), "p/00000000", &p);
     db->Get(rocksdb::ReadOptions(), "v/00000000", &v);
-    Write(corpus / "checkpoint_fuzz/seed-1", Len4(meta) + Len4(p) + Len4(v));
+    db->Get(rocksdb::ReadOptions(), "w/00000000", &w);
+    // seed-1 (format 2, SGD with momentum, as an older build wrote it) stays
+    // in the corpus for the migration path.
+    Write(corpus / "checkpoint_fuzz/seed-2", Len4(meta) + Len4(p) + Len4(v) + Len4(w));
   }
   fs::remove_all(tmp);
 
