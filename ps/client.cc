@@ -447,6 +447,7 @@ absl::Status PsClient::SendPart(size_t shard, size_t part) {
     push.seq = push_seq_;
     push.part = static_cast<uint32_t>(part);
     push.parts = parts;
+    push.lrs = push_lrs_;
     Frame payload(grads_, grads_.get() + p.offset, p.length * sizeof(float));
     return ch.Send(push, p.length ? payload : Frame());
   });

@@ -118,6 +118,10 @@ class PsClient {
   // sends the previous push's number again: the same push, after a failure
   // such as a shard-map change.
   absl::Status Push(uint64_t clock, uint32_t batch, bool retry = false);
+  // The learning rate the following pushes ask for, per parameter group
+  // (a scheduler on the worker's side; the shards' precedence rule decides,
+  // see ps/shard.h). Empty: none asked for, each group steps at its own.
+  void SetLearningRates(std::vector<wire::GroupLr> lrs) { push_lrs_ = std::move(lrs); }
 
   // A layer-wise push: the same push, sent while the gradient is still
   // being computed. SetPushStages names the ranges of grads() in the order
@@ -234,6 +238,7 @@ class PsClient {
   std::optional<int64_t> read_applied_;
   std::optional<uint64_t> read_steps_;
   uint64_t push_seq_ = 0;
+  std::vector<wire::GroupLr> push_lrs_;  // SetLearningRates
 };
 
 }  // namespace pacer

@@ -273,6 +273,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"WorkerOptions.model", "--model"},  // and --layers, --cnn-channels
     {"WorkerOptions.live_progress", "--progress"},
     {"WorkerOptions.resend", "--unsafe-disable"},
+    {"WorkerOptions.param_groups", "--param-group"},  // repeatable, one group each
     {"WorkerOptions.interrupt_on_stop", "--unsafe-disable"},
 };
 

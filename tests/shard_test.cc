@@ -72,7 +72,7 @@ class ShardTest : public ::testing::Test {
     job.job_id = kJob;
     job.mode = mode;
     job.optimizer.defaults.lr = kLr;
-    job.optimizer.defaults.momentum = kMomentum;
+    job.optimizer.defaults.momentum = momentum_;
     job.global_batch = kGlobalBatch;
     job.backup_workers = backup_workers;
     job.staleness_aware_lr = staleness_aware_lr;
@@ -104,8 +104,25 @@ class ShardTest : public ::testing::Test {
   }
 
   std::vector<ShardCore::Outgoing> Declare(const std::vector<wire::KeyLen>& keys) {
+    if (!groups_.empty()) {
+      flatbuffers::FlatBufferBuilder fbb;
+      return Send(kMonitor, fbb, msg::Build(fbb, msg::DeclareModel{keys, 1, {}, groups_, param_groups_}));
+    }
     flatbuffers::FlatBufferBuilder fbb;
     return Send(kMonitor, fbb, wire::CreateDeclareModelDirect(fbb, &keys, 1));
+  }
+  // A push with a seq that carries learning rates for some groups.
+  std::vector<ShardCore::Outgoing> PushLrs(uint32_t sender, uint64_t clock, uint32_t batch,
+                                           const std::vector<float>& grads, uint64_t seq,
+                                           std::vector<wire::GroupLr> lrs) {
+    msg::Push push;
+    push.clock = clock;
+    push.batch = batch;
+    push.keys = kKeys;
+    push.seq = seq;
+    push.lrs = std::move(lrs);
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, fbb, msg::Build(fbb, push), Floats(grads));
   }
   std::vector<ShardCore::Outgoing> Membership(uint64_t version,
                                               const std::vector<WorkerSpec>& workers) {
@@ -243,6 +260,10 @@ class ShardTest : public ::testing::Test {
   uint64_t next_request_ = 0;
   bool curve_ = false;        // messages carry their sender's key
   std::string monitor_key_;   // ShardOptions::monitor_key
+  float momentum_ = kMomentum;
+  // The declaration's group per key and groups (empty: none).
+  std::vector<uint32_t> groups_;
+  std::vector<GroupSettings> param_groups_;
 };
 
 void ExpectNear(const std::vector<float>& got, const std::vector<float>& want) {
@@ -1234,6 +1255,122 @@ TEST_F(ShardTest, AspCountsStalenessInRoundsOfPushes) {
   // since: less than a round) counts as fresh.
   PushRead(kWorkerA, 1, 1, g, {}, 4);
   EXPECT_EQ(shard_->stale_pushes(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// Learning rates: pacerctl set-lr, then the push's, then the group's, then
+// the job's.
+
+TEST_F(ShardTest, LearningRatePrecedenceIsSetLrThenPushThenGroupThenJob) {
+  momentum_ = 0.0f;  // each step is w -= lr * g: the lr can be read off
+  GroupSettings head;
+  head.name = "head";
+  head.lr = 0.25f;
+  groups_ = {kDefaultGroup, 1};  // key 1 in the default group, key 2 in "head"
+  param_groups_ = {head};
+  Start(wire::Mode::Bsp);
+  const std::vector<float> g = {1.0f, 2.0f, 4.0f};
+  std::vector<float> w = kW0;
+  uint64_t seq = 0;
+  // One BSP clock in which both workers push g (so the mean is g).
+  auto step = [&](uint64_t clock, std::vector<wire::GroupLr> lrs, float lr_default,
+                  float lr_head) {
+    ++seq;
+    PushLrs(kWorkerA, clock, 1, g, seq, lrs);
+    PushLrs(kWorkerB, clock, 3, g, seq, lrs);
+    ASSERT_EQ(shard_->applied_clock(), static_cast<int64_t>(clock));
+    w[0] -= lr_default * g[0];
+    w[1] -= lr_default * g[1];
+    w[2] -= lr_head * g[2];
+    ExpectNear(Params(), w);
+  };
+  // Nothing carried, nothing set: the job's lr (--lr) and the group's own.
+  step(0, {}, kLr, 0.25f);
+  // The push's lrs win over both.
+  step(1, {{0, 0.125f}, {1, 0.0625f}}, 0.125f, 0.0625f);
+  // set-lr wins over the push, for the group it names only.
+  shard_->SetLrOverrides(1, {{1, 0.5f}});
+  step(2, {{0, 0.125f}, {1, 0.0625f}}, 0.125f, 0.5f);
+  step(3, {}, kLr, 0.5f);
+  // An older version is ignored; a newer one without the group clears it.
+  shard_->SetLrOverrides(1, {{1, 1.0f}});
+  step(4, {}, kLr, 0.5f);
+  shard_->SetLrOverrides(2, {});
+  step(5, {{1, 0.0625f}}, kLr, 0.0625f);
+  step(6, {}, kLr, 0.25f);
+}
+
+TEST_F(ShardTest, PushesOfOneClockThatDisagreeStepAtTheHighestSeqsLr) {
+  momentum_ = 0.0f;
+  Start(wire::Mode::Bsp);
+  const std::vector<float> g = {1.0f, 2.0f, 4.0f};
+  // A's push has the higher seq: its lr is the step's, whichever comes first.
+  PushLrs(kWorkerA, 0, 1, g, 7, {{0, 0.125f}});
+  PushLrs(kWorkerB, 0, 3, g, 2, {{0, 0.0625f}});
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  std::vector<float> w = kW0;
+  for (size_t i = 0; i < 3; ++i) w[i] -= 0.125f * g[i];
+  ExpectNear(Params(), w);
+  PushLrs(kWorkerB, 1, 3, g, 3, {{0, 0.0625f}});
+  PushLrs(kWorkerA, 1, 1, g, 8, {{0, 0.125f}});
+  for (size_t i = 0; i < 3; ++i) w[i] -= 0.125f * g[i];
+  ExpectNear(Params(), w);
+}
+
+TEST_F(ShardTest, AspStepsAtThePushsLrTimesItsBatchShare) {
+  momentum_ = 0.0f;
+  Start(wire::Mode::Asp);
+  const std::vector<float> g = {1.0f, 2.0f, 4.0f};
+  PushLrs(kWorkerB, 0, 3, g, 1, {{0, 0.125f}});
+  std::vector<float> w = kW0;
+  for (size_t i = 0; i < 3; ++i) w[i] -= 0.75f * 0.125f * g[i];  // b/B = 3/4
+  ExpectNear(Params(), w);
+}
+
+TEST_F(ShardTest, OptimizerStateMovesWithTheKeysAndAnIdleShardTakesTheGroups) {
+  GroupSettings no_decay;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0f;
+  groups_ = {kDefaultGroup, 1};
+  param_groups_ = {no_decay};
+  Start(wire::Mode::Bsp);  // SGD (the fixture's job); the move carries its state
+  Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
+  Push(kWorkerB, 0, 3, {3.0f, -2.0f, 4.0f});
+  ASSERT_EQ(shard_->applied_clock(), 0);
+  flatbuffers::FlatBufferBuilder fbb;
+  auto out = Send(kMonitor, fbb, wire::CreateMoveOut(fbb, 2, 3, false));
+  ASSERT_EQ(out.size(), 1u);
+  Decoded d = MustDecode(out[0]);
+  ASSERT_EQ(d.type(), wire::Body::MoveData);
+  const msg::MoveData m = msg::Read<msg::MoveData>(d);
+  EXPECT_EQ(m.groups, (std::vector<uint32_t>{1}));
+  EXPECT_EQ(m.key_steps, (std::vector<uint64_t>{1}));
+  EXPECT_EQ(m.param_groups, param_groups_);
+  EXPECT_EQ(d.floats().size(), 2u) << "key 2's parameter and momentum";
+  // A second shard, idle (no declaration), takes the key in.
+  ShardOptions opts;
+  ShardCore idle(opts, &clock_);
+  ShardJob job;
+  job.job_id = kJob;
+  job.optimizer.defaults.lr = kLr;
+  idle.Configure(job, kShardId + 1);
+  Envelope env = d.env;
+  env.sender = kMonitor;
+  flatbuffers::FlatBufferBuilder f2;
+  auto vals = std::make_shared<std::vector<float>>(d.floats().begin(), d.floats().end());
+  Frames in = EncodeBody(env, f2, msg::Build(f2, m),
+                         Frame(vals, vals->data(), vals->size() * sizeof(float)));
+  in.insert(in.begin(), PeerFrame(kMonitor));
+  std::vector<ShardCore::Outgoing> replies;
+  idle.Handle(std::move(in), &replies);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(MustDecode(replies[0]).type(), wire::Body::Ack);
+  EXPECT_EQ(idle.table().config().groups, param_groups_);
+  ASSERT_NE(idle.table().Find(2), nullptr);
+  EXPECT_EQ(idle.table().Find(2)->group, 1u);
+  EXPECT_EQ(idle.table().Find(2)->steps, 1u);
+  EXPECT_EQ(idle.table().State(0, 2)[0], shard_->table().State(0, 2)[0]);
+  EXPECT_EQ(idle.Param(2)[0], shard_->Param(2)[0]);
 }
 
 }  // namespace

@@ -61,6 +61,13 @@ int main(int argc, char** argv) {
   app.add_option("--block-floats", opts.block_floats,
                  "Cut each layer into keys of at most this many floats")
       ->capture_default_str()->check(pacer::Positive());
+  std::vector<std::string> param_groups;
+  app.add_option("--param-group", param_groups,
+                 "A parameter group the model declares, NAME:PATTERNS:SETTINGS: the tensors "
+                 "whose names match a comma-separated shell pattern (fc1.weight, fc1.bias, ...) "
+                 "step with these torch.optim settings over the job's, e.g. "
+                 "'no_decay:*.bias:weight_decay=0' or 'head:fc3.*:lr=0.01'; repeatable, the "
+                 "first match wins");
   std::string overlap = "on";
   app.add_option("--overlap", overlap,
                  "on: push each layer's gradient as soon as the backward pass finishes it, and "
@@ -162,6 +169,14 @@ int main(int argc, char** argv) {
   opts.model.cnn.conv2 = (*channels)[1];
   if (model == "cnn") opts.model.kind = pacer::worker::ModelSpec::Kind::kCnn;
   opts.overlap = overlap == "on";
+  for (const std::string& spec : param_groups) {
+    auto group = pacer::worker::ParseParamGroup(spec);
+    if (!group.ok()) {
+      std::fprintf(stderr, "pacer-worker: %s\n", std::string(group.status().message()).c_str());
+      return pacer::kExitUsage;
+    }
+    opts.param_groups.push_back(std::move(*group));
+  }
   if (!schedule.empty()) {
     auto steps = pacer::worker::ParseSlowdownSchedule(schedule);
     if (!steps.ok()) {

@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "prometheus/registry.h"
+#include "ps/base/messages.h"
+#include "ps/base/optimizer_config.h"
 #include "ps/client.h"
 #include "ps/base/fault.h"
 #include "ps/base/transport.h"
@@ -23,6 +26,13 @@
 #include "worker/straggler.h"
 
 namespace pacer::worker {
+
+// A parameter group of the model's declaration (--param-group): its name
+// and settings, and the tensors it holds by name (shell globs).
+struct ParamGroupSpec {
+  GroupSettings settings;  // settings.name is the group's name
+  std::vector<std::string> patterns;
+};
 
 // The worker's --unsafe-disable names (ps/base/cli.h), with what each does.
 inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = {
@@ -48,6 +58,10 @@ struct WorkerOptions {
   // Tensors are cut into blocks of at most this many floats, one key each,
   // so that range partitioning can balance shards (--block-floats).
   size_t block_floats = 32768;
+  // Parameter groups the model declares (--param-group), each with its own
+  // optimizer settings over the job's; a tensor goes to the first group
+  // with a pattern that matches its name, else to the default group.
+  std::vector<ParamGroupSpec> param_groups;
   // Overlap communication with compute (--overlap): each layer's gradient
   // is pushed as soon as the backward pass has finished it (a push in
   // parts), and the pull is in flight while the batch is prepared. Off:
@@ -154,9 +168,21 @@ class Worker {
 absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options);
 
 // The keys of a model: its flat parameter vector cut into blocks of at most
-// block_floats, none across a layer boundary (BackwardStages), so that a
-// layer-wise push can send a layer's keys as soon as that layer is done.
+// block_floats, none across a tensor boundary (so none across a layer's,
+// BackwardStages), so that a layer-wise push can send a layer's keys as soon
+// as that layer is done, and each key belongs to one tensor and its group.
 std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size_t block_floats);
+
+// The model's declaration: BlockKeys' keys, each with its tensor's name and
+// group (groups[i] of `param_groups` is group i + 1). InvalidArgument when
+// a group's name is taken twice or "default".
+absl::StatusOr<msg::DeclareModel> Declaration(const std::vector<TensorSpec>& tensors,
+                                              size_t block_floats,
+                                              const std::vector<ParamGroupSpec>& param_groups);
+
+// Parses --param-group's NAME:PATTERNS:SETTINGS (patterns comma-separated
+// shell globs on tensor names, e.g. "no_decay:*.bias:weight_decay=0").
+absl::StatusOr<ParamGroupSpec> ParseParamGroup(const std::string& spec);
 
 }  // namespace pacer::worker
 
