@@ -331,7 +331,62 @@ int ShardControlCommand(Ctl& ctl, pacer::wire::ShardOp op, uint32_t shard) {
   return pacer::kExitFailure;
 }
 
-int ExportModelCommand(Ctl& ctl, const std::string& path) {
+// Reads the optimizer's state of every key into `m` (format 2): each
+// shard's keys in one Pull with_state.
+absl::Status ReadOptimizerState(Ctl& ctl, const pacer::ShardMapInfo& map, pacer::ModelFile* m) {
+  auto slices = pacer::SplitByShard(m->keys, map);
+  if (!slices.ok()) return slices.status();
+  const size_t total = m->values.size();
+  m->with_state = true;
+  m->key_steps.assign(m->keys.size(), 0);
+  bool first = true;
+  for (const pacer::Slice& sl : *slices) {
+    if (sl.num_keys == 0) continue;
+    const pacer::ShardEntry& shard = map.shards[sl.shard];
+    ctl.transport->SetServerKey(shard.address, shard.public_key);
+    pacer::RpcOptions ropts;
+    ropts.job_id = ctl.job;
+    ropts.sender = kToolSender;
+    ropts.resend_after = std::chrono::seconds(1);  // a read: safe to repeat
+    auto ch = pacer::RpcChannel::Connect(ctl.transport.get(), shard.address, ropts);
+    if (!ch.ok()) return ch.status();
+    pacer::msg::Pull pull;
+    pull.latest = true;
+    pull.with_state = true;
+    pull.keys.assign(m->keys.begin() + static_cast<long>(sl.first_key),
+                     m->keys.begin() + static_cast<long>(sl.first_key + sl.num_keys));
+    auto reply = (*ch)->Call(pull, ctl.Deadline());
+    if (!reply.ok()) return reply.status();
+    if (reply->type() != pacer::wire::Body::PullReply) {
+      return absl::InternalError(std::string("shard answered ") +
+                                 pacer::wire::EnumNameBody(reply->type()));
+    }
+    const auto r = pacer::msg::Read<pacer::msg::PullReply>(*reply);
+    if (first) {
+      m->optimizer = r.optimizer;
+      m->state_slots = r.state_slots;
+      m->state.assign(total * r.state_slots, 0.0f);
+      first = false;
+    } else if (r.optimizer != m->optimizer || r.state_slots != m->state_slots) {
+      return absl::FailedPreconditionError("the shards disagree on the optimizer");
+    }
+    if (r.key_steps.size() != sl.num_keys) return absl::InternalError("no step counts");
+    // The payload: the keys' parameters, then each slot's values.
+    std::span<const float> v = reply->floats();
+    std::copy(v.begin(), v.begin() + static_cast<long>(sl.length),
+              m->values.begin() + static_cast<long>(sl.offset));
+    for (uint32_t s = 0; s < r.state_slots; ++s) {
+      std::copy(v.begin() + static_cast<long>((s + 1) * sl.length),
+                v.begin() + static_cast<long>((s + 2) * sl.length),
+                m->state.begin() + static_cast<long>(s * total + sl.offset));
+    }
+    std::copy(r.key_steps.begin(), r.key_steps.end(),
+              m->key_steps.begin() + static_cast<long>(sl.first_key));
+  }
+  return absl::OkStatus();
+}
+
+int ExportModelCommand(Ctl& ctl, const std::string& path, bool with_state) {
   auto st = ctl.Status();
   if (!st.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(st.status()).c_str());
@@ -362,12 +417,24 @@ int ExportModelCommand(Ctl& ctl, const std::string& path) {
   m.map_version = map.version;
   m.keys = (*client)->keys();
   m.values.assign((*client)->params().begin(), (*client)->params().end());
+  if (with_state) {
+    // Read again, with the state: parameters and state of one moment per
+    // shard (the workers should be held, pacerctl pause, for one moment of
+    // the whole model).
+    if (absl::Status s = ReadOptimizerState(ctl, map, &m); !s.ok()) {
+      std::fprintf(stderr, "pacerctl: reading the optimizer state: %s\n",
+                   pacer::ErrorText(s).c_str());
+      return pacer::kExitFailure;
+    }
+  }
   if (absl::Status s = pacer::WriteModelFile(path, m); !s.ok()) {
     std::fprintf(stderr, "pacerctl: %s\n", pacer::ErrorText(s).c_str());
     return pacer::kExitFailure;
   }
-  std::printf("exported %zu parameters (%zu keys, applied clock %lld) of job %llu to %s\n",
+  std::printf("exported %zu parameters (%zu keys, applied clock %lld%s%s) of job %llu to %s\n",
               m.values.size(), m.keys.size(), static_cast<long long>(*pulled),
+              with_state ? ", with the state of " : "",
+              with_state ? std::string(pacer::OptimizerName(m.optimizer)).c_str() : "",
               static_cast<unsigned long long>(ctl.job), path.c_str());
   return pacer::kExitOk;
 }
@@ -459,6 +526,11 @@ int main(int argc, char** argv) {
       "export-model", "Read the current parameters from the shards and write them to FILE "
                       "(format: ps/model_file.h); pacer-worker --evaluate-model FILE evaluates it");
   exportm->add_option("FILE", path, "Output file")->required();
+  bool with_state = false;
+  exportm->add_flag("--with-state", with_state,
+                    "Also the optimizer's state (momentum; Adam's m, v; Adagrad's sum) and each "
+                    "key's step count (file format 2); hold the workers first (pacerctl pause) "
+                    "for one moment of the whole model");
 
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   pacer::SetupLogging("pacerctl", log_level);
@@ -499,5 +571,5 @@ int main(int argc, char** argv) {
   if (*fault_clear) return FaultCommand(ctl, pacer::wire::FaultOp::Clear, fault_target, "");
   if (*fault_list) return FaultCommand(ctl, pacer::wire::FaultOp::List, "", "");
   if (*set_lr) return SetLrCommand(ctl, lr_group, lr_value);
-  return ExportModelCommand(ctl, path);
+  return ExportModelCommand(ctl, path, with_state);
 }

@@ -12,6 +12,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the model file is little-endian");
 constexpr char kModelMagic[8] = {'P', 'A', 'C', 'E', 'R', 'M', 'D', 'L'};
 constexpr uint32_t kModelVersion = 1;
+constexpr uint32_t kModelWithStateVersion = 2;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -32,9 +33,13 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& m) {
     return absl::InvalidArgumentError("keys hold " + std::to_string(total) + " values, got " +
                                       std::to_string(m.values.size()));
   }
+  if (m.with_state && (m.state_slots > kMaxStateSlots || m.key_steps.size() != m.keys.size() ||
+                       m.state.size() != total * m.state_slots)) {
+    return absl::InvalidArgumentError("the optimizer state does not fit the keys");
+  }
   std::string head;
   head.append(kModelMagic, sizeof kModelMagic);
-  Put(&head, kModelVersion);
+  Put(&head, m.with_state ? kModelWithStateVersion : kModelVersion);
   Put(&head, m.job_id);
   Put(&head, m.map_version);
   Put(&head, static_cast<uint64_t>(m.keys.size()));
@@ -42,8 +47,16 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& m) {
     Put(&head, k.key());
     Put(&head, k.length());
   }
-  const char* data = reinterpret_cast<const char*>(m.values.data());
-  const size_t bytes = m.values.size() * sizeof(float);
+  if (m.with_state) {
+    Put(&head, static_cast<uint32_t>(m.optimizer));
+    Put(&head, m.state_slots);
+    for (uint64_t steps : m.key_steps) Put(&head, steps);
+  }
+  // The values, then (format 2) the state: one block of floats.
+  std::vector<float> floats = m.values;
+  if (m.with_state) floats.insert(floats.end(), m.state.begin(), m.state.end());
+  const char* data = reinterpret_cast<const char*>(floats.data());
+  const size_t bytes = floats.size() * sizeof(float);
   uint32_t crc = Crc32(0, head.data(), head.size());
   crc = Crc32(crc, data, bytes);
   const std::string tmp = path + ".tmp";
@@ -86,7 +99,9 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
   uint64_t nkeys = 0;
   ModelFile m;
   get(&version);
-  if (version != kModelVersion) return bad("format version " + std::to_string(version));
+  if (version != kModelVersion && version != kModelWithStateVersion) {
+    return bad("format version " + std::to_string(version));
+  }
   get(&m.job_id);
   get(&m.map_version);
   get(&nkeys);
@@ -99,9 +114,27 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path) {
     m.keys.emplace_back(key, length);
     total += length;
   }
-  if (total * sizeof(float) != bytes.size() - 4 - pos) return bad("sizes do not add up");
+  if (version == kModelWithStateVersion) {
+    m.with_state = true;
+    uint32_t kind = 0;
+    if (bytes.size() - 4 - pos < 8 + 8 * nkeys) return bad("truncated optimizer header");
+    get(&kind);
+    get(&m.state_slots);
+    if (kind > static_cast<uint32_t>(OptimizerKind::kAdagrad) || m.state_slots > kMaxStateSlots) {
+      return bad("unknown optimizer or state");
+    }
+    m.optimizer = static_cast<OptimizerKind>(kind);
+    m.key_steps.resize(nkeys);
+    for (uint64_t& s : m.key_steps) get(&s);
+  }
+  if (total * (1 + m.state_slots) * sizeof(float) != bytes.size() - 4 - pos) {
+    return bad("sizes do not add up");
+  }
   m.values.resize(total);
   std::memcpy(m.values.data(), bytes.data() + pos, total * sizeof(float));
+  m.state.resize(total * m.state_slots);
+  std::memcpy(m.state.data(), bytes.data() + pos + total * sizeof(float),
+              m.state.size() * sizeof(float));
   return m;
 }
 

@@ -11,6 +11,13 @@
 //   36       16·K   K × (key u64, length u64), keys ascending
 //   36+16K   4·N    the values, float32, key after key (N = sum of lengths)
 //   end−4    4      CRC-32 (zlib's polynomial) of every byte before it
+// Format version 2 (pacerctl export-model --with-state) also holds the
+// optimizer's state; after the key table:
+//            4      the optimizer (0 sgd, 1 adam, 2 adamw, 3 adagrad), u32
+//            4      S: its state slots, u32 (at most 3)
+//            8·K    each key's optimizer steps, u64
+//   then the values as above, then S × N floats: each state slot's values,
+//   key after key (sgd: momentum; adam and adamw: m, v, max v; adagrad: sum).
 #ifndef PACER_PS_MODEL_FILE_H_
 #define PACER_PS_MODEL_FILE_H_
 
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/base/optimizer_config.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -28,6 +36,13 @@ struct ModelFile {
   uint64_t map_version = 0;
   std::vector<wire::KeyLen> keys;  // ascending
   std::vector<float> values;       // in key order
+  // With the optimizer's state (written as format 2): `state` holds
+  // state_slots × values.size() floats, slot after slot.
+  bool with_state = false;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  uint32_t state_slots = 0;
+  std::vector<uint64_t> key_steps;  // parallel to keys
+  std::vector<float> state;
 };
 
 // Writes `m` to `path` (through a temporary file renamed into place, so a

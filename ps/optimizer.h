@@ -17,10 +17,6 @@
 
 namespace pacer {
 
-// Most per-value state buffers an optimizer keeps (Adam with amsgrad: m, v,
-// max v).
-inline constexpr size_t kMaxStateSlots = 3;
-
 // What one step of one key block reads and writes. The outputs may be the
 // inputs themselves (in place), or fresh buffers while a reply or a
 // checkpoint still holds the old ones (no copy first).

@@ -864,6 +864,17 @@ void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing
       return;
     }
   }
+  if (m.with_state) {
+    // The optimizer's state as it is now (pacerctl export-model --with-state).
+    if (!m.latest) {
+      return ReplyError(peer, d.env, wire::ErrorCode::BadHeader,
+                        "a pull with_state reads the latest values (latest=true)", out);
+    }
+    if (!initialized_) {
+      return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
+    }
+    return AnswerStatePull(peer, d.env, m.keys, out);
+  }
   std::vector<wire::KeyLen> keys = m.keys;
   if ((m.latest && initialized_) || PullReady(d.env.sender, m.clock)) {
     return AnswerPull(peer, d.env, m.clock, keys, 0, out);
@@ -919,6 +930,33 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   metrics_.pull_wait->Observe(waited);
   msg::PullReply reply{clock, applied_clock_, {keys.begin(), keys.end()}, static_cast<float>(waited),
                        steps_};
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
+                                      options_.check_crc)});
+}
+
+void ShardCore::AnswerStatePull(const Frame& peer, const Envelope& to,
+                                std::span<const wire::KeyLen> keys, std::vector<Outgoing>* out) {
+  size_t total = 0;
+  for (const wire::KeyLen& k : keys) total += k.length();
+  const size_t slots = table_->state_slots();
+  auto buf = std::make_shared<std::vector<float>>(total * (1 + slots));
+  msg::PullReply reply{0, applied_clock_, {keys.begin(), keys.end()}, 0.0f, steps_};
+  reply.optimizer = table_->config().kind;
+  reply.state_slots = static_cast<uint32_t>(slots);
+  size_t at = 0;
+  for (const wire::KeyLen& k : keys) {
+    const ParamTable::Slot& s = *table_->Find(k.key());
+    reply.key_steps.push_back(s.steps);
+    std::span<const float> p = table_->Param(k.key());
+    std::copy(p.begin(), p.end(), buf->begin() + static_cast<long>(at));
+    for (size_t i = 0; i < slots; ++i) {
+      std::span<const float> v = table_->State(i, k.key());
+      std::copy(v.begin(), v.end(), buf->begin() + static_cast<long>((i + 1) * total + at));
+    }
+    at += k.length();
+  }
+  Frame payload;
+  if (!buf->empty()) payload = Frame(buf, buf->data(), buf->size() * sizeof(float));
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
                                       options_.check_crc)});
 }

@@ -289,6 +289,10 @@ class ShardCore {
                   std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
+  // A pull with_state: the keys' parameters, then each state slot's values,
+  // with the keys' step counts (copied: a tool's read, not the hot path).
+  void AnswerStatePull(const Frame& peer, const Envelope& to, std::span<const wire::KeyLen> keys,
+                       std::vector<Outgoing>* out);
   std::vector<float> TakeBuffer();
   // After keys moved in or out: staged parts and spare accumulators no
   // longer fit the table's layout.

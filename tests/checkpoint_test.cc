@@ -7,11 +7,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "prometheus/registry.h"
 #include "ps/base/wire.h"
 #include "ps/checkpoint_writer.h"
+#include "ps/model_file.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
@@ -497,6 +500,55 @@ TEST_F(CheckpointWriterTest, AFinalCheckpointBehindAStuckOneIsGivenUp) {
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
   EXPECT_NE(st.message().find("before it was still being written"), std::string::npos) << st;
   EXPECT_EQ(AppliedClockInStore(), 5);
+}
+
+}  // namespace
+}  // namespace pacer
+
+namespace pacer {
+namespace {
+
+// The exported model file (ps/model_file.h): format 1 (parameters) and
+// format 2 (with the optimizer's state) round-trip; damage is refused.
+TEST(ModelFileTest, BothFormatsRoundTripAndDamageIsRefused) {
+  const std::string path = ::testing::TempDir() + "/model-file-test.bin";
+  ModelFile m;
+  m.job_id = 3;
+  m.map_version = 4;
+  m.keys = {{1, 2}, {5, 1}};
+  m.values = {1.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(WriteModelFile(path, m).ok());
+  auto got = ReadModelFile(path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->with_state);
+  EXPECT_EQ(got->values, m.values);
+  m.with_state = true;
+  m.optimizer = OptimizerKind::kAdam;
+  m.state_slots = 2;
+  m.key_steps = {7, 9};
+  m.state = {0.1f, 0.2f, 0.3f, 1.1f, 1.2f, 1.3f};
+  ASSERT_TRUE(WriteModelFile(path, m).ok());
+  got = ReadModelFile(path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->with_state);
+  EXPECT_EQ(got->optimizer, OptimizerKind::kAdam);
+  EXPECT_EQ(got->key_steps, m.key_steps);
+  EXPECT_EQ(got->values, m.values);
+  EXPECT_EQ(got->state, m.state);
+  m.state.pop_back();
+  EXPECT_EQ(WriteModelFile(path, m).code(), absl::StatusCode::kInvalidArgument);
+  // One flipped byte: the CRC refuses it.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  bytes[40] ^= 1;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  EXPECT_EQ(ReadModelFile(path).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -53,3 +53,8 @@ add_dependencies(fault_cluster_test pacer-server pacer-monitor pacer-worker pace
 pacer_test(security_test unit pacer_test_util pacer_ps)
 pacer_test(security_cluster_test cluster pacer_test_util pacer_ps)
 add_dependencies(security_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)
+
+# The optimizer menu through a 2-shard job against torch's golden runs.
+pacer_test(optimizer_cluster_test cluster pacer_test_util pacer_ps)
+add_dependencies(optimizer_cluster_test pacer-server pacer-monitor)
+target_compile_definitions(optimizer_cluster_test PRIVATE PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -1,7 +1,8 @@
-// Elastic shards against a real local cluster: with the workers held
-// (pacerctl pause), add a shard and drain one; a checksum over every
-// parameter, read by the test through pacerctl export-model, is the same
-// before and after each move; then training goes on.
+// Elastic shards against a real local cluster training with Adam: with the
+// workers held (pacerctl pause), add a shard and drain one; every parameter
+// and every value of the optimizer's state (m, v) and each key's step
+// count, read by the test through pacerctl export-model --with-state, is
+// the same before and after each move; then training goes on.
 #include <signal.h>
 
 #include <cstring>
@@ -15,11 +16,12 @@ namespace {
 
 using std::chrono::seconds;
 
-// The exported model file's keys and values: the bytes between the header
-// (which holds the shard-map version, changed by a move) and the CRC.
+// The exported model file's keys, optimizer, step counts, values and
+// optimizer state: the bytes between the header (which holds the shard-map
+// version, changed by a move) and the CRC.
 std::string ModelBody(Cluster& c, const std::string& name) {
   const std::string path = c.dir.path() + "/" + name + ".bin";
-  CtlRun r = Ctl(c, {"export-model", path}, "export-" + name);
+  CtlRun r = Ctl(c, {"export-model", "--with-state", path}, "export-" + name);
   EXPECT_EQ(r.code, 0) << r.err;
   const std::string bytes = ReadFile(path);
   return bytes.size() > 32 ? bytes.substr(28, bytes.size() - 32) : "";
@@ -45,7 +47,7 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   spec.workers = 2;
   spec.shard_data_dirs = true;
   spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--time-cap", "120",
-                        "--eval-interval", "1", "--lease", "3"};
+                        "--eval-interval", "1", "--lease", "3", "--optimizer", "adam"};
   spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
   Cluster c(spec);
   ASSERT_TRUE(c.Start());
@@ -95,7 +97,8 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   }
   ASSERT_TRUE(held) << j.dump(2) << c.Logs();
   const std::string before = ModelBody(c, "before");
-  ASSERT_GT(before.size(), 235146u * 4);
+  // The MLP's 235146 parameters, Adam's m and v for each.
+  ASSERT_GT(before.size(), 3 * 235146u * 4);
   const uint64_t v1 = j["shard_map_version"].get<uint64_t>();
 
   // Add: the idle shard takes half the keys.
@@ -126,7 +129,7 @@ TEST(ShardMoveClusterTest, AddAndDrainShardsKeepEveryParameter) {
   std::string restored;
   for (int i = 0; i < 50; ++i) {
     const std::string path = c.dir.path() + "/restored.bin";
-    CtlRun r = Ctl(c, {"export-model", path}, "export-restored");
+    CtlRun r = Ctl(c, {"export-model", "--with-state", path}, "export-restored");
     if (r.code == 0) {
       const std::string bytes = ReadFile(path);
       restored = bytes.substr(28, bytes.size() - 32);

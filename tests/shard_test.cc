@@ -71,6 +71,8 @@ class ShardTest : public ::testing::Test {
     ShardJob job;
     job.job_id = kJob;
     job.mode = mode;
+    job.optimizer.kind = kind_;
+    job.optimizer.defaults = DefaultSettings(kind_);
     job.optimizer.defaults.lr = kLr;
     job.optimizer.defaults.momentum = momentum_;
     job.global_batch = kGlobalBatch;
@@ -261,6 +263,7 @@ class ShardTest : public ::testing::Test {
   bool curve_ = false;        // messages carry their sender's key
   std::string monitor_key_;   // ShardOptions::monitor_key
   float momentum_ = kMomentum;
+  OptimizerKind kind_ = OptimizerKind::kSgd;
   // The declaration's group per key and groups (empty: none).
   std::vector<uint32_t> groups_;
   std::vector<GroupSettings> param_groups_;
@@ -1333,7 +1336,8 @@ TEST_F(ShardTest, OptimizerStateMovesWithTheKeysAndAnIdleShardTakesTheGroups) {
   no_decay.weight_decay = 0.0f;
   groups_ = {kDefaultGroup, 1};
   param_groups_ = {no_decay};
-  Start(wire::Mode::Bsp);  // SGD (the fixture's job); the move carries its state
+  kind_ = OptimizerKind::kAdam;
+  Start(wire::Mode::Bsp);
   Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
   Push(kWorkerB, 0, 3, {3.0f, -2.0f, 4.0f});
   ASSERT_EQ(shard_->applied_clock(), 0);
@@ -1346,13 +1350,16 @@ TEST_F(ShardTest, OptimizerStateMovesWithTheKeysAndAnIdleShardTakesTheGroups) {
   EXPECT_EQ(m.groups, (std::vector<uint32_t>{1}));
   EXPECT_EQ(m.key_steps, (std::vector<uint64_t>{1}));
   EXPECT_EQ(m.param_groups, param_groups_);
-  EXPECT_EQ(d.floats().size(), 2u) << "key 2's parameter and momentum";
+  EXPECT_EQ(m.optimizer, OptimizerKind::kAdam);
+  EXPECT_EQ(m.state_slots, 2u);
+  EXPECT_EQ(d.floats().size(), 3u) << "key 2's parameter, m and v";
   // A second shard, idle (no declaration), takes the key in.
   ShardOptions opts;
   ShardCore idle(opts, &clock_);
   ShardJob job;
   job.job_id = kJob;
-  job.optimizer.defaults.lr = kLr;
+  job.optimizer.kind = OptimizerKind::kAdam;
+  job.optimizer.defaults = DefaultSettings(OptimizerKind::kAdam);
   idle.Configure(job, kShardId + 1);
   Envelope env = d.env;
   env.sender = kMonitor;
@@ -1370,6 +1377,8 @@ TEST_F(ShardTest, OptimizerStateMovesWithTheKeysAndAnIdleShardTakesTheGroups) {
   EXPECT_EQ(idle.table().Find(2)->group, 1u);
   EXPECT_EQ(idle.table().Find(2)->steps, 1u);
   EXPECT_EQ(idle.table().State(0, 2)[0], shard_->table().State(0, 2)[0]);
+  EXPECT_EQ(idle.table().State(1, 2)[0], shard_->table().State(1, 2)[0]);
+  EXPECT_NE(idle.table().State(1, 2)[0], 0.0f) << "v after a step";
   EXPECT_EQ(idle.Param(2)[0], shard_->Param(2)[0]);
 }
 

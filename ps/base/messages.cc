@@ -423,17 +423,23 @@ flatbuffers::Offset<wire::PushReply> Build(flatbuffers::FlatBufferBuilder& fbb,
 PushReply FromWire(const wire::PushReply& t) { return {t.clock(), t.complete()}; }
 
 flatbuffers::Offset<wire::Pull> Build(flatbuffers::FlatBufferBuilder& fbb, const Pull& m) {
-  return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest);
+  return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest, m.with_state);
 }
-Pull FromWire(const wire::Pull& t) { return {t.clock(), Keys(t.keys()), t.latest()}; }
+Pull FromWire(const wire::Pull& t) {
+  return {t.clock(), Keys(t.keys()), t.latest(), t.with_state()};
+}
 
 flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb,
                                            const PullReply& m) {
-  return wire::CreatePullReply(fbb, m.clock, m.applied_clock, KeysOf(fbb, m.keys),
-                               m.waited_seconds, m.steps);
+  auto keys = KeysOf(fbb, m.keys);
+  auto key_steps = m.key_steps.empty() ? 0 : fbb.CreateVector(m.key_steps);
+  return wire::CreatePullReply(fbb, m.clock, m.applied_clock, keys, m.waited_seconds, m.steps,
+                               WireKind(m.optimizer), m.state_slots, key_steps);
 }
 PullReply FromWire(const wire::PullReply& t) {
-  return {t.clock(), t.applied_clock(), Keys(t.keys()), t.waited_seconds(), t.steps()};
+  return {t.clock(),           t.applied_clock(),         Keys(t.keys()),
+          t.waited_seconds(),  t.steps(),                 KindOf(t.optimizer()),
+          t.state_slots(),     Scalars(t.key_steps())};
 }
 
 flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb,

@@ -231,6 +231,7 @@ struct Pull {
   uint64_t clock = 0;
   std::vector<wire::KeyLen> keys;
   bool latest = false;
+  bool with_state = false;  // latest only: the optimizer state too
 };
 
 struct PullReply {
@@ -240,6 +241,11 @@ struct PullReply {
   std::vector<wire::KeyLen> keys;
   float waited_seconds = 0;
   uint64_t steps = 0;
+  // with_state: the payload holds the parameters, then state_slots buffers
+  // of the keys' optimizer state; key_steps runs parallel to keys.
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  uint32_t state_slots = 0;
+  std::vector<uint64_t> key_steps;
 };
 
 struct AccuracyReport {

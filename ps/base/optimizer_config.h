@@ -17,6 +17,10 @@
 
 namespace pacer {
 
+// Most per-value state buffers an optimizer keeps (Adam with amsgrad: m, v,
+// max v); a message that says more is refused.
+inline constexpr size_t kMaxStateSlots = 3;
+
 enum class OptimizerKind : uint8_t { kSgd = 0, kAdam = 1, kAdamW = 2, kAdagrad = 3 };
 
 // "sgd", "adam", "adamw", "adagrad".

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include "ps/base/optimizer_config.h"
+
 namespace pacer {
 namespace {
 
@@ -191,7 +193,9 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
   // Messages that carry values: the keys' lengths must add up to the payload.
   const flatbuffers::Vector<const wire::KeyLen*>* keys = nullptr;
   bool carries_values = false;
-  uint64_t copies = 1;  // MoveData: the parameters, then the momentum
+  // MoveData and a PullReply with state: the parameters, then each
+  // optimizer state slot's values (at most 3: Adam's m, v and max v).
+  uint64_t copies = 1;
   switch (env.type) {
     case wire::Body::Push:
       keys = msg->body_as_Push()->keys();
@@ -204,14 +208,21 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
     case wire::Body::PullReply:
       keys = msg->body_as_PullReply()->keys();
       carries_values = true;
+      copies = 1 + uint64_t{msg->body_as_PullReply()->state_slots()};
       break;
     case wire::Body::MoveData:
       keys = msg->body_as_MoveData()->keys();
       carries_values = true;
-      copies = 2;
+      copies = 1 + uint64_t{msg->body_as_MoveData()->state_slots()};
       break;
     default:
       break;
+  }
+  if (copies > 1 + kMaxStateSlots) {
+    return Fail(err, wire::ErrorCode::BadHeader,
+                std::to_string(copies - 1) + " optimizer state slots; at most " +
+                    std::to_string(kMaxStateSlots),
+                env);
   }
   if (carries_values) {
     std::optional<uint64_t> want = PayloadBytesFor(keys);
