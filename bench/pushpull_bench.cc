@@ -3,11 +3,13 @@
 // bytes, measured in the same run.
 //
 //   pacer-pushpull-bench [--sizes 1024,65536,1048576,16777216] [--seconds S]
+//                        [--optimizers sgd,adam]
 //
 // For each size it starts, as child processes, a pacer-monitor (ASP, one
-// shard, one worker) and a pacer-server, once applying updates and once with
+// shard, one worker) and a pacer-server, applying updates once per
+// optimizer of --optimizers (pacer-monitor --optimizer) and once with
 // --no-apply (transport only), plus a raw echo server (this binary with
-// --raw-echo). It prints one table row per size and case as Markdown.
+// --raw-echo). It prints one table row per size as Markdown.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,11 +113,13 @@ double RawRun(const std::string& self, size_t floats, double budget_s, const std
   return Median(samples);
 }
 
-double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std::string& dir) {
+double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std::string& dir,
+                const std::string& optimizer = "sgd") {
   static int run = 0;
   const std::string tag = std::to_string(++run);
   auto monitor = Process::Start({PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode", "asp",
-                                 "--job-id", "7", "--log-level", "warn", "--lease", "60"},
+                                 "--job-id", "7", "--log-level", "warn", "--lease", "60",
+                                 "--optimizer", optimizer},
                                 dir, "monitor" + tag);
   auto maddr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
   if (!maddr) return -1;
@@ -197,6 +201,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Push+pull against pacer-server vs a raw ZeroMQ echo", "pacer-pushpull-bench"};
   app.add_option("--sizes", sizes, "Tensor sizes in floats, comma-separated")->capture_default_str();
   app.add_option("--seconds", budget, "Rough time budget per case")->capture_default_str();
+  std::string optimizers = "sgd,adam";
+  app.add_option("--optimizers", optimizers,
+                 "The optimizers of the '+ apply' columns (pacer-monitor --optimizer), "
+                 "comma-separated")
+      ->capture_default_str();
   app.add_option("--raw-echo", raw_echo, "Internal: run the raw echo server for N floats");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   if (raw_echo > 0) return RawEchoServer(raw_echo);
@@ -208,20 +217,30 @@ int main(int argc, char** argv) {
   self[n] = '\0';
   pacer::test::TempDir dir;
 
-  std::printf("| floats | raw ZeroMQ push+pull | Pacer transport-only | ratio | Pacer + apply | ratio |"
-              " transport-only, no CRC | ratio |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<std::string> kinds;
+  {
+    std::stringstream os(optimizers);
+    for (std::string k; std::getline(os, k, ',');) kinds.push_back(k);
+  }
+  std::printf("| floats | raw ZeroMQ push+pull | Pacer transport-only | ratio |");
+  for (const std::string& k : kinds) std::printf(" Pacer + apply (%s) | ratio |", k.c_str());
+  std::printf(" transport-only, no CRC | ratio |\n|---:|---:|---:|---:|");
+  for (size_t i = 0; i < kinds.size(); ++i) std::printf("---:|---:|");
+  std::printf("---:|---:|\n");
   std::stringstream ss(sizes);
   for (std::string item; std::getline(ss, item, ',');) {
     size_t floats = std::stoull(item);
     double raw = RawRun(self, floats, budget, dir.path());
     double transport = PacerRun(floats, /*apply=*/false, /*crc=*/true, budget, dir.path());
-    double applied = PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path());
-    double nocrc = PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path());
     // Ratio = Pacer throughput / raw throughput = raw time / Pacer time.
-    std::printf("| %zu | %s | %s | %.2f× | %s | %.2f× | %s | %.2f× |\n", floats, Human(raw).c_str(),
-                Human(transport).c_str(), raw / transport, Human(applied).c_str(), raw / applied,
-                Human(nocrc).c_str(), raw / nocrc);
+    std::printf("| %zu | %s | %s | %.2f× |", floats, Human(raw).c_str(), Human(transport).c_str(),
+                raw / transport);
+    for (const std::string& k : kinds) {
+      double applied = PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path(), k);
+      std::printf(" %s | %.2f× |", Human(applied).c_str(), raw / applied);
+    }
+    double nocrc = PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path());
+    std::printf(" %s | %.2f× |\n", Human(nocrc).c_str(), raw / nocrc);
     std::fflush(stdout);
   }
   return 0;

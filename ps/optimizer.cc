@@ -15,12 +15,14 @@ namespace {
 // rounded to float once, as torch does with Python floats. Each kernel is
 // one pass over its buffers: every value is read and written once.
 //
-// Built twice (target_clones): for x86-64-v3 (AVX2 and FMA, vectorised by
-// the compiler) and a portable default, chosen at load time by the CPU;
-// std::fma gives the same bits on both (the default's is slower).
+// Built three times (target_clones): for x86-64-v4 (AVX-512), x86-64-v3
+// (AVX2 and FMA), both vectorised by the compiler, and a portable default,
+// chosen at load time by the CPU; std::fma gives the same bits on each (the
+// default's is slower). The variants (AdamW or Adam, amsgrad) are template
+// arguments: a branch inside a loop keeps GCC from vectorising it.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
     !defined(__SANITIZE_THREAD__)
-#define PACER_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define PACER_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PACER_KERNEL
 #endif
@@ -54,27 +56,90 @@ struct AdamArgs {
   bool decoupled, amsgrad;
 };
 
+// One value of an Adam or AdamW step: (w, m, v, max v) from the old ones.
+// The variants are template arguments, so that each loop has no branch and
+// the compiler vectorises it. Adam's weight decay is added even when it is
+// 0 (g + 0 * w is g), AdamW's decay multiplied even when it is 1: the same
+// values as torch's `if weight_decay != 0`.
+struct AdamValue {
+  float w, m, v, x;
+};
+template <bool kDecoupled, bool kAmsgrad>
+[[gnu::always_inline]] inline AdamValue AdamElement(float w_in, float m_in, float v_in,
+                                                    float x_in, float grad, float gs,
+                                                    const AdamArgs& a) {
+  float g = grad * gs;
+  if constexpr (!kDecoupled) g = std::fma(a.weight_decay, w_in, g);
+  const float m = std::fma(a.one_minus_beta1, g, m_in * a.beta1);
+  const float v = std::fma(a.one_minus_beta2 * g, g, v_in * a.beta2);
+  float x = x_in, second = v;
+  if constexpr (kAmsgrad) second = x = std::max(x_in, v);
+  const float denom = std::sqrt(second) / a.bias2_sqrt + a.eps;
+  float w = w_in;
+  if constexpr (kDecoupled) w = w_in * a.decay;
+  return {w + a.neg_step_size * m / denom, m, v, x};
+}
+
+// In place (nobody else holds the buffers), or from old buffers into fresh
+// ones (a reply or snapshot holds the old): each buffer through restrict
+// pointers, distinct buffers, so the compiler need not check for overlaps
+// before it vectorises. x: amsgrad's max v (kHasMax: the slot exists; it is
+// updated only with kAmsgrad, else copied).
+template <bool kDecoupled, bool kAmsgrad, bool kHasMax>
+[[gnu::always_inline]] inline void AdamLoop(size_t n, const float* __restrict w_in,
+                                            float* __restrict w_out, const float* __restrict m_in,
+                                            float* __restrict m_out, const float* __restrict v_in,
+                                            float* __restrict v_out, const float* __restrict x_in,
+                                            float* __restrict x_out, const float* __restrict grad,
+                                            float gs, const AdamArgs& a) {
+  for (size_t i = 0; i < n; ++i) {
+    const AdamValue r = AdamElement<kDecoupled, kAmsgrad>(
+        w_in[i], m_in[i], v_in[i], kHasMax ? x_in[i] : 0.0f, grad[i], gs, a);
+    w_out[i] = r.w;
+    m_out[i] = r.m;
+    v_out[i] = r.v;
+    if constexpr (kHasMax) x_out[i] = r.x;
+  }
+}
+
+template <bool kDecoupled, bool kAmsgrad, bool kHasMax>
+[[gnu::always_inline]] inline void AdamInPlaceLoop(size_t n, float* __restrict w,
+                                                   float* __restrict m, float* __restrict v,
+                                                   float* __restrict x,
+                                                   const float* __restrict grad, float gs,
+                                                   const AdamArgs& a) {
+  for (size_t i = 0; i < n; ++i) {
+    const AdamValue r =
+        AdamElement<kDecoupled, kAmsgrad>(w[i], m[i], v[i], kHasMax ? x[i] : 0.0f, grad[i], gs, a);
+    w[i] = r.w;
+    m[i] = r.m;
+    v[i] = r.v;
+    if constexpr (kHasMax) x[i] = r.x;
+  }
+}
+
+// Every variant, in both clones (see PACER_KERNEL).
+template <bool kDecoupled>
 PACER_KERNEL void AdamKernel(size_t n, const float* w_in, float* w_out, const float* m_in,
                              float* m_out, const float* v_in, float* v_out, const float* x_in,
                              float* x_out, const float* grad, float gs, AdamArgs a) {
-  for (size_t i = 0; i < n; ++i) {
-    float g = grad[i] * gs;
-    if (!a.decoupled && a.weight_decay != 0.0f) g = std::fma(a.weight_decay, w_in[i], g);
-    const float m = std::fma(a.one_minus_beta1, g, m_in[i] * a.beta1);
-    const float v = std::fma(a.one_minus_beta2 * g, g, v_in[i] * a.beta2);
-    m_out[i] = m;
-    v_out[i] = v;
-    float second = v;
-    if (a.amsgrad) {
-      second = std::max(x_in[i], v);
-      x_out[i] = second;
-    } else if (x_out != nullptr) {
-      x_out[i] = x_in[i];
-    }
-    const float denom = std::sqrt(second) / a.bias2_sqrt + a.eps;
-    const float w = a.decoupled ? w_in[i] * a.decay : w_in[i];
-    w_out[i] = w + a.neg_step_size * m / denom;
+  const bool in_place = w_in == w_out;  // the table steps every buffer in place, or none
+  const bool has_max = x_out != nullptr;
+  if (in_place) {
+    if (!has_max) return AdamInPlaceLoop<kDecoupled, false, false>(n, w_out, m_out, v_out, nullptr, grad, gs, a);
+    if (!a.amsgrad) return AdamInPlaceLoop<kDecoupled, false, true>(n, w_out, m_out, v_out, x_out, grad, gs, a);
+    return AdamInPlaceLoop<kDecoupled, true, true>(n, w_out, m_out, v_out, x_out, grad, gs, a);
   }
+  if (!has_max) {
+    return AdamLoop<kDecoupled, false, false>(n, w_in, w_out, m_in, m_out, v_in, v_out, nullptr,
+                                              nullptr, grad, gs, a);
+  }
+  if (!a.amsgrad) {
+    return AdamLoop<kDecoupled, false, true>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in,
+                                             x_out, grad, gs, a);
+  }
+  AdamLoop<kDecoupled, true, true>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in, x_out, grad,
+                                   gs, a);
 }
 
 struct AdagradArgs {
@@ -141,9 +206,10 @@ class Adam final : public Optimizer {
     a.decay = static_cast<float>(1.0 - lr * static_cast<double>(s.weight_decay));
     a.decoupled = decoupled_;
     a.amsgrad = s.amsgrad && amsgrad_slot_;
-    AdamKernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.state_in[1], b.state_out[1],
-               amsgrad_slot_ ? b.state_in[2] : nullptr, amsgrad_slot_ ? b.state_out[2] : nullptr,
-               b.grad, b.grad_scale, a);
+    auto kernel = decoupled_ ? AdamKernel<true> : AdamKernel<false>;
+    kernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.state_in[1], b.state_out[1],
+           amsgrad_slot_ ? b.state_in[2] : nullptr, amsgrad_slot_ ? b.state_out[2] : nullptr,
+           b.grad, b.grad_scale, a);
   }
 
  private:

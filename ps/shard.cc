@@ -746,7 +746,6 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   }
   auto it = open_.find(clock);
   if (it == open_.end()) {
-    const TimePoint now = clock_->Now();
     OpenClock fresh;
     fresh.acc = TakeBuffer();
     fresh.opened = fresh.reported = clock_->Now();
@@ -928,8 +927,12 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   // A parked pull: its time parked; else the time since it arrived.
   metrics_.pull_seconds->Observe(waited > 0 ? waited : ToSeconds(clock_->Now() - handle_start_));
   metrics_.pull_wait->Observe(waited);
-  msg::PullReply reply{clock, applied_clock_, {keys.begin(), keys.end()}, static_cast<float>(waited),
-                       steps_};
+  msg::PullReply reply;
+  reply.clock = clock;
+  reply.applied_clock = applied_clock_;
+  reply.keys.assign(keys.begin(), keys.end());
+  reply.waited_seconds = static_cast<float>(waited);
+  reply.steps = steps_;
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
                                       options_.check_crc)});
 }
@@ -940,7 +943,10 @@ void ShardCore::AnswerStatePull(const Frame& peer, const Envelope& to,
   for (const wire::KeyLen& k : keys) total += k.length();
   const size_t slots = table_->state_slots();
   auto buf = std::make_shared<std::vector<float>>(total * (1 + slots));
-  msg::PullReply reply{0, applied_clock_, {keys.begin(), keys.end()}, 0.0f, steps_};
+  msg::PullReply reply;
+  reply.applied_clock = applied_clock_;
+  reply.keys.assign(keys.begin(), keys.end());
+  reply.steps = steps_;
   reply.optimizer = table_->config().kind;
   reply.state_slots = static_cast<uint32_t>(slots);
   size_t at = 0;

@@ -514,8 +514,11 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   Frame payload = Frame::FromVector(std::vector<uint8_t>(
       reinterpret_cast<uint8_t*>(values.data()),
       reinterpret_cast<uint8_t*>(values.data()) + values.size() * sizeof(float)));
-  const Decoded data = decode(EncodeMessage(
-      env, msg::MoveData{{wire::KeyLen(7, 2), wire::KeyLen(8, 1)}, 41, 12}, payload));
+  msg::MoveData move;
+  move.keys = {wire::KeyLen(7, 2), wire::KeyLen(8, 1)};
+  move.applied_clock = 41;
+  move.steps = 12;
+  const Decoded data = decode(EncodeMessage(env, move, payload));
   ASSERT_EQ(data.type(), wire::Body::MoveData);
   const msg::MoveData md = msg::Read<msg::MoveData>(data);
   ASSERT_EQ(md.keys.size(), 2u);
