@@ -356,6 +356,34 @@ TEST(HelpTest, BadFlagIsUsageErrorWithExitCodeTwo) {
   EXPECT_EQ(q->Wait(seconds(10)), 2);
 }
 
+// Bad optimizer settings are refused at start, with torch's reason, exit 2.
+TEST(UsageTest, BadOptimizerSettingsAreAUsageErrorThatSaysWhy) {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--optimizer", "rmsprop"}, "unknown optimizer 'rmsprop'"},
+      {{"--lr", "-0.1"}, "invalid learning rate"},
+      {{"--optimizer", "adam", "--beta1", "1"}, "beta parameter at index 0"},
+      {{"--optimizer", "adamw", "--beta2", "-0.5"}, "beta parameter at index 1"},
+      {{"--optimizer", "adam", "--eps", "-1e-8"}, "invalid epsilon"},
+      {{"--weight-decay", "-1"}, "invalid weight_decay"},
+      {{"--nesterov", "--momentum", "0"}, "Nesterov momentum requires"},
+      {{"--optimizer", "adagrad", "--lr-decay", "-1"}, "invalid lr_decay"},
+  };
+  for (const auto& [flags, why] : cases) {
+    std::vector<std::string> args = {PACER_MONITOR_BIN};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto p = Process::Start(args, dir.path(), "optimizer");
+    EXPECT_EQ(p->Wait(seconds(10)), 2) << flags[0] << ": " << p->Stderr();
+    EXPECT_NE(p->Stderr().find(why), std::string::npos) << p->Stderr();
+  }
+  // A bad --param-group of the worker too.
+  auto w = Process::Start({PACER_WORKER_BIN, "--monitor", "tcp://127.0.0.1:1", "--param-group",
+                           "no_decay:*.bias:weight_decay=zero"},
+                          dir.path(), "param-group");
+  EXPECT_EQ(w->Wait(seconds(10)), 2) << w->Stderr();
+  EXPECT_NE(w->Stderr().find("weight_decay=zero: not a number"), std::string::npos) << w->Stderr();
+}
+
 TEST(UsageTest, AMalformedAddressIsAUsageErrorThatNamesTheForm) {
   TempDir dir;
   for (const char* bin : {PACER_WORKER_BIN, PACER_SERVER_BIN, PACERCTL_BIN}) {

@@ -113,6 +113,34 @@ TEST(PacerctlClusterTest, StatusRemoveWorkerAndExportModel) {
     EXPECT_EQ(gone, 1) << c.Logs();
   }
 
+  // set-lr: a group's lr by hand reaches every shard (with their next
+  // heartbeat reply), and clear takes it back; a group the model lacks is
+  // refused, a bad value is a usage error.
+  auto shards_log = [&](const std::string& text) {
+    const auto until = std::chrono::steady_clock::now() + seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      bool all = true;
+      for (auto& s : c.shards) all &= s->Stderr().find(text) != std::string::npos;
+      if (all) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  CtlRun set = Ctl(c, {"set-lr", "default", "0.05"}, "set-lr");
+  ASSERT_EQ(set.code, 0) << set.err;
+  EXPECT_NE(set.out.find("default          0.05"), std::string::npos) << set.out;
+  EXPECT_TRUE(shards_log("learning rates set by hand (v1): group 0 lr 0.050000")) << c.Logs();
+  CtlRun unknown = Ctl(c, {"set-lr", "embedding", "0.1"}, "set-lr-unknown");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.err.find("no parameter group 'embedding' (the model has: default)"),
+            std::string::npos)
+      << unknown.err;
+  EXPECT_EQ(Ctl(c, {"set-lr", "default", "-1"}, "set-lr-bad").code, 2);
+  CtlRun cleared = Ctl(c, {"set-lr", "default", "clear"}, "set-lr-clear");
+  ASSERT_EQ(cleared.code, 0) << cleared.err;
+  EXPECT_NE(cleared.out.find("no learning rate set by hand"), std::string::npos) << cleared.out;
+  EXPECT_TRUE(shards_log("learning rates set by hand (v2): none")) << c.Logs();
+
   // export-model, then evaluate the file with the worker.
   const std::string model = c.dir.path() + "/model.bin";
   CtlRun exported = Ctl(c, {"export-model", model}, "export");
