@@ -120,7 +120,7 @@ template <bool kDecoupled, bool kAmsgrad, bool kHasMax>
 
 // Every variant, in both clones (see PACER_KERNEL).
 template <bool kDecoupled>
-PACER_KERNEL void AdamKernel(size_t n, const float* w_in, float* w_out, const float* m_in,
+[[gnu::always_inline]] inline void AdamVariants(size_t n, const float* w_in, float* w_out, const float* m_in,
                              float* m_out, const float* v_in, float* v_out, const float* x_in,
                              float* x_out, const float* grad, float gs, AdamArgs a) {
   const bool in_place = w_in == w_out;  // the table steps every buffer in place, or none
@@ -140,6 +140,18 @@ PACER_KERNEL void AdamKernel(size_t n, const float* w_in, float* w_out, const fl
   }
   AdamLoop<kDecoupled, true, true>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in, x_out, grad,
                                    gs, a);
+}
+
+// The clones (clang's target_clones takes no function templates).
+PACER_KERNEL void AdamKernel(size_t n, const float* w_in, float* w_out, const float* m_in,
+                             float* m_out, const float* v_in, float* v_out, const float* x_in,
+                             float* x_out, const float* grad, float gs, AdamArgs a) {
+  AdamVariants<false>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in, x_out, grad, gs, a);
+}
+PACER_KERNEL void AdamWKernel(size_t n, const float* w_in, float* w_out, const float* m_in,
+                              float* m_out, const float* v_in, float* v_out, const float* x_in,
+                              float* x_out, const float* grad, float gs, AdamArgs a) {
+  AdamVariants<true>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in, x_out, grad, gs, a);
 }
 
 struct AdagradArgs {
@@ -206,7 +218,7 @@ class Adam final : public Optimizer {
     a.decay = static_cast<float>(1.0 - lr * static_cast<double>(s.weight_decay));
     a.decoupled = decoupled_;
     a.amsgrad = s.amsgrad && amsgrad_slot_;
-    auto kernel = decoupled_ ? AdamKernel<true> : AdamKernel<false>;
+    auto* kernel = decoupled_ ? &AdamWKernel : &AdamKernel;
     kernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.state_in[1], b.state_out[1],
            amsgrad_slot_ ? b.state_in[2] : nullptr, amsgrad_slot_ ? b.state_out[2] : nullptr,
            b.grad, b.grad_scale, a);
