@@ -2,12 +2,32 @@
 // (the workers' --ack-log journals) once the run is over.
 #include <algorithm>
 #include <cstdio>
+#include <deque>
+#include <fstream>
 
 #include "spdlog/fmt/fmt.h"
 #include "tests/chaos/runner.h"
 
 namespace pacer::chaos {
 namespace {
+
+// The last `n` lines of the file at `path` that contain `needle`, each from
+// `from` on (the whole line when it has no `from`), joined by " | " (empty
+// when none).
+std::string LastLinesWith(const std::string& path, const std::string& needle,
+                          const std::string& from, size_t n) {
+  std::ifstream in(path);
+  std::deque<std::string> kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) == std::string::npos) continue;
+    const size_t at = line.find(from);
+    kept.push_back(at == std::string::npos ? line : line.substr(at));
+    if (kept.size() > n) kept.pop_front();
+  }
+  std::string joined;
+  for (const std::string& l : kept) joined += (joined.empty() ? "" : " | ") + l;
+  return joined;
+}
 
 // Of the series `values` (key: metric + labels), the sum of those named
 // `name` whose key contains every label.
@@ -199,6 +219,17 @@ void Runner::CheckFinalAccuracy() {
   v.pass = accuracy_ && *accuracy_ >= inv.final_accuracy;
   v.detail = accuracy_ ? fmt::format("{:.4f} (threshold {})", *accuracy_, inv.final_accuracy)
                        : "no model could be exported and evaluated";
+  if (!v.pass) {
+    // What training looked like, so that a failure can be explained from
+    // the test's output alone: the monitor's last evaluations and each
+    // shard's closing counts (steps, stale pushes).
+    const std::string trail = LastLinesWith(dir_ + "/monitor.log", "test accuracy", "clock ", 6);
+    v.detail += "; the monitor's last evaluations: " + (trail.empty() ? "none" : trail);
+    for (Proc* p : shards_) {
+      const std::string last = LastLinesWith(dir_ + "/" + p->name() + ".log", "final: ", "final: ", 1);
+      if (!last.empty()) v.detail += "; " + p->name() + " " + last;
+    }
+  }
   verdicts_.push_back(v);
 }
 
