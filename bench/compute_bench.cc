@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/cuda_backend.h"
-#include "worker/device.h"
-#include "worker/mnist.h"
+#include "worker/builtin/cuda_backend.h"
+#include "worker/builtin/device.h"
+#include "worker/builtin/mnist.h"
 
 namespace {
 

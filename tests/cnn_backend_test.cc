@@ -1,5 +1,5 @@
-// The CPU CNN (worker/cpu_cnn.cc) against an independent double-precision
-// reference written from the layout documented in worker/backend.h: loss and
+// The CPU CNN (worker/builtin/cpu_cnn.cc) against an independent double-precision
+// reference written from the layout documented in worker/builtin/backend.h: loss and
 // gradient (central differences), batches larger than its 64-sample chunk,
 // the tensor table and init, and that SGD on it learns Fashion-MNIST.
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/backend.h"
-#include "worker/cpu_backend.h"
-#include "worker/mnist.h"
+#include "worker/builtin/backend.h"
+#include "worker/builtin/cpu_backend.h"
+#include "worker/builtin/mnist.h"
 #include "tests/grad_sink_check.h"
 
 namespace pacer::worker {

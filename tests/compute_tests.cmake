@@ -1,4 +1,4 @@
-# Tests for worker/mnist and worker/cpu_backend. Included from
+# Tests for worker/builtin/mnist and worker/builtin/cpu_backend. Included from
 # tests/CMakeLists.txt; needs GTest and the pacer_worker_compute target.
 # Both tests read Debian's fashion-mnist package (/usr/share/datasets/fashion-mnist).
 

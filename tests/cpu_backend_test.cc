@@ -1,4 +1,4 @@
-#include "worker/cpu_backend.h"
+#include "worker/builtin/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "worker/backend.h"
-#include "worker/mnist.h"
+#include "worker/builtin/backend.h"
+#include "worker/builtin/mnist.h"
 #include "tests/grad_sink_check.h"
 
 namespace pacer::worker {

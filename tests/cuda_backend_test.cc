@@ -1,4 +1,4 @@
-// The CUDA backend (worker/cuda_backend.h) and --device selection.
+// The CUDA backend (worker/builtin/cuda_backend.h) and --device selection.
 //
 // Parity and training need a GPU: without one (or in a build without CUDA)
 // they skip, saying why. Both check the device's own kernel counter, so a
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "worker/cpu_backend.h"
-#include "worker/cuda_backend.h"
-#include "worker/device.h"
-#include "worker/mnist.h"
+#include "worker/builtin/cpu_backend.h"
+#include "worker/builtin/cuda_backend.h"
+#include "worker/builtin/device.h"
+#include "worker/builtin/mnist.h"
 #include "tests/grad_sink_check.h"
 
 namespace pacer::worker {

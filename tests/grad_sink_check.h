@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "worker/backend.h"
+#include "worker/builtin/backend.h"
 
 namespace pacer::worker {
 

@@ -198,7 +198,9 @@ TEST(HelpTest, EveryDocumentedFlagExists) {
 // each member declaration (comments dropped, declarations may span lines).
 std::vector<std::string> FieldsOf(const std::string& header, const std::string& name) {
   const std::string text = Source(header);
-  const size_t start = text.find("\nstruct " + name + " {");
+  // "struct NAME {", or "struct NAME : BASE {" (the base is checked as its own).
+  size_t start = text.find("\nstruct " + name + " {");
+  if (start == std::string::npos) start = text.find("\nstruct " + name + " : ");
   EXPECT_NE(start, std::string::npos) << name << " not in " << header;
   if (start == std::string::npos) return {};
   const size_t end = text.find("\n};", start);
@@ -242,6 +244,7 @@ const OptionsStruct kOptions[] = {
     {"monitor/monitor.h", "MonitorOptions", PACER_MONITOR_BIN},
     {"monitor/policy.h", "PolicyOptions", PACER_MONITOR_BIN},
     {"monitor/policy.h", "BatchOptions", PACER_MONITOR_BIN},
+    {"worker/trainer.h", "TrainerOptions", PACER_WORKER_BIN},
     {"worker/worker.h", "WorkerOptions", PACER_WORKER_BIN},
 };
 
@@ -271,10 +274,10 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"BatchOptions.b_max", "--max-batch"},
     {"WorkerOptions.dataset_dir", "--dataset"},
     {"WorkerOptions.model", "--model"},  // and --layers, --cnn-channels
-    {"WorkerOptions.live_progress", "--progress"},
-    {"WorkerOptions.resend", "--unsafe-disable"},
-    {"WorkerOptions.param_groups", "--param-group"},  // repeatable, one group each
-    {"WorkerOptions.interrupt_on_stop", "--unsafe-disable"},
+    {"TrainerOptions.live_progress", "--progress"},
+    {"TrainerOptions.resend", "--unsafe-disable"},
+    {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
+    {"TrainerOptions.interrupt_on_stop", "--unsafe-disable"},
 };
 
 const std::map<std::string, std::string> kNoFlag = {
@@ -288,8 +291,8 @@ const std::map<std::string, std::string> kNoFlag = {
     {"BatchOptions.global_batch", "MonitorOptions.global_batch (--global-batch)"},
     {"ShardOptions.registry", "made by the process; served by --metrics-addr"},
     {"MonitorOptions.registry", "made by the process; served by --metrics-addr"},
-    {"WorkerOptions.registry", "made by the process; served by --metrics-addr"},
-    {"WorkerOptions.faults", "made by the process from --faults"},
+    {"TrainerOptions.registry", "made by the process; served by --metrics-addr"},
+    {"TrainerOptions.faults", "made by the process from --faults"},
     // Timing the tests and the in-process cluster shorten; fixed in a real run.
     {"MonitorOptions.save_interval", "the monitor saves its state every 0.5 s"},
     // The policy's inner constants, tuned in bench/stragglers (pacer-sim);
@@ -306,9 +309,10 @@ const std::map<std::string, std::string> kNoFlag = {
     {"PolicyOptions.catch_up_floor", "tuned constant"},
     {"PolicyOptions.catch_up_blocking_floor", "tuned constant"},
     // Hooks for programs that embed a worker (tests).
-    {"WorkerOptions.on_registered", "hook"},
+    {"TrainerOptions.on_registered", "hook"},
     {"WorkerOptions.before_iteration", "hook"},
-    {"WorkerOptions.on_push_acked", "hook"},
+    {"TrainerOptions.on_push_acked", "hook"},
+    {"TrainerOptions.evaluate", "set by the program (pacer-worker: the test set, --test-limit)"},
 };
 
 TEST(HelpTest, EveryOptionsFieldHasAFlagOrIsExempt) {

@@ -1,4 +1,4 @@
-#include "worker/mnist.h"
+#include "worker/builtin/mnist.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -1,1173 +1,126 @@
 #include "worker/worker.h"
 
-#include <fnmatch.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <condition_variable>
-#include <cstdio>
-#include <limits>
-#include <map>
-#include <mutex>
-#include <numeric>
 #include <optional>
-#include <random>
-#include <set>
-#include <thread>
 
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
 #include "ps/model_file.h"
-#include "ps/base/rpc.h"
 #include "spdlog/spdlog.h"
-#include "worker/cpu_backend.h"
-#include "worker/cuda_backend.h"
-#include "worker/device.h"
+#include "worker/builtin/builtin.h"
+#include "worker/builtin/device.h"
 
 namespace pacer::worker {
 
-std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size_t block_floats) {
-  std::vector<wire::KeyLen> keys;
-  block_floats = std::max<size_t>(1, block_floats);
-  uint64_t k = 0;
-  for (const TensorSpec& t : tensors) {
-    for (size_t off = 0; off < t.size; off += block_floats) {
-      keys.emplace_back(k++, std::min(block_floats, t.size - off));
-    }
-  }
-  return keys;
-}
-
-absl::StatusOr<msg::DeclareModel> Declaration(const std::vector<TensorSpec>& tensors,
-                                              size_t block_floats,
-                                              const std::vector<ParamGroupSpec>& param_groups) {
-  msg::DeclareModel m;
-  for (size_t i = 0; i < param_groups.size(); ++i) {
-    const std::string& name = param_groups[i].settings.name;
-    if (name.empty() || name == kDefaultGroupName) {
-      return absl::InvalidArgumentError("a parameter group needs a name other than 'default'");
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (param_groups[j].settings.name == name) {
-        return absl::InvalidArgumentError("parameter group '" + name + "' is named twice");
-      }
-    }
-    m.param_groups.push_back(param_groups[i].settings);
-  }
-  m.keys = BlockKeys(tensors, block_floats);
-  size_t key = 0;
-  bool grouped = false;
-  for (const TensorSpec& t : tensors) {
-    uint32_t group = kDefaultGroup;
-    for (size_t g = 0; g < param_groups.size() && group == kDefaultGroup; ++g) {
-      for (const std::string& pattern : param_groups[g].patterns) {
-        if (fnmatch(pattern.c_str(), t.name.c_str(), 0) == 0) {
-          group = static_cast<uint32_t>(g + 1);
-          break;
-        }
-      }
-    }
-    grouped |= group != kDefaultGroup;
-    for (size_t off = 0; off < t.size; off += std::max<size_t>(1, block_floats), ++key) {
-      m.names.push_back(t.name);
-      m.groups.push_back(group);
-    }
-  }
-  if (!grouped) m.groups.clear();
-  return m;
-}
-
-absl::StatusOr<ParamGroupSpec> ParseParamGroup(const std::string& spec) {
-  const size_t a = spec.find(':');
-  const size_t b = a == std::string::npos ? a : spec.find(':', a + 1);
-  if (b == std::string::npos) {
-    return absl::InvalidArgumentError("--param-group '" + spec +
-                                      "': want NAME:PATTERNS:SETTINGS, e.g. "
-                                      "no_decay:*.bias:weight_decay=0");
-  }
-  auto settings = ParseGroupSettings(spec.substr(b + 1));
-  if (!settings.ok()) {
-    return absl::InvalidArgumentError("--param-group '" + spec + "': " +
-                                      std::string(settings.status().message()));
-  }
-  ParamGroupSpec g;
-  g.settings = *settings;
-  g.settings.name = spec.substr(0, a);
-  for (size_t at = a + 1; at <= b;) {
-    const size_t comma = std::min(spec.find(',', at), b);
-    if (comma > at) g.patterns.push_back(spec.substr(at, comma - at));
-    at = comma + 1;
-  }
-  if (g.settings.name.empty() || g.patterns.empty()) {
-    return absl::InvalidArgumentError("--param-group '" + spec +
-                                      "': a group needs a name and at least one pattern");
-  }
-  return g;
-}
-
-absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path, const WorkerOptions& options) {
+absl::StatusOr<EvalResult> EvaluateModelFile(const std::string& path,
+                                             const WorkerOptions& options) {
   auto model = ReadModelFile(path);
   if (!model.ok()) return model.status();
   auto made = MakeBackend(options.model, options.device);
   if (!made.ok()) return made.status();
-  std::unique_ptr<ComputeBackend> backend = *std::move(made);
-  if (model->values.size() != backend->num_params()) {
-    return absl::FailedPreconditionError(
-        path + " holds " + std::to_string(model->values.size()) + " parameters; the " +
-        options.model.name() + " of --model/--layers/--cnn-channels has " +
-        std::to_string(backend->num_params()));
+  BackendModel backend(*std::move(made), options.model.name());
+  if (model->values.size() != backend.num_params()) {
+    return absl::FailedPreconditionError(path + " holds " + std::to_string(model->values.size()) +
+                                         " parameters; the " + options.model.name() +
+                                         " of --model/--layers/--cnn-channels has " +
+                                         std::to_string(backend.num_params()));
   }
   auto test = LoadFashionMnist(options.dataset_dir, /*train=*/false);
   if (!test.ok()) return test.status();
-  size_t n = test->size();
-  if (options.test_limit > 0) n = std::min(n, options.test_limit);
   // The file lays keys out in ascending order, as the worker's flat vector.
-  return backend->Evaluate(model->values, test->images.data(), test->labels.data(), n);
+  return backend.Evaluate(model->values, DatasetSource(*std::move(test)).First(options.test_limit));
 }
 
 namespace {
 
-// The least time a heartbeat waits for its reply (at least twice the interval).
-constexpr Duration kMinHeartbeatWait = std::chrono::milliseconds(250);
-
-// What the latest heartbeat reply said, shared with the training thread.
-struct JobView {
-  wire::JobState state = wire::JobState::Waiting;
-  bool have_map = false;
-  ShardMapInfo map;
-  uint64_t start_clock = 0;
-  uint32_t partition_index = 0;
-  uint32_t partition_count = 1;
-  uint32_t batch = 0;       // the current assignment
-  uint32_t staleness_bound = 0;  // its s (ssp) or s_L (dssp)
-  uint32_t staleness_range = 0;  // its r_max (dssp)
-  bool evaluate = false;    // this worker evaluates the test set
-  uint64_t pause_at = 0;    // hold before running this clock (0: no pause)
-  // The data partitions this worker owns, with the monitor's positions.
-  std::vector<wire::PartitionPosition> partitions;
-  std::string stop_reason;
-  absl::Status error;  // set when the monitor refuses us
-};
+// The evaluation the monitor asks of pacer-worker: the first --test-limit
+// samples of the test set, on a backend of its own (the evaluation thread's),
+// both made when first asked for.
+std::function<absl::StatusOr<EvalResult>(std::span<const float>)> TestSetEvaluation(
+    const WorkerOptions& o) {
+  struct State {
+    std::optional<Batch> test;
+    std::unique_ptr<BackendModel> model;
+  };
+  auto state = std::make_shared<State>();
+  return [o, state](std::span<const float> params) -> absl::StatusOr<EvalResult> {
+    if (!state->test) {
+      auto loaded = LoadFashionMnist(o.dataset_dir, /*train=*/false);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.status().code(),
+                            "cannot load the test set: " + std::string(loaded.status().message()));
+      }
+      auto made = MakeBackend(o.model, o.device);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            "no backend to evaluate on: " + std::string(made.status().message()));
+      }
+      state->model = std::make_unique<BackendModel>(*std::move(made), o.model.name());
+      state->test = DatasetSource(*std::move(loaded)).First(o.test_limit);
+      spdlog::info("evaluating the test set for the monitor");
+    }
+    return state->model->Evaluate(params, *state->test);
+  };
+}
 
 }  // namespace
 
-namespace {
-
-// A file opened to append to (the --*-log flags), closed when it goes; null
-// for an empty path.
-using LogFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
-absl::StatusOr<LogFile> OpenLog(const std::string& path, const char* flag) {
-  if (path.empty()) return LogFile(nullptr, &std::fclose);
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (f == nullptr) return absl::InvalidArgumentError(std::string("cannot open ") + flag + " " + path);
-  return LogFile(f, &std::fclose);
-}
-
-// The gradient sink of a layer-wise push: sends each layer's part as the
-// backward pass finishes it. Straggler emulation stretches the compute
-// before each part (and the rest after the pass, Finish) by `factor`. An
-// asynchronous backend's reports are not timed on this thread, so under a
-// slowdown its parts are held until the whole pass is stretched (`defer`).
-struct LayerPusher : GradientSink {
-  LayerPusher(PsClient& c, const Clock& clk, double f, bool hold)
-      : client(c), clock(clk), factor(f), defer(hold && f > 1.0), mark(clk.Now()) {}
-  void Ready(size_t stage) override {
-    if (defer) {
-      held.push_back(stage);
-      return;
-    }
-    Stretch();
-    Send(stage);
-  }
-  // After the pass: the rest of the compute stretched, held parts sent.
-  void Finish() {
-    Stretch();
-    for (size_t stage : held) Send(stage);
-    held.clear();
-  }
-  void Send(size_t stage) {
-    if (!error.ok()) return;  // FinishPush is skipped; the caller sends it all again
-    const TimePoint start = clock.Now();
-    const uint64_t before = client.push_messages();
-    error = client.PushStage(stage);
-    if (client.push_messages() > before && !early) {
-      early = true;
-      first_sent = start;
-    }
-    mark = clock.Now();
-    sending += mark - start;
-  }
-  // Sleeps (factor - 1) times the compute since the last mark.
-  void Stretch() {
-    const TimePoint now = clock.Now();
-    if (factor > 1.0) {
-      clock.SleepUntil(now + std::chrono::duration_cast<Duration>((now - mark) * (factor - 1.0)));
-    }
-    mark = clock.Now();
-  }
-  PsClient& client;
-  const Clock& clock;
-  const double factor;
-  const bool defer;
-  TimePoint mark;
-  std::vector<size_t> held;
-  absl::Status error;
-  bool early = false;     // a part went out before the pass ended
-  TimePoint first_sent{};
-  Duration sending{};     // time in PushStage (communication, not compute)
-};
-
-}  // namespace
-
-// The worker's metrics, labelled with its rank (known once registered).
-struct WorkerMetrics {
-  WorkerMetrics(prometheus::Registry& r, uint32_t rank) {
-    const prometheus::Labels l{{"worker_rank", std::to_string(rank)}};
-    const prometheus::Histogram::BucketBoundaries seconds{
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-    compute = &prometheus::BuildHistogram()
-                   .Name("pacer_worker_compute_seconds")
-                   .Help("Time one iteration spent computing its gradient (straggler "
-                         "emulation's sleep included)")
-                   .Register(r)
-                   .Add(l, seconds);
-    communication = &prometheus::BuildHistogram()
-                         .Name("pacer_worker_communication_seconds")
-                         .Help("Time one iteration spent on push and pull, waiting on the "
-                               "consistency rule excluded")
-                         .Register(r)
-                         .Add(l, seconds);
-    overlap = &prometheus::BuildHistogram()
-                   .Name("pacer_worker_overlap_seconds")
-                   .Help("Layer-wise push: how long one iteration's push was on its way while "
-                         "its gradient was still being computed")
-                   .Register(r)
-                   .Add(l, seconds);
-    wait = &prometheus::BuildHistogram()
-                .Name("pacer_worker_wait_seconds")
-                .Help("Time one iteration's pull waited on the consistency rule (the barrier, "
-                      "the staleness bound)")
-                .Register(r)
-                .Add(l, seconds);
-    staleness = &prometheus::BuildHistogram()
-                     .Name("pacer_worker_observed_staleness_steps")
-                     .Help("Clocks the parameters one iteration read were behind it (0: fresh)")
-                     .Register(r)
-                     .Add(l, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
-    iterations = &prometheus::BuildCounter()
-                      .Name("pacer_worker_iterations_total")
-                      .Help("Iterations whose push every shard acknowledged")
-                      .Register(r)
-                      .Add(l);
-    samples = &prometheus::BuildCounter()
-                   .Name("pacer_worker_samples_total")
-                   .Help("Training samples in acknowledged pushes")
-                   .Register(r)
-                   .Add(l);
-    samples_per_second = &prometheus::BuildGauge()
-                              .Name("pacer_worker_samples_per_second")
-                              .Help("Training samples per second over the last progress interval")
-                              .Register(r)
-                              .Add(l);
-    batch = &prometheus::BuildGauge()
-                 .Name("pacer_worker_batch_size")
-                 .Help("The batch size this worker trains with (the policy's assignment)")
-                 .Register(r)
-                 .Add(l);
-    bound = &prometheus::BuildGauge()
-                 .Name("pacer_worker_staleness_bound_steps")
-                 .Help("The staleness bound assigned to this worker: s (ssp) or s_L (dssp)")
-                 .Register(r)
-                 .Add(l);
-    range = &prometheus::BuildGauge()
-                 .Name("pacer_worker_staleness_range_steps")
-                 .Help("dssp: r_max, the extra iterations past s_L this worker may be granted")
-                 .Register(r)
-                 .Add(l);
-    clock = &prometheus::BuildGauge()
-                 .Name("pacer_worker_clock")
-                 .Help("The clock (iteration) this worker runs next")
-                 .Register(r)
-                 .Add(l);
-    loss = &prometheus::BuildGauge()
-                .Name("pacer_training_loss")
-                .Help("Training loss (cross-entropy, moving average over iterations)")
-                .Register(r)
-                .Add(l);
-  }
-  prometheus::Histogram *compute, *communication, *overlap, *wait, *staleness;
-  prometheus::Counter *iterations, *samples;
-  prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss;
-};
-
-struct Worker::Impl {
-  Transport* transport;
-  WorkerOptions options;
-  const Clock* clock;
-  std::atomic<bool>* cancel;
-
-  uint32_t id = 0;
-  uint32_t rank = 0;
-  uint64_t job_id = 0;
-  // Job settings from the register reply.
-  uint32_t epochs = 0;
-  uint64_t seed = 1;
-  double eval_interval = 1.0;
-  uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
-  Duration heartbeat_interval = std::chrono::milliseconds(100);
-
-  std::mutex mu;  // guards view, positions, progress, reported, monitor_up, paused, window
-  std::condition_variable cv;
-  JobView view;                       // guarded by mu
-  std::atomic<uint64_t> clock_now{0};
-  std::atomic<float> samples_per_second{0};
-  std::atomic<bool> done{false};      // finished its epochs
-  std::atomic<bool> stop{false};      // the job stopped (or we must stop)
-  // Set with stop, and by Cancel(): requests in flight give up.
-  std::atomic<bool> interrupt{false};
-  std::atomic<bool> heartbeat_exit{false};
-  // What the worker is doing, for /readyz.
-  enum class Phase { kLoading, kRegistering, kWaitingForRun, kTraining, kFinished };
-  std::atomic<Phase> phase{Phase::kLoading};
-  // The newest shard-map version the monitor announced (view.map holds it).
-  std::atomic<uint64_t> map_version{0};
-  // Read positions after the last acknowledged push, per owned partition,
-  // for the monitor (guarded by mu). progress: bumped with each; reported:
-  // the progress the monitor has acknowledged; monitor_up: the last
-  // heartbeat got an answer.
-  std::map<uint32_t, std::pair<uint32_t, uint64_t>> positions;
-  uint64_t progress = 0;
-  uint64_t reported = 0;
-  bool monitor_up = true;
-  bool paused = false;  // held at the monitor's pause clock
-  std::condition_variable progress_cv;
-  // Timings since the last heartbeat, for the policy (guarded by mu).
-  struct Window {
-    uint32_t iterations = 0;
-    uint64_t samples = 0;
-    double compute = 0, communication = 0, wait = 0;
-    // Sums of batch^2 and batch x compute seconds, for the policy's fit,
-    // and the quickest and slowest iteration's compute.
-    double batch_squares = 0, batch_compute = 0;
-    double compute_min = 0, compute_max = 0;
-    void AddRange(double lo, double hi) {
-      compute_min = compute_min > 0 ? std::min(compute_min, lo) : lo;
-      compute_max = std::max(compute_max, hi);
-    }
-  } window;
-
-  Dataset train;
-  std::unique_ptr<ComputeBackend> backend;
-  std::vector<wire::KeyLen> keys;
-
-  absl::Status Register(RpcChannel& monitor);
-  void HeartbeatLoop(std::unique_ptr<RpcChannel> monitor);
-  void EvalLoop(ShardMapInfo map);
-  // Switches `client` to the newest shard map if it is behind.
-  absl::Status RefreshMap(PsClient& client);
-  // Waits (at most 1 s) until the monitor holds every read position
-  // reported so far; not while the monitor is unreachable. `lock` holds mu.
-  void WaitForReportedPositions(std::unique_lock<std::mutex>& lock) {
-    const TimePoint until = clock->Now() + std::chrono::seconds(1);
-    while (monitor_up && reported < progress && !stop && !cancel->load() &&
-           !clock->WaitUntil(progress_cv, lock, until)) {
-    }
-  }
-  RpcOptions Rpc() const {
-    RpcOptions r;
-    r.job_id = job_id;
-    r.sender = id;
-    r.max_message_bytes = options.max_message_bytes;
-    return r;
-  }
-};
-
-Worker::Worker(Transport* transport, const WorkerOptions& options) : impl_(new Impl()) {
-  impl_->transport = transport;
-  impl_->options = options;
-  impl_->clock = transport->clock();
-  impl_->cancel = &cancel_;
-}
+Worker::Worker(Transport* transport, const WorkerOptions& options)
+    : options_(options), clock_(transport->clock()), trainer_(transport, [&options] {
+        TrainerOptions t = options;
+        t.evaluate = TestSetEvaluation(options);
+        return t;
+      }()) {}
 
 Worker::~Worker() = default;
 
-std::string Worker::NotReadyReason() const {
-  switch (impl_->phase.load()) {
-    case Impl::Phase::kLoading: return "loading the data set";
-    case Impl::Phase::kRegistering: return "registering with the monitor";
-    case Impl::Phase::kWaitingForRun: return "waiting for the run to start";
-    case Impl::Phase::kTraining: return "";
-    case Impl::Phase::kFinished: return "finished";
-  }
-  return "finished";
-}
+std::string Worker::NotReadyReason() const { return trainer_.NotReadyReason(); }
 
-void Worker::Cancel() {
-  cancel_ = true;
-  impl_->interrupt = true;
-}
-
-absl::Status Worker::Impl::Register(RpcChannel& monitor) {
-  const TimePoint give_up = clock->Now() + options.start_timeout;
-  // A token that names this worker instance, so that a retried registration
-  // (the first may still be queued) gets the same id instead of a new one.
-  std::random_device rd;
-  const std::string token = "worker-" + std::to_string(getpid()) + "-" +
-                            std::to_string((uint64_t{rd()} << 32) | rd());
-  const TimePoint started = clock->Now();
-  TimePoint next_notice = started + kWaitingNoticeFirst;
-  for (;;) {
-    if (const TimePoint now = clock->Now(); now >= next_notice) {
-      // Silence here looks like a hang: say what we wait for, and how long.
-      spdlog::info("waiting for the monitor at {}: no answer for {:.0f} s (giving up after {:.0f} s, "
-                   "--start-timeout)",
-                   options.monitor, ToSeconds(now - started), ToSeconds(options.start_timeout));
-      next_notice = now + kWaitingNoticeEvery;
-    }
-    msg::Register request;
-    request.role = wire::Role::Worker;
-    request.address = token;
-    auto reply = monitor.Call(request, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
-    if (reply.ok() && reply->type() == wire::Body::RegisterReply) {
-      const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reply);
-      id = r.id;
-      rank = r.rank;
-      job_id = reply->env.job_id;
-      if (r.job) {
-        epochs = r.job->epochs;
-        seed = r.job->seed;
-        eval_interval = r.job->eval_interval_seconds;
-        eval_clocks = r.job->eval_interval_clocks;
-        heartbeat_interval =
-            std::chrono::milliseconds(std::max<uint32_t>(1, r.job->heartbeat_interval_ms));
-      }
-      return absl::OkStatus();
-    }
-    absl::Status s = reply.ok() ? absl::InternalError("unexpected register reply") : reply.status();
-    if (WireCode(s) == wire::ErrorCode::Refused || WireCode(s) == wire::ErrorCode::WrongVersion) {
-      return s;
-    }
-    if (clock->Now() >= give_up || cancel->load()) {
-      return absl::DeadlineExceededError("could not register with monitor " + options.monitor +
-                                         ": " + std::string(s.message()));
-    }
-    clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
-  }
-}
-
-void Worker::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
-  RuntimeFaults runtime_faults(options.faults);
-  while (!heartbeat_exit) {
-    const TimePoint next = clock->Now() + heartbeat_interval;
-    const bool finishing = done.load();
-    Window t;
-    std::vector<wire::PartitionPosition> pos;
-    uint64_t sending = 0;
-    bool paused_now = false;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      t = window;
-      window = Window{};
-      for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
-      sending = progress;
-      paused_now = paused;
-    }
-    const double iters = std::max<uint32_t>(1, t.iterations);
-    msg::Heartbeat hb;
-    hb.role = wire::Role::Worker;
-    hb.clock = clock_now.load();
-    hb.samples_per_second = samples_per_second.load();
-    hb.done = finishing;
-    hb.iterations = t.iterations;
-    hb.batch = static_cast<uint32_t>(std::lround(t.samples / iters));
-    hb.compute_seconds_per_sample = static_cast<float>(t.compute / std::max<double>(1, t.samples));
-    hb.communication_seconds = static_cast<float>(t.communication / iters);
-    hb.wait_seconds = static_cast<float>(t.wait / iters);
-    hb.memory_limit_batch = options.max_batch;
-    hb.positions = std::move(pos);
-    hb.paused = paused_now;
-    hb.samples = t.samples;
-    hb.compute_seconds = t.compute;
-    hb.batch_squares = t.batch_squares;
-    hb.batch_compute = t.batch_compute;
-    hb.compute_min_seconds = t.compute_min;
-    hb.compute_max_seconds = t.compute_max;
-    // A heartbeat lost on the way (there or back) is given up soon and the
-    // next one sent: the lease (3 s by default) must outlast several tries.
-    // A 1 s wait here let three losses in a row (1 in ~1000 heartbeats
-    // under 10% loss) expire a live worker's lease.
-    auto reply = monitor->Call(hb, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!reply.ok() && t.iterations > 0) {
-        // Not delivered: the timings go with the next heartbeat.
-        window.iterations += t.iterations;
-        window.samples += t.samples;
-        window.compute += t.compute;
-        window.communication += t.communication;
-        window.wait += t.wait;
-        window.batch_squares += t.batch_squares;
-        window.batch_compute += t.batch_compute;
-        if (t.iterations > 0) window.AddRange(t.compute_min, t.compute_max);
-      }
-      monitor_up = reply.ok();
-      if (reply.ok()) reported = std::max(reported, sending);
-      if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
-        const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-        runtime_faults.Apply(r.faults_version, r.faults);
-        view.state = r.state;
-        view.partitions = r.partitions;
-        if (r.shard_map && !view.have_map) {
-          view.map = ShardMapFromWire(*r.shard_map);
-          view.have_map = true;
-          view.start_clock = r.start_clock;
-          view.partition_index = r.partition_index;
-          view.partition_count = std::max<uint32_t>(1, r.partition_count);
-          map_version = view.map.version;
-        } else if (r.shard_map && r.shard_map->version > view.map.version) {
-          // A shard moved (restarted elsewhere) or the key ranges changed.
-          view.map = ShardMapFromWire(*r.shard_map);
-          map_version = view.map.version;
-        }
-        view.evaluate = r.evaluate;
-        view.pause_at = r.pause_at;
-        if (r.assignment && r.assignment->batch_size > 0) {
-          view.batch = r.assignment->batch_size;
-          view.staleness_bound = r.assignment->staleness_bound;
-          view.staleness_range = r.assignment->staleness_range;
-        }
-        if (r.state == wire::JobState::Stopped) {
-          view.stop_reason = r.stop_reason;
-          stop = true;
-          if (options.interrupt_on_stop) interrupt = true;
-        }
-      } else if (!reply.ok() && WireCode(reply.status()) == wire::ErrorCode::NotMember) {
-        view.error = absl::FailedPreconditionError("the monitor no longer counts this worker: " +
-                                                   std::string(reply.status().message()));
-        stop = true;
-        interrupt = true;
-      } else if (!reply.ok()) {
-        SPDLOG_DEBUG("heartbeat: {}", ErrorText(reply.status()));
-      }
-    }
-    cv.notify_all();
-    progress_cv.notify_all();
-    if (finishing && reply.ok()) break;  // the monitor heard that we are done
-    if (stop) break;
-    // Until the next heartbeat is due, or at once when a push was
-    // acknowledged (the monitor keeps the read positions current).
-    std::unique_lock<std::mutex> lock(mu);
-    while (!heartbeat_exit && !stop && progress == sending && !clock->WaitUntil(progress_cv, lock, next)) {
-    }
-  }
-}
-
-absl::Status Worker::Impl::RefreshMap(PsClient& client) {
-  if (map_version.load() <= client.map_version()) return absl::OkStatus();
-  ShardMapInfo map;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    map = view.map;
-  }
-  spdlog::info("worker {}: shard map v{} -> v{}", id, client.map_version(), map.version);
-  return client.SetMap(map);
-}
-
-void Worker::Impl::EvalLoop(ShardMapInfo map) {
-  // Every worker runs this loop; the one the monitor names (the live worker
-  // with the lowest rank) evaluates. The test set is loaded when first needed.
-  std::optional<Dataset> test;
-  size_t n = 0;
-  std::unique_ptr<ComputeBackend> eval_backend;
-  ClientOptions copts;
-  copts.rpc = Rpc();
-  copts.request_timeout = std::chrono::seconds(10);
-  copts.cancel = &heartbeat_exit;
-  copts.latest_map_version = &map_version;
-  auto client = PsClient::Create(transport, copts, map, keys);
-  auto monitor = RpcChannel::Connect(transport, options.monitor, Rpc());
-  if (!client.ok() || !monitor.ok()) return;
-  std::unique_lock<std::mutex> lock(mu);
-  // Two schedules: every eval_interval seconds, and (if set) every
-  // eval_clocks of this worker's clocks; each evaluation says which asked.
-  TimePoint next = clock->Now() + FromSeconds(eval_interval);
-  uint64_t next_clock = eval_clocks;
-  while (!heartbeat_exit) {
-    // `cv` also wakes on every heartbeat and as clocks pass: wait for a
-    // deadline of one schedule or the other.
-    bool by_time = false;
-    while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock)) {
-      if (clock->WaitUntil(cv, lock, next)) {
-        by_time = true;
-        break;
-      }
-    }
-    if (heartbeat_exit) break;
-    uint32_t every_clocks = 0;
-    if (by_time) {
-      next = clock->Now() + FromSeconds(eval_interval);
-    } else {
-      every_clocks = eval_clocks;
-      // The next multiple past the current clock: a slow evaluation skips
-      // the clocks it missed rather than queueing them.
-      next_clock = (clock_now.load() / eval_clocks + 1) * eval_clocks;
-    }
-    if (!view.evaluate) continue;
-    lock.unlock();
-    if (!test) {
-      auto loaded = LoadFashionMnist(options.dataset_dir, /*train=*/false);
-      if (!loaded.ok()) {
-        spdlog::error("worker {}: cannot load the test set: {}", id, ErrorText(loaded.status()));
-        return;
-      }
-      test = std::move(*loaded);
-      n = test->size();
-      if (options.test_limit > 0) n = std::min(n, options.test_limit);
-      auto made = MakeBackend(options.model, options.device);
-      if (!made.ok()) {
-        spdlog::error("worker {}: no backend to evaluate on: {}", id, std::string(made.status().message()));
-        return;
-      }
-      eval_backend = *std::move(made);
-      spdlog::info("worker {}: evaluating the test set for the monitor", id);
-    }
-    if (absl::Status s = RefreshMap(**client); !s.ok()) {
-      spdlog::warn("worker {}: evaluation: {}", id, ErrorText(s));
-    }
-    auto applied = (*client)->Pull(0, /*latest=*/true);
-    if (applied.ok()) {
-      EvalResult r = eval_backend->Evaluate((*client)->params(), test->images.data(),
-                                            test->labels.data(), n);
-      const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
-                                       static_cast<float>(r.accuracy), static_cast<float>(r.loss),
-                                       static_cast<uint32_t>(r.samples), every_clocks};
-      auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
-      if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
-    }
-    lock.lock();
-  }
-}
+void Worker::Cancel() { trainer_.Cancel(); }
 
 absl::StatusOr<WorkerResult> Worker::Run() {
-  Impl& w = *impl_;
-  const WorkerOptions& o = w.options;
+  const WorkerOptions& o = options_;
   // Data first: a registered worker is a member the barrier waits for.
   auto train = LoadFashionMnist(o.dataset_dir, /*train=*/true);
   if (!train.ok()) return train.status();
-  w.train = std::move(*train);
-  if (o.train_limit > 0 && o.train_limit < w.train.size()) {
-    w.train.labels.resize(o.train_limit);
-    w.train.images.resize(o.train_limit * w.train.features());
+  if (o.train_limit > 0 && o.train_limit < train->size()) {
+    train->labels.resize(o.train_limit);
+    train->images.resize(o.train_limit * train->features());
   }
+  const DatasetSource data(*std::move(train));
   auto made = MakeBackend(o.model, o.device);
   if (!made.ok()) return made.status();
-  w.backend = *std::move(made);
-  if (w.options.max_batch == 0) w.options.max_batch = w.backend->max_batch();  // before heartbeats
-  spdlog::info("worker: {} on {} ({} parameters; batch limit {})", o.model.name(),
-               w.backend->name(), w.backend->num_params(),
-               o.max_batch > 0 ? std::to_string(o.max_batch) : std::string("none"));
-  auto declaration = Declaration(w.backend->tensors(), o.block_floats, o.param_groups);
-  if (!declaration.ok()) return declaration.status();
-  w.keys = declaration->keys;
-
-  w.phase = Impl::Phase::kRegistering;
-  RpcOptions boot;
-  boot.check_job = false;
-  boot.max_message_bytes = o.max_message_bytes;
-  auto monitor = RpcChannel::Connect(w.transport, o.monitor, boot);
-  if (!monitor.ok()) return monitor.status();
-  if (absl::Status s = w.Register(**monitor); !s.ok()) return s;
-  spdlog::info("worker {}: registered as rank {} (job {})", w.id, w.rank, w.job_id);
-  if (o.on_registered) o.on_registered(w.id, w.rank);
-  (*monitor)->options() = w.Rpc();
-  {
-    auto reply = (*monitor)->Call(*declaration, w.clock->Now() + std::chrono::seconds(5));
-    if (!reply.ok()) return reply.status();
-  }
-  std::optional<WorkerMetrics> metrics;
-  if (o.registry) metrics.emplace(*o.registry, w.rank);
-  w.phase = Impl::Phase::kWaitingForRun;
-  std::thread heartbeat([&w, m = std::move(*monitor)]() mutable { w.HeartbeatLoop(std::move(m)); });
-  struct Joiner {
-    Impl& w;
-    std::thread& t;
-    ~Joiner() {
-      w.phase = Impl::Phase::kFinished;
-      w.heartbeat_exit = true;
-      w.cv.notify_all();
-      w.progress_cv.notify_all();
-      if (t.joinable()) t.join();
-    }
-  } join_heartbeat{w, heartbeat};
-
-  // Wait for the run to start.
-  JobView view;
-  {
-    std::unique_lock<std::mutex> lock(w.mu);
-    const TimePoint give_up = w.clock->Now() + o.start_timeout;
-    while (!(w.view.state == wire::JobState::Running && w.view.have_map) && !w.stop && !cancel_) {
-      if (w.clock->WaitUntil(w.cv, lock, give_up)) {
-        return absl::DeadlineExceededError("the job did not start in time");
-      }
-    }
-    view = w.view;
-  }
-  if (!view.error.ok()) return view.error;
-  if (w.stop || cancel_) {
-    WorkerResult r;
-    r.id = w.id;
-    r.rank = w.rank;
-    r.stop_reason = view.stop_reason;
-    return r;
-  }
-
-  ClientOptions copts;
-  copts.rpc = w.Rpc();
-  copts.request_timeout = o.request_timeout;
-  if (!o.resend) copts.resend_after = std::chrono::hours(24 * 365);  // never
-  copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
-  copts.latest_map_version = &w.map_version;
-  // The parameters and gradient live where the backend copies them fastest
-  // (page-locked memory for a GPU).
-  copts.allocate = [backend = w.backend.get()](size_t n) { return backend->AllocateHost(n); };
-  auto client_or = PsClient::Create(w.transport, copts, view.map, w.keys);
-  if (!client_or.ok()) return client_or.status();
-  PsClient& client = **client_or;
-  if (o.overlap) {
-    std::vector<FlatRange> stages;
-    for (const GradRange& r : BackwardStages(w.backend->tensors())) stages.push_back({r.begin, r.end});
-    client.SetPushStages(std::move(stages));
-  }
-
-  if (w.rank == 0) {
-    w.backend->InitParams(w.seed, client.params());
-    if (absl::Status s = client.Init(); !s.ok()) return s;
-    spdlog::info("worker {}: initialised {} parameters on {} shard(s)", w.id,
-                 w.backend->num_params(), view.map.shards.size());
-  }
-  std::thread eval([&w, map = view.map] { w.EvalLoop(map); });
-  struct EvalJoiner {
-    Impl& w;
-    std::thread& t;
-    ~EvalJoiner() {
-      w.heartbeat_exit = true;
-      w.cv.notify_all();
-      w.progress_cv.notify_all();
-      if (t.joinable()) t.join();
-    }
-  } join_eval{w, eval};
-
-  // The data: partitions of the training set, each read in a shuffled order
-  // per epoch that depends only on (seed, partition, epoch), so whoever owns
-  // a partition next continues it where the monitor's position says.
-  const size_t n = w.train.size();
-  const uint32_t partition_count = std::max<uint32_t>(1, view.partition_count);
-  struct Reader {
-    size_t begin = 0, end = 0;  // its samples
-    uint32_t epoch = 0;
-    uint64_t offset = 0;        // next sample of this epoch's order
-    std::vector<uint32_t> order;
-    uint32_t order_epoch = UINT32_MAX;
-  };
-  std::map<uint32_t, Reader> readers;
-  uint32_t last_read = UINT32_MAX;  // round-robin over the owned partitions
-  auto sync_partitions = [&](const std::vector<wire::PartitionPosition>& owned) {
-    std::set<uint32_t> keep;
-    for (const auto& pp : owned) {
-      if (pp.index() >= partition_count) continue;
-      keep.insert(pp.index());
-      if (readers.count(pp.index())) continue;  // ours already: we are ahead
-      Reader r;
-      r.begin = n * pp.index() / partition_count;
-      r.end = n * (pp.index() + 1) / partition_count;
-      r.epoch = pp.epoch();
-      r.offset = std::min<uint64_t>(pp.offset(), r.end - r.begin);
-      readers[pp.index()] = std::move(r);
-      spdlog::info("worker {}: reads data partition {}/{} (samples {}..{}) from epoch {} offset {}",
-                   w.id, pp.index(), partition_count, readers[pp.index()].begin,
-                   readers[pp.index()].end, pp.epoch(), pp.offset());
-      std::lock_guard<std::mutex> lock(w.mu);
-      w.positions[pp.index()] = {pp.epoch(), pp.offset()};
-    }
-    for (auto it = readers.begin(); it != readers.end();) {
-      if (keep.count(it->first)) {
-        ++it;
-        continue;
-      }
-      spdlog::info("worker {}: data partition {} moved to another worker", w.id, it->first);
-      {
-        // Let go only once the monitor holds its final position (the next
-        // owner starts there).
-        std::unique_lock<std::mutex> lock(w.mu);
-        w.WaitForReportedPositions(lock);
-        w.positions.erase(it->first);
-      }
-      it = readers.erase(it);
-    }
-  };
-  sync_partitions(view.partitions);
-  int batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
-  const size_t features = w.train.features();
-  std::vector<float> x;
-  std::vector<uint8_t> y;
-  std::vector<uint32_t> samples;
-  auto sample_file = OpenLog(o.sample_log, "--sample-log");
-  if (!sample_file.ok()) return sample_file.status();
-  auto step_file = OpenLog(o.step_log, "--step-log");
-  if (!step_file.ok()) return step_file.status();
-  auto ack_file = OpenLog(o.ack_log, "--ack-log");
-  if (!ack_file.ok()) return ack_file.status();
-  std::FILE* const sample_log = sample_file->get();
-  std::FILE* const step_log = step_file->get();
-  std::FILE* const ack_log = ack_file->get();
-  spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
-               readers.size(), partition_count, batch, view.start_clock);
+  BackendModel model(*std::move(made), o.model.name());
+  const uint32_t limit = o.max_batch > 0 ? o.max_batch : model.max_batch();
+  spdlog::info("worker: {} on {} ({} parameters; batch limit {})", model.name(),
+               model.backend().name(), model.num_params(),
+               limit > 0 ? std::to_string(limit) : std::string("none"));
+  if (absl::Status s = trainer_.Start(&model, data.size()); !s.ok()) return s;
   if (o.slowdown != 1.0 || !o.slowdown_schedule.empty()) {
-    spdlog::info("worker {}: emulating a straggler: compute slowed {}x{}", w.id, o.slowdown,
-                 o.slowdown_schedule.empty() ? "" : " before its schedule");
+    spdlog::info("worker {}: emulating a straggler: compute slowed {}x{}", trainer_.id(),
+                 o.slowdown, o.slowdown_schedule.empty() ? "" : " before its schedule");
   }
-
-  WorkerResult result;
-  result.id = w.id;
-  result.rank = w.rank;
-  uint64_t clock = view.start_clock;
-  uint32_t epoch = 0;  // the lowest epoch among the owned partitions (progress lines)
-  const TimePoint t0 = w.clock->Now();
-  TimePoint next_progress = t0 + o.progress_interval;
-  uint64_t window_samples = 0;
-  TimePoint window_start = t0;
-  double loss_ewma = 0;
-  const bool tty = o.live_progress;
-  absl::Status failure;
-
+  const Clock& clock = *clock_;
+  const TimePoint t0 = clock.Now();
   double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
-  w.phase = Impl::Phase::kTraining;
-  while (!w.stop && !cancel_) {
-    std::vector<wire::PartitionPosition> owned;
-    {
-      // A new assignment (batch size, partitions) takes effect here,
-      // between iterations.
-      std::lock_guard<std::mutex> lock(w.mu);
-      uint32_t cap = std::numeric_limits<uint32_t>::max();
-      if (o.max_batch > 0) cap = o.max_batch;  // our memory limit
-      const int assigned = static_cast<int>(std::clamp<uint32_t>(w.view.batch, 1, cap));
-      if (assigned != batch) {
-        SPDLOG_DEBUG("worker {}: batch {} -> {} at clock {}", w.id, batch, assigned, clock);
-        batch = assigned;
-      }
-      owned = w.view.partitions;
-      if (metrics) {
-        metrics->batch->Set(batch);
-        metrics->bound->Set(w.view.staleness_bound);
-        metrics->range->Set(w.view.staleness_range);
-      }
-    }
-    {
-      // Held by the monitor (a shard move, pacerctl pause): wait here, between
-      // iterations, with every push acknowledged; heartbeats go on.
-      std::unique_lock<std::mutex> lock(w.mu);
-      bool logged = false;
-      while (w.view.pause_at != 0 && clock >= w.view.pause_at && !w.stop && !cancel_) {
-        if (!logged) {
-          spdlog::info("worker {}: held at clock {}", w.id, clock);
-          logged = true;
-        }
-        w.paused = true;
-        w.clock->WaitUntil(w.cv, lock, w.clock->Now() + std::chrono::milliseconds(100));
-      }
-      if (logged) spdlog::info("worker {}: resumes at clock {}", w.id, clock);
-      w.paused = false;
-      owned = w.view.partitions;
-    }
-    if (w.stop || cancel_) break;
-    sync_partitions(owned);
-    // The next partition with samples left (round-robin), and its batch: the
-    // rest of the epoch when less than a batch is left, so none is skipped.
-    Reader* reader = nullptr;
-    uint32_t reading = 0;
-    bool all_done = !readers.empty();
-    epoch = UINT32_MAX;
-    for (auto& [index, r] : readers) {
-      const bool done = w.epochs > 0 && r.epoch >= w.epochs;
-      all_done &= done;
-      if (!done) epoch = std::min(epoch, r.epoch);
-    }
-    if (epoch == UINT32_MAX) epoch = 0;
-    if (all_done) break;  // every partition we own has run its epochs
-    if (!readers.empty()) {
-      auto it = readers.upper_bound(last_read);
-      for (size_t tries = 0; tries <= readers.size(); ++tries) {
-        if (it == readers.end()) it = readers.begin();
-        if (w.epochs == 0 || it->second.epoch < w.epochs) break;
-        ++it;
-      }
-      reading = it->first;
-      reader = &it->second;
-      last_read = reading;
-    }
-    size_t this_batch = 0;
-    samples.clear();
-    if (reader != nullptr) {
-      Reader& r = *reader;
-      if (r.order_epoch != r.epoch) {
-        r.order.resize(r.end - r.begin);
-        std::iota(r.order.begin(), r.order.end(), static_cast<uint32_t>(r.begin));
-        std::mt19937_64 rng(w.seed * 1000003 + reading * 7919 + r.epoch);
-        std::shuffle(r.order.begin(), r.order.end(), rng);
-        r.order_epoch = r.epoch;
-      }
-      this_batch = std::min<size_t>(static_cast<size_t>(batch), r.order.size() - r.offset);
-      samples.assign(r.order.begin() + static_cast<long>(r.offset),
-                     r.order.begin() + static_cast<long>(r.offset + this_batch));
-    }
-    if (samples.size() > y.size()) {
-      x.resize(samples.size() * features);
-      y.resize(samples.size());
-    }
-    if (o.before_iteration) o.before_iteration(clock);
-    if (w.stop || cancel_) break;
-    const TimePoint pull_start = w.clock->Now();
-    auto fill_batch = [&] {
-      for (size_t i = 0; i < samples.size(); ++i) {
-        const uint32_t s = samples[i];
-        std::memcpy(x.data() + i * features,
-                    w.train.images.data() + static_cast<size_t>(s) * features,
-                    features * sizeof(float));
-        y[i] = w.train.labels[s];
-      }
-    };
-    bool filled = false;
-    absl::StatusOr<int64_t> pulled;
-    do {
-      if (absl::Status s = w.RefreshMap(client); !s.ok()) {
-        pulled = s;
-        break;
-      }
-      if (o.overlap) {
-        // The pull is in flight while the batch is prepared.
-        absl::Status started = client.StartPull(clock);
-        if (started.ok() && !filled) {
-          fill_batch();
-          filled = true;
-        }
-        pulled = started.ok() ? client.FinishPull() : absl::StatusOr<int64_t>(started);
-      } else {
-        pulled = client.Pull(clock);
-      }
-    } while (!pulled.ok() && pulled.status().code() == absl::StatusCode::kAborted);
-    if (!pulled.ok()) {
-      if (w.stop || cancel_) break;
-      failure = pulled.status();
-      break;
-    }
-    const TimePoint compute_start = w.clock->Now();
-    const double pull_seconds = ToSeconds(compute_start - pull_start);
-    const double waited = std::min(pull_seconds, client.last_wait_seconds());
-    if (!filled) fill_batch();
+  Batch batch;
+  while (auto plan = trainer_.NextBatch()) {
+    if (o.before_iteration) o.before_iteration(plan->clock);
+    if (trainer_.stopping()) break;
+    // The batch is prepared while the pull is in flight.
+    if (!trainer_.Pull([&] { data.Fill(plan->samples, &batch); }).ok()) break;
     // Straggler emulation: stretch this iteration's compute by sleeping.
-    const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(compute_start - t0));
+    const double factor = SlowdownAt(o.slowdown_schedule, o.slowdown, ToSeconds(clock.Now() - t0));
     if (factor != last_factor) {
-      spdlog::info("worker {}: slowdown now {}x", w.id, factor);
+      spdlog::info("worker {}: slowdown now {}x", trainer_.id(), factor);
       last_factor = factor;
     }
-    auto wait_for_positions = [&] {
-      // The monitor must hold our read positions up to the previous batch
-      // before this one is consumed: a replacement then repeats at most
-      // this batch. (Not while the monitor is unreachable: training goes on.)
-      std::unique_lock<std::mutex> lock(w.mu);
-      w.WaitForReportedPositions(lock);
-    };
-    const uint32_t push_batch = static_cast<uint32_t>(this_batch);
-    float loss = static_cast<float>(loss_ewma);
-    // Layer-wise push: each layer's part goes out as the backward pass
-    // finishes it; the slowdown stretches each layer's compute before its
-    // part is sent, as a slower device would.
-    const bool layer_wise = o.overlap && this_batch > 0;
-    Duration positions_wait{};
-    TimePoint compute_begin = compute_start;
-    if (layer_wise) {
-      wait_for_positions();
-      compute_begin = w.clock->Now();
-      positions_wait = compute_begin - compute_start;
+    GradientSink* sink = trainer_.StartPush(factor);
+    float loss = 0;
+    if (!plan->samples.empty()) {
+      loss = model.ComputeGradient(trainer_.params(), batch, trainer_.grads(), sink);
     }
-    LayerPusher pusher(client, *w.clock, factor, w.backend->asynchronous());
-    if (layer_wise) {
-      client.StartPush(clock, push_batch);
-      loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
-                                        static_cast<int>(this_batch), client.grads(), &pusher);
-    } else if (this_batch > 0) {
-      loss = w.backend->ComputeGradient(client.params(), x.data(), y.data(),
-                                        static_cast<int>(this_batch), client.grads());
-    } else {
-      // No partition to read (more workers than partitions): an empty push
-      // (batch 0) keeps the barrier moving and changes nothing.
-      std::fill(client.grads().begin(), client.grads().end(), 0.0f);
-    }
-    pusher.Finish();  // the rest of the compute (all of it without layer-wise push)
-    const TimePoint push_start = w.clock->Now();
-    const double compute_seconds = ToSeconds(push_start - compute_begin - pusher.sending);
-    loss_ewma = result.clocks == 0 ? loss : 0.9 * loss_ewma + 0.1 * loss;
-    // A shard-map change mid-push: the same push (same seq) to the new map.
-    absl::Status pushed;
-    if (layer_wise) {
-      pushed = pusher.error.ok() ? client.FinishPush() : pusher.error;
-      if (metrics && pusher.early && pushed.ok()) {
-        metrics->overlap->Observe(ToSeconds(push_start - pusher.first_sent));
-      }
-    } else {
-      wait_for_positions();
-      pushed = client.Push(clock, push_batch);
-    }
-    while (pushed.code() == absl::StatusCode::kAborted) {
-      pushed = w.RefreshMap(client);
-      if (pushed.ok()) pushed = client.Push(clock, push_batch, /*retry=*/true);
-    }
-    // Timings count even when the push comes too late (backup mode drops it).
-    const double communication = pull_seconds - waited + ToSeconds(w.clock->Now() - push_start) +
-                                 ToSeconds(positions_wait + pusher.sending);
-    if (this_batch == static_cast<size_t>(batch)) {
-      // Timed for the policy. An epoch's short tail batch (or an empty push)
-      // is not: its fixed costs over fewer samples would read as a slowdown.
-      std::lock_guard<std::mutex> lock(w.mu);
-      ++w.window.iterations;
-      w.window.samples += this_batch;
-      w.window.compute += compute_seconds;
-      w.window.communication += communication;
-      w.window.wait += waited;
-      const double b = static_cast<double>(this_batch);
-      w.window.batch_squares += b * b;
-      w.window.batch_compute += b * compute_seconds;
-      w.window.AddRange(compute_seconds, compute_seconds);
-    }
-    if (step_log != nullptr) {
-      std::fprintf(step_log, "%.6f %lu %zu %.6f %.6f %.6f\n", ToSeconds(compute_start - t0),
-                   static_cast<unsigned long>(clock), this_batch, compute_seconds, communication,
-                   waited);
-      std::fflush(step_log);
-    }
-    if (!pushed.ok()) {
-      if (w.stop || cancel_) break;
-      if (WireCode(pushed) == wire::ErrorCode::Stale) {
-        // Our clock closed without us (we joined late or were slow): catch up.
-        auto latest = client.Pull(clock, /*latest=*/true);
-        if (latest.ok()) {
-          spdlog::info("worker {}: clock {} already closed; moving to {}", w.id, clock, *latest + 1);
-          clock = static_cast<uint64_t>(*latest + 1);
-          continue;
-        }
-      }
-      failure = pushed;
-      break;
-    }
-    if (ack_log != nullptr) {
-      // The moment the client reported the acknowledgement.
-      std::fprintf(ack_log, "%.3f %lu %lu %zu\n", UnixSeconds(),
-                   static_cast<unsigned long>(client.push_seq()), static_cast<unsigned long>(clock),
-                   samples.size());
-      std::fflush(ack_log);
-    }
-    if (reader != nullptr) {
-      // Consumed: record it, move the partition's position, tell the monitor.
-      if (sample_log != nullptr) {
-        std::string line = std::to_string(reading) + " " + std::to_string(reader->epoch);
-        for (uint32_t sample : samples) {
-          line += ' ';
-          line += std::to_string(sample);
-        }
-        line += '\n';
-        std::fputs(line.c_str(), sample_log);
-        std::fflush(sample_log);
-      }
-      reader->offset += this_batch;
-      if (reader->offset >= reader->order.size()) {
-        ++reader->epoch;
-        reader->offset = 0;
-      }
-      {
-        std::lock_guard<std::mutex> lock(w.mu);
-        w.positions[reading] = {reader->epoch, reader->offset};
-        ++w.progress;
-      }
-      w.progress_cv.notify_all();
-    }
-    if (o.on_push_acked) o.on_push_acked(client.push_seq(), clock, samples);
-    if (metrics) {
-      metrics->compute->Observe(compute_seconds);
-      metrics->communication->Observe(communication);
-      metrics->wait->Observe(waited);
-      // Fresh parameters for clock c have every clock before it applied.
-      const int64_t behind = static_cast<int64_t>(clock) - 1 - *pulled;
-      metrics->staleness->Observe(static_cast<double>(std::max<int64_t>(0, behind)));
-      metrics->iterations->Increment();
-      metrics->samples->Increment(static_cast<double>(this_batch));
-      metrics->clock->Set(static_cast<double>(clock + 1));
-      metrics->loss->Set(loss_ewma);
-    }
-    result.compute_seconds += compute_seconds;
-    result.communication_seconds += communication;
-    result.wait_seconds += waited;
-    result.last_batch = static_cast<uint32_t>(batch);  // the assignment, not a short tail
-    ++clock;
-    ++result.clocks;
-    result.samples += this_batch;
-    window_samples += this_batch;
-    w.clock_now = clock;
-    if (w.eval_clocks > 0 && clock % w.eval_clocks == 0) {
-      // Under the lock, so that the evaluating thread cannot miss it.
-      std::lock_guard<std::mutex> lock(w.mu);
-      w.cv.notify_all();
-    }
-    result.last_loss = loss_ewma;
-    const TimePoint now = w.clock->Now();
-    if (now >= next_progress) {
-      double sps = window_samples / std::max(1e-9, ToSeconds(now - window_start));
-      w.samples_per_second = static_cast<float>(sps);
-      if (metrics) metrics->samples_per_second->Set(sps);
-      double ep = epoch;
-      for (const auto& [index, r] : readers) {
-        if (r.epoch == epoch && !r.order.empty()) {
-          ep = epoch + static_cast<double>(r.offset) / static_cast<double>(r.order.size());
-          break;
-        }
-      }
-      if (tty) {
-        std::fprintf(stderr, "\rworker %u  epoch %.2f  clock %lu  loss %.4f  %.0f samples/s   ", w.id,
-                     std::max(0.0, ep), static_cast<unsigned long>(clock), loss_ewma, sps);
-        std::fflush(stderr);
-      } else {
-        spdlog::info("epoch {:.2f} clock {} loss {:.4f} {:.0f} samples/s", std::max(0.0, ep), clock,
-                     loss_ewma, sps);
-      }
-      window_samples = 0;
-      window_start = now;
-      next_progress = now + o.progress_interval;
-    }
+    if (!trainer_.FinishPush(loss).ok()) break;
   }
-  if (tty) std::fprintf(stderr, "\n");
-  result.seconds = ToSeconds(w.clock->Now() - t0);
-  if (!failure.ok() && !w.stop) return failure;
-  if (!w.stop) {
-    // Finished our epochs, or told to go (SIGTERM): tell the monitor, so the
-    // barrier stops waiting for us.
-    w.done = true;
-    if (cancel_) {
-      spdlog::info("worker {}: leaving at clock {}", w.id, clock);
-    } else {
-      spdlog::info("worker {}: its data partitions finished {} epoch(s) at clock {}", w.id,
-                   w.epochs, clock);
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(w.mu);
-    if (!w.view.error.ok()) return w.view.error;
-    result.stop_reason = w.view.stop_reason.empty() ? "finished" : w.view.stop_reason;
-  }
-  if (w.done) {
-    // Let the heartbeat thread deliver the news before it exits.
-    w.clock->SleepUntil(w.clock->Now() + w.heartbeat_interval * 2);
-  }
-  return result;
+  return trainer_.Finish();
 }
 
 }  // namespace pacer::worker

@@ -1,4 +1,4 @@
-#include "worker/mnist.h"
+#include "worker/builtin/mnist.h"
 
 #include <zlib.h>
 

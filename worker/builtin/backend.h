@@ -1,10 +1,10 @@
 // The compute-backend interface: forward/backward passes of the worker's model
-// over a flat parameter vector. Implementations: CPU (worker/cpu_backend.h),
+// over a flat parameter vector. Implementations: CPU (worker/builtin/cpu_backend.h),
 // CUDA (later). The parameter server only ever sees the flat vector; the
 // tensor table below says how it is cut into tensors.
 
-#ifndef PACER_WORKER_BACKEND_H_
-#define PACER_WORKER_BACKEND_H_
+#ifndef PACER_WORKER_BUILTIN_BACKEND_H_
+#define PACER_WORKER_BUILTIN_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +12,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "worker/model.h"
 
 namespace pacer::worker {
 
@@ -52,57 +54,10 @@ struct ModelSpec {
   int classes() const;
 };
 
-// One named tensor of the flat parameter vector.
-struct TensorSpec {
-  std::string name;  // "fc1.weight", "fc1.bias", "conv1.weight", ...
-  size_t size;       // Number of floats, e.g. 256 * 784 for fc1.weight.
-  // A weight's inputs per output (its init bound is sqrt(6 / fan_in)); 0
-  // for a bias (initialised to zero).
-  size_t fan_in = 0;
-};
-
 // The tensor table of `spec`, in flat-vector order; empty when the spec is
 // invalid (an MLP with fewer than two layers or a width <= 0; a CNN with a
 // count <= 0).
 std::vector<TensorSpec> ModelTensors(const ModelSpec& spec);
-
-// The initialisation every backend uses (so that they start from the same
-// bytes): element i of a weight tensor is u_i * sqrt(6 / fan_in), u_i in
-// [-1, 1) from the i-th output of splitmix64 seeded with `seed` (i: the
-// index in the whole flat vector; 24 random bits, exactly representable);
-// biases are zero. NaN everywhere when params.size() differs from the sum
-// of `tensors`' sizes.
-void InitTensors(const std::vector<TensorSpec>& tensors, uint64_t seed, std::span<float> params);
-
-// A range [begin, end) of the flat parameter (and gradient) vector.
-struct GradRange {
-  size_t begin = 0;
-  size_t end = 0;
-};
-
-// The gradient's ranges in the order a backward pass finishes them: one per
-// layer (the tensors that share a name before the '.', such as fc2.weight
-// and fc2.bias), the last layer first.
-std::vector<GradRange> BackwardStages(const std::vector<TensorSpec>& tensors);
-
-// Told during ComputeGradient as each stage of the gradient (see
-// BackwardStages) becomes final, so that the caller can send it while the
-// rest is still computed.
-class GradientSink {
- public:
-  virtual ~GradientSink() = default;
-  // grad's range of stage `stage` holds its final values and is not written
-  // again in this call. Called in stage order, each stage once, from the
-  // thread that called ComputeGradient; not called when it fails.
-  virtual void Ready(size_t stage) = 0;
-};
-
-// Result of ComputeBackend::Evaluate.
-struct EvalResult {
-  double accuracy = 0;  // Fraction of samples whose argmax logit == label.
-  double loss = 0;      // Mean cross-entropy loss (natural log).
-  size_t samples = 0;   // Number of samples evaluated.
-};
 
 // A model plus the hardware that runs it.
 //
@@ -193,4 +148,4 @@ class ComputeBackend {
 
 }  // namespace pacer::worker
 
-#endif  // PACER_WORKER_BACKEND_H_
+#endif  // PACER_WORKER_BUILTIN_BACKEND_H_

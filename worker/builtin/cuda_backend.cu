@@ -1,5 +1,5 @@
-// The CUDA backend (worker/cuda_backend.h). Layouts are those of the CPU
-// backends (worker/backend.h): row-major matrices, activations pixel-major
+// The CUDA backend (worker/builtin/cuda_backend.h). Layouts are those of the CPU
+// backends (worker/builtin/backend.h): row-major matrices, activations pixel-major
 // for the CNN, so the same flat parameter vector means the same model here
 // and there. Row-major GEMMs go to cuBLAS (column-major) by the usual
 // identity: C = op(A) op(B) row-major is C^T = op(B)^T op(A)^T, i.e.
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/cuda_backend.h"
+#include "worker/builtin/cuda_backend.h"
 
 namespace pacer::worker {
 namespace {
@@ -655,7 +655,7 @@ uint64_t CudaKernelsRun() {
 
 }  // namespace pacer::worker
 
-// For dlopen (worker/cuda_dl.cc): the entry points above in one table.
+// For dlopen (worker/builtin/cuda_dl.cc): the entry points above in one table.
 extern "C" __attribute__((visibility("default"))) const pacer::worker::CudaApi* PacerCudaApi() {
   static const pacer::worker::CudaApi api = {
       &pacer::worker::CudaBuilt, &pacer::worker::CudaDevices, &pacer::worker::MakeCudaBackend,

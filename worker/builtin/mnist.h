@@ -5,8 +5,8 @@
 // per dimension, then the raw bytes. Debian's fashion-mnist package ships the
 // four standard files gzip-compressed under kDefaultFashionMnistDir.
 
-#ifndef PACER_WORKER_MNIST_H_
-#define PACER_WORKER_MNIST_H_
+#ifndef PACER_WORKER_BUILTIN_MNIST_H_
+#define PACER_WORKER_BUILTIN_MNIST_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -58,4 +58,4 @@ struct Dataset {
 
 }  // namespace pacer::worker
 
-#endif  // PACER_WORKER_MNIST_H_
+#endif  // PACER_WORKER_BUILTIN_MNIST_H_

@@ -1,12 +1,12 @@
 // CPU implementations of ComputeBackend: the MLP and the CNN on Eigen, with
 // the matrix products handed to OpenBLAS.
 
-#ifndef PACER_WORKER_CPU_BACKEND_H_
-#define PACER_WORKER_CPU_BACKEND_H_
+#ifndef PACER_WORKER_BUILTIN_CPU_BACKEND_H_
+#define PACER_WORKER_BUILTIN_CPU_BACKEND_H_
 
 #include <memory>
 
-#include "worker/backend.h"
+#include "worker/builtin/backend.h"
 
 namespace pacer::worker {
 
@@ -19,7 +19,7 @@ namespace pacer::worker {
 // instances are safe.
 std::unique_ptr<ComputeBackend> MakeCpuBackend(const MlpSpec& spec);
 
-// The CNN of `spec` on the CPU (worker/cpu_cnn.cc): im2col plus OpenBLAS
+// The CNN of `spec` on the CPU (worker/builtin/cpu_cnn.cc): im2col plus OpenBLAS
 // GEMMs, a batch processed in chunks of 64 samples so that its scratch
 // stays under ~60 MB. nullptr when a count is <= 0.
 std::unique_ptr<ComputeBackend> MakeCpuCnnBackend(const CnnSpec& spec);
@@ -29,4 +29,4 @@ std::unique_ptr<ComputeBackend> MakeCpuBackend(const ModelSpec& spec);
 
 }  // namespace pacer::worker
 
-#endif  // PACER_WORKER_CPU_BACKEND_H_
+#endif  // PACER_WORKER_BUILTIN_CPU_BACKEND_H_

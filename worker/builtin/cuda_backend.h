@@ -1,7 +1,7 @@
-// The CUDA compute backend: the MLP and the CNN of worker/backend.h on a GPU,
+// The CUDA compute backend: the MLP and the CNN of worker/builtin/backend.h on a GPU,
 // with cuBLAS GEMMs and our own kernels for bias, ReLU, pooling, im2col and
-// softmax cross-entropy (worker/cuda_backend.cu). A build without CUDA
-// (no nvcc, or -DPACER_ENABLE_CUDA=OFF) gets worker/cuda_none.cc instead,
+// softmax cross-entropy (worker/builtin/cuda_backend.cu). A build without CUDA
+// (no nvcc, or -DPACER_ENABLE_CUDA=OFF) gets worker/builtin/cuda_none.cc instead,
 // where there is no device and every call says why.
 //
 // Memory: parameters, gradients and activations stay on the device; the
@@ -9,8 +9,8 @@
 // staging buffers (the gradient of every tensor is packed contiguously on
 // the device, so it leaves in one transfer).
 
-#ifndef PACER_WORKER_CUDA_BACKEND_H_
-#define PACER_WORKER_CUDA_BACKEND_H_
+#ifndef PACER_WORKER_BUILTIN_CUDA_BACKEND_H_
+#define PACER_WORKER_BUILTIN_CUDA_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/backend.h"
+#include "worker/builtin/backend.h"
 
 namespace pacer::worker {
 
@@ -56,7 +56,7 @@ size_t CudaBytesPerModel(const ModelSpec& spec);
 
 // The CUDA entry points as one table: what libpacer_cuda.so (the backend
 // built as a module) hands out through its C function PacerCudaApi, for a
-// program that loads it with dlopen (worker/cuda_dl.cc) instead of linking
+// program that loads it with dlopen (worker/builtin/cuda_dl.cc) instead of linking
 // cuBLAS at start.
 struct CudaApi {
   bool (*built)();
@@ -65,8 +65,8 @@ struct CudaApi {
   uint64_t (*kernels_run)();
 };
 
-// MakeBackend (--device) is in worker/device.h.
+// MakeBackend (--device) is in worker/builtin/device.h.
 
 }  // namespace pacer::worker
 
-#endif  // PACER_WORKER_CUDA_BACKEND_H_
+#endif  // PACER_WORKER_BUILTIN_CUDA_BACKEND_H_

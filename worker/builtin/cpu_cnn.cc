@@ -1,4 +1,4 @@
-// The CNN of worker/backend.h (CnnSpec) on the CPU. Convolutions are im2col
+// The CNN of worker/builtin/backend.h (CnnSpec) on the CPU. Convolutions are im2col
 // followed by one GEMM over the whole chunk (Eigen, with EIGEN_USE_BLAS:
 // OpenBLAS sgemm). Activations are kept pixel-major (rows: sample x pixel,
 // columns: channels), which makes every convolution, bias and ReLU a
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/cpu_backend.h"
-#include "worker/cpu_loss.h"
+#include "worker/builtin/cpu_backend.h"
+#include "worker/builtin/cpu_loss.h"
 
 extern "C" void openblas_set_num_threads(int);
 

@@ -1,7 +1,7 @@
-// The CUDA entry points of worker/cuda_backend.h for a program without the
+// The CUDA entry points of worker/builtin/cuda_backend.h for a program without the
 // CUDA backend (a build without nvcc or with -DPACER_ENABLE_CUDA=OFF):
 // there is no device, and each call says so.
-#include "worker/cuda_backend.h"
+#include "worker/builtin/cuda_backend.h"
 
 namespace pacer::worker {
 

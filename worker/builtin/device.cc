@@ -1,6 +1,6 @@
 // Backend selection (--device); the same in builds with and without CUDA
-// (worker/cuda_backend.h).
-#include "worker/device.h"
+// (worker/builtin/cuda_backend.h).
+#include "worker/builtin/device.h"
 
 #include <algorithm>
 #include <memory>
@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/cpu_backend.h"
-#include "worker/cuda_backend.h"
+#include "worker/builtin/cpu_backend.h"
+#include "worker/builtin/cuda_backend.h"
 
 namespace pacer::worker {
 

@@ -1,17 +1,20 @@
-# The worker's data loader and CPU compute backend. Included from
+# The built-in models and data (worker/builtin/): the Fashion-MNIST loader,
+# the CPU and CUDA backends, with the model interfaces (worker/model.cc). Included from
 # worker/CMakeLists.txt; expects the top level to have run
 # find_package(absl CONFIG), find_package(ZLIB), find_package(Eigen3 CONFIG)
 # and find_package(OpenBLAS CONFIG).
 
-get_filename_component(PACER_COMPUTE_REPO_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+get_filename_component(PACER_COMPUTE_REPO_ROOT "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
 
 add_library(pacer_worker_compute STATIC
   ${CMAKE_CURRENT_LIST_DIR}/mnist.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu_cnn.cc
-  ${CMAKE_CURRENT_LIST_DIR}/model.cc
+  ${CMAKE_CURRENT_LIST_DIR}/models.cc
+  ${CMAKE_CURRENT_LIST_DIR}/builtin.cc
+  ${PACER_COMPUTE_REPO_ROOT}/worker/model.cc
 )
-# Headers are included as "worker/mnist.h", "worker/cpu_backend.h".
+# Headers are included as "worker/builtin/mnist.h", "worker/model.h".
 target_include_directories(pacer_worker_compute PUBLIC
   $<BUILD_INTERFACE:${PACER_COMPUTE_REPO_ROOT}> $<INSTALL_INTERFACE:include/pacer>)
 target_include_directories(pacer_worker_compute SYSTEM PRIVATE ${OpenBLAS_INCLUDE_DIRS})
@@ -25,7 +28,7 @@ target_link_libraries(pacer_worker_compute
   PRIVATE ZLIB::ZLIB Eigen3::Eigen ${OpenBLAS_LIBRARIES}
 )
 
-# The CUDA backend (worker/cuda_backend.h) is a library of its own,
+# The CUDA backend (worker/builtin/cuda_backend.h) is a library of its own,
 # pacer_cuda: compiled where nvcc is (the top level's PACER_HAVE_CUDA),
 # else its no-device stand-in. pacer_cuda_none is the stand-in always; a
 # program picks one. Both hold --device and the batch-limit model
@@ -33,7 +36,7 @@ target_link_libraries(pacer_worker_compute
 #
 # pacer-worker links pacer_cuda_dl, which loads the backend from the module
 # libpacer_cuda.so (pacer_cuda_module) with dlopen when first asked for:
-# cuBLAS linked at start broke civetweb's threads (worker/cuda_dl.cc).
+# cuBLAS linked at start broke civetweb's threads (worker/builtin/cuda_dl.cc).
 add_library(pacer_cuda_none STATIC ${CMAKE_CURRENT_LIST_DIR}/cuda_none.cc
   ${CMAKE_CURRENT_LIST_DIR}/device.cc)
 target_link_libraries(pacer_cuda_none PUBLIC pacer_worker_compute)
@@ -48,7 +51,7 @@ if(PACER_HAVE_CUDA)
   # The same backend as a module for dlopen: libpacer_cuda.so beside the
   # worker's binary folder (build/worker/), with its own copy of model.cc.
   add_library(pacer_cuda_module MODULE ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
-    ${CMAKE_CURRENT_LIST_DIR}/model.cc)
+    ${CMAKE_CURRENT_LIST_DIR}/models.cc ${PACER_COMPUTE_REPO_ROOT}/worker/model.cc)
   set_target_properties(pacer_cuda_module PROPERTIES OUTPUT_NAME pacer_cuda)
   target_include_directories(pacer_cuda_module PRIVATE ${PACER_COMPUTE_REPO_ROOT})
   target_link_libraries(pacer_cuda_module PRIVATE CUDA::cudart_static CUDA::cublas)

@@ -1,15 +1,15 @@
 // Backend selection by name (--device), the same in builds with and
 // without CUDA; defined in device.cc, which each CUDA variant library
-// (worker/compute.cmake) compiles with its own backend. Apart from
-// worker/cuda_backend.h because that header is compiled by nvcc too.
-#ifndef PACER_WORKER_DEVICE_H_
-#define PACER_WORKER_DEVICE_H_
+// (worker/builtin/compute.cmake) compiles with its own backend. Apart from
+// worker/builtin/cuda_backend.h because that header is compiled by nvcc too.
+#ifndef PACER_WORKER_BUILTIN_DEVICE_H_
+#define PACER_WORKER_BUILTIN_DEVICE_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/backend.h"
+#include "worker/builtin/backend.h"
 
 namespace pacer::worker {
 
@@ -22,4 +22,4 @@ namespace pacer::worker {
 
 }  // namespace pacer::worker
 
-#endif  // PACER_WORKER_DEVICE_H_
+#endif  // PACER_WORKER_BUILTIN_DEVICE_H_

@@ -1,10 +1,10 @@
-// Built with EIGEN_USE_BLAS (see worker/compute.cmake): every Eigen matrix
+// Built with EIGEN_USE_BLAS (see worker/builtin/compute.cmake): every Eigen matrix
 // product below becomes an sgemm_ call into OpenBLAS. Eigen types never appear
 // in a public header, so other translation units cannot see a different
 // definition of them.
 
-#include "worker/cpu_backend.h"
-#include "worker/cpu_loss.h"
+#include "worker/builtin/cpu_backend.h"
+#include "worker/builtin/cpu_loss.h"
 
 #include <Eigen/Core>
 #include <algorithm>

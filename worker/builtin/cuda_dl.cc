@@ -1,4 +1,4 @@
-// The CUDA entry points of worker/cuda_backend.h for pacer-worker: the
+// The CUDA entry points of worker/builtin/cuda_backend.h for pacer-worker: the
 // backend is loaded with dlopen from libpacer_cuda.so when first asked for,
 // not linked at start. Linked at start, cuBLAS's thread-local storage
 // (libcublasLt.so.13: 94 KB) lands in every thread's static TLS block and
@@ -18,7 +18,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "worker/cuda_backend.h"
+#include "worker/builtin/cuda_backend.h"
 
 namespace pacer::worker {
 namespace {

@@ -1,8 +1,8 @@
 // The softmax cross-entropy both CPU backends (cpu_backend.cc, cpu_cnn.cc)
 // end with. Internal: included only by them, which build with the same
 // Eigen settings.
-#ifndef PACER_WORKER_CPU_LOSS_H_
-#define PACER_WORKER_CPU_LOSS_H_
+#ifndef PACER_WORKER_BUILTIN_CPU_LOSS_H_
+#define PACER_WORKER_BUILTIN_CPU_LOSS_H_
 
 #include <Eigen/Core>
 #include <cmath>
@@ -50,4 +50,4 @@ inline void ScoreLogits(const float* data, Eigen::Index rows, Eigen::Index class
 
 }  // namespace pacer::worker::cpu
 
-#endif  // PACER_WORKER_CPU_LOSS_H_
+#endif  // PACER_WORKER_BUILTIN_CPU_LOSS_H_
