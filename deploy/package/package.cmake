@@ -15,7 +15,7 @@ include(CMakePackageConfigHelpers)
 install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# The CUDA backend, loaded by pacer-worker with dlopen (worker/cuda_dl.cc
+# The CUDA backend, loaded by pacer-worker with dlopen (worker/builtin/cuda_dl.cc
 # looks in ../lib/pacer from the program), when nvcc built it. It needs
 # CUDA's libcublas.so.13 at run time, which no Debian package provides:
 # dpkg-shlibdeps is shown CUDA's library folder and adds no dependency for it.
@@ -66,7 +66,7 @@ install(PROGRAMS ${PACER_DEPLOY}/make-keys.sh DESTINATION ${CMAKE_INSTALL_DATADI
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PACER_DEPLOY}/prometheus/RUNBOOKS.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt
-  ${CMAKE_CURRENT_LIST_DIR}/example/train_worker.cc
+  ${CMAKE_CURRENT_LIST_DIR}/example/train_logistic.cc ${CMAKE_CURRENT_LIST_DIR}/example/blobs.csv
   DESTINATION ${CMAKE_INSTALL_DOCDIR}/example)
 
 set(CPACK_PACKAGE_NAME pacer)
