@@ -51,7 +51,9 @@ done
 #  nlohmann-json3-dev (pacerctl's stable JSON output); libyaml-cpp-dev
 #  (pacer-chaos's scenario files); prometheus (tests: its
 #  promtool checks every process's /metrics and the rules, and a real server
-#  scrapes a test cluster).
+#  scrapes a test cluster); pybind11-dev + python3-dev (the pacer._core
+#  module), python3-numpy, python3-torch and python3-pytest (the `pacer`
+#  Python package and its tests, run with /usr/bin/python3).
 packages=(
   build-essential cmake ninja-build pkg-config
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
@@ -59,6 +61,7 @@ packages=(
   libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libyaml-cpp-dev
   dataset-fashion-mnist gnuplot-nox stress-ng
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
 )
 # Wanted, not required: where it cannot be installed, the tests that need
 # it skip with a message.

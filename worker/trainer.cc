@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <limits>
@@ -292,6 +293,7 @@ struct Trainer::Impl {
   // Job settings from the register reply.
   uint32_t epochs = 0;
   uint64_t seed = 1;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   double eval_interval = 1.0;
   uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
   Duration heartbeat_interval = std::chrono::milliseconds(100);
@@ -446,6 +448,7 @@ absl::Status Trainer::Impl::Register(RpcChannel& monitor) {
       job_id = reply->env.job_id;
       if (r.job) {
         epochs = r.job->epochs;
+        optimizer = r.job->optimizer;
         seed = r.job->seed;
         eval_interval = r.job->eval_interval_seconds;
         eval_clocks = r.job->eval_interval_clocks;
@@ -691,6 +694,12 @@ std::span<float> Trainer::params() {
 }
 std::span<float> Trainer::grads() {
   return impl_->client ? impl_->client->grads() : std::span<float>();
+}
+
+OptimizerKind Trainer::optimizer() const { return impl_->optimizer; }
+
+void Trainer::SetLearningRates(std::vector<wire::GroupLr> lrs) {
+  if (impl_->client) impl_->client->SetLearningRates(std::move(lrs));
 }
 
 bool Trainer::evaluator() const {
@@ -994,6 +1003,7 @@ absl::Status Trainer::FinishPush(float loss) {
     std::fill(client.grads().begin(), client.grads().end(), 0.0f);
     loss = static_cast<float>(w.loss_ewma);
   }
+  if (std::isnan(loss)) loss = static_cast<float>(w.loss_ewma);  // not told
   pusher.Finish();  // the rest of the compute (all of it without layer-wise push)
   const TimePoint push_start = w.clock->Now();
   const double compute_seconds = ToSeconds(push_start - w.compute_begin - pusher.sending);

@@ -210,7 +210,8 @@ class Trainer {
   // After the gradient is in grads() (an empty batch: zeroed here): sends
   // what is not sent yet and waits for every shard's acknowledgement; then
   // the plan's samples count as trained and its read position moves on.
-  // `loss` is the batch's mean loss, for progress and metrics. A push for
+  // `loss` is the batch's mean loss, for progress and metrics (NaN: not
+  // known, the progress keeps the last). A push for
   // a clock that closed without this worker (a late join, a dropped
   // backup push) moves on to the shards' clock and is not an error.
   absl::Status FinishPush(float loss);
@@ -222,6 +223,13 @@ class Trainer {
   // Whether the monitor names this worker to evaluate (the live worker
   // with the lowest rank).
   bool evaluator() const;
+
+  // The job's optimizer (pacer-monitor --optimizer), known from Start.
+  OptimizerKind optimizer() const;
+  // The lr each push carries for each group from now on (the user's
+  // scheduler, on this side; ps/client.h); empty: none. The shards' order
+  // of precedence is in the README's optimizer section.
+  void SetLearningRates(std::vector<wire::GroupLr> lrs);
 
   // Ends the run: tells the monitor when this worker finished its epochs
   // or was told to go; the figures, or the error that ended training.

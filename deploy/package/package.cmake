@@ -24,10 +24,13 @@ if(TARGET pacer_cuda_module)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CUDAToolkit_LIBRARY_DIR})
 endif()
 
-install(TARGETS pacer_ps pacer_worker pacer_worker_compute pacer_cuda_dl EXPORT PacerTargets
+install(TARGETS pacer_ps pacer_model pacer_trainer pacer_worker pacer_worker_compute pacer_cuda_dl
+  EXPORT PacerTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pacer)
 set_target_properties(pacer_ps PROPERTIES EXPORT_NAME ps)
+set_target_properties(pacer_model PROPERTIES EXPORT_NAME model)
+set_target_properties(pacer_trainer PROPERTIES EXPORT_NAME trainer)
 set_target_properties(pacer_worker PROPERTIES EXPORT_NAME worker)
 set_target_properties(pacer_worker_compute PROPERTIES EXPORT_NAME worker_compute)
 set_target_properties(pacer_cuda_dl PROPERTIES EXPORT_NAME cuda_dl)

@@ -1,10 +1,17 @@
-# The built-in models and data (worker/builtin/): the Fashion-MNIST loader,
-# the CPU and CUDA backends, with the model interfaces (worker/model.cc). Included from
+# The model interfaces (pacer_model) and the built-in models and data
+# (worker/builtin/): the Fashion-MNIST loader, the CPU and CUDA backends. Included from
 # worker/CMakeLists.txt; expects the top level to have run
 # find_package(absl CONFIG), find_package(ZLIB), find_package(Eigen3 CONFIG)
 # and find_package(OpenBLAS CONFIG).
 
 get_filename_component(PACER_COMPUTE_REPO_ROOT "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
+
+# The model interfaces (worker/model.h) on their own: the runtime and the
+# Python module need them without the built-in models' BLAS.
+add_library(pacer_model STATIC ${PACER_COMPUTE_REPO_ROOT}/worker/model.cc)
+target_include_directories(pacer_model PUBLIC
+  $<BUILD_INTERFACE:${PACER_COMPUTE_REPO_ROOT}> $<INSTALL_INTERFACE:include/pacer>)
+set_target_properties(pacer_model PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 add_library(pacer_worker_compute STATIC
   ${CMAKE_CURRENT_LIST_DIR}/mnist.cc
@@ -12,7 +19,6 @@ add_library(pacer_worker_compute STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cpu_cnn.cc
   ${CMAKE_CURRENT_LIST_DIR}/models.cc
   ${CMAKE_CURRENT_LIST_DIR}/builtin.cc
-  ${PACER_COMPUTE_REPO_ROOT}/worker/model.cc
 )
 # Headers are included as "worker/builtin/mnist.h", "worker/model.h".
 target_include_directories(pacer_worker_compute PUBLIC
@@ -22,7 +28,7 @@ target_include_directories(pacer_worker_compute SYSTEM PRIVATE ${OpenBLAS_INCLUD
 # switch can stay private without two definitions of Eigen's templates meeting.
 target_compile_definitions(pacer_worker_compute PRIVATE EIGEN_USE_BLAS)
 target_link_libraries(pacer_worker_compute
-  PUBLIC absl::statusor absl::status
+  PUBLIC pacer_model absl::statusor absl::status
   # Link OpenBLAS by full path (from OpenBLASConfig.cmake), never the
   # libblas.so alternative, which may be Debian's slow reference BLAS.
   PRIVATE ZLIB::ZLIB Eigen3::Eigen ${OpenBLAS_LIBRARIES}

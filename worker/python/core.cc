@@ -1,0 +1,275 @@
+// pacer._core: the training runtime (worker/trainer.h) for Python. The
+// parameters and the gradient stay in the runtime's flat buffers, handed
+// to Python as NumPy arrays over the same memory (the buffer protocol):
+// pacer.torch views them with torch.from_numpy, so a pull writes the
+// weights in place and backward writes the gradient the push sends. Every
+// call that can block releases the GIL. No libtorch here: the module works
+// with whatever torch the interpreter has.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ps/base/transport.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace py = pybind11;
+
+namespace pacer::worker {
+namespace {
+
+// A model whose gradient Python computes: the runtime only needs its
+// tensor table and the values to start from (the torch module's own).
+class PythonModel final : public Model {
+ public:
+  PythonModel(std::vector<TensorSpec> tensors, std::vector<float> init)
+      : tensors_(std::move(tensors)), init_(std::move(init)) {}
+  std::string name() const override { return "python"; }
+  const std::vector<TensorSpec>& tensors() const override { return tensors_; }
+  void Init(uint64_t, std::span<float> params) const override {
+    if (params.size() != init_.size()) {
+      std::fill(params.begin(), params.end(), std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
+    std::copy(init_.begin(), init_.end(), params.begin());
+  }
+  float ComputeGradient(std::span<const float>, const Batch&, std::span<float>,
+                        GradientSink*) override {
+    return std::numeric_limits<float>::quiet_NaN();  // torch computes it
+  }
+  EvalResult Evaluate(std::span<const float>, const Batch&) override {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    return {nan, nan, 0};
+  }
+
+ private:
+  std::vector<TensorSpec> tensors_;
+  std::vector<float> init_;
+};
+
+// A status as the Python exception a user expects: a bad argument is a
+// ValueError, an unreachable or refusing peer a ConnectionError, a
+// deadline a TimeoutError, the rest a RuntimeError.
+[[noreturn]] void Raise(const absl::Status& s) {
+  const std::string text = std::string(s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition: throw py::value_error(text);
+    case absl::StatusCode::kDeadlineExceeded: {
+      PyErr_SetString(PyExc_TimeoutError, text.c_str());
+      throw py::error_already_set();
+    }
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kPermissionDenied: {
+      PyErr_SetString(PyExc_ConnectionError, text.c_str());
+      throw py::error_already_set();
+    }
+    default: throw std::runtime_error(text);
+  }
+}
+
+class PyTrainer {
+ public:
+  PyTrainer(const std::string& monitor, size_t block_floats,
+            const std::vector<std::string>& param_groups, double request_timeout,
+            double start_timeout, double progress_interval, uint32_t max_batch,
+            const std::string& sample_log, const std::string& ack_log,
+            const std::string& step_log) {
+    TrainerOptions o;
+    o.monitor = monitor;
+    o.block_floats = block_floats;
+    for (const std::string& spec : param_groups) {
+      auto g = ParseParamGroup(spec);
+      if (!g.ok()) Raise(g.status());
+      o.param_groups.push_back(*std::move(g));
+    }
+    // The push is whole, after backward (no layer-wise hooks yet).
+    o.overlap = false;
+    o.request_timeout = FromSeconds(request_timeout);
+    o.start_timeout = FromSeconds(start_timeout);
+    o.progress_interval = FromSeconds(progress_interval);
+    o.max_batch = max_batch;
+    o.sample_log = sample_log;
+    o.ack_log = ack_log;
+    o.step_log = step_log;
+    TransportOptions t;
+    t.max_message_bytes = o.max_message_bytes * 2;
+    transport_ = MakeZmqTransport(t);
+    trainer_ = std::make_unique<Trainer>(transport_.get(), o);
+  }
+
+  void Start(const std::vector<std::string>& names, const std::vector<size_t>& sizes,
+             py::array_t<float, py::array::c_style | py::array::forcecast> init, size_t samples) {
+    if (names.size() != sizes.size() || names.empty()) {
+      throw py::value_error("start: one size per tensor name, and at least one tensor");
+    }
+    std::vector<TensorSpec> tensors;
+    size_t total = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (sizes[i] == 0) throw py::value_error("start: tensor '" + names[i] + "' is empty");
+      tensors.push_back({names[i], sizes[i], 0});
+      total += sizes[i];
+    }
+    if (static_cast<size_t>(init.size()) != total) {
+      throw py::value_error("start: " + std::to_string(init.size()) + " initial values for " +
+                            std::to_string(total) + " parameters");
+    }
+    if (samples == 0) throw py::value_error("start: the data set is empty");
+    model_ = std::make_unique<PythonModel>(
+        std::move(tensors), std::vector<float>(init.data(), init.data() + init.size()));
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = trainer_->Start(model_.get(), samples);
+    }
+    if (!s.ok()) Raise(s);
+  }
+
+  // None when training is over; else (clock, samples, assigned, partition, epoch).
+  py::object NextBatch() {
+    std::optional<BatchPlan> plan;
+    {
+      py::gil_scoped_release release;
+      plan = trainer_->NextBatch();
+    }
+    if (!plan) return py::none();
+    py::array_t<uint32_t> samples(static_cast<py::ssize_t>(plan->samples.size()));
+    std::copy(plan->samples.begin(), plan->samples.end(), samples.mutable_data());
+    return py::make_tuple(plan->clock, samples, plan->assigned, plan->partition, plan->epoch);
+  }
+
+  int64_t Pull() {
+    absl::StatusOr<int64_t> r;
+    {
+      py::gil_scoped_release release;
+      r = trainer_->Pull();
+    }
+    if (!r.ok()) Raise(r.status());
+    return *r;
+  }
+
+  void Push(double loss) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      trainer_->StartPush();
+      s = trainer_->FinishPush(static_cast<float>(loss));
+    }
+    if (!s.ok()) Raise(s);
+  }
+
+  void Report(double accuracy, double loss, size_t samples) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = trainer_->Report({accuracy, loss, samples});
+    }
+    if (!s.ok()) Raise(s);
+  }
+
+  void SetLearningRates(const std::vector<std::pair<uint32_t, float>>& lrs) {
+    std::vector<wire::GroupLr> v;
+    for (const auto& [group, lr] : lrs) v.emplace_back(group, lr);
+    trainer_->SetLearningRates(std::move(v));
+  }
+
+  py::dict Finish() {
+    absl::StatusOr<WorkerResult> r;
+    {
+      py::gil_scoped_release release;
+      r = trainer_->Finish();
+    }
+    if (!r.ok()) Raise(r.status());
+    py::dict d;
+    d["id"] = r->id;
+    d["rank"] = r->rank;
+    d["clocks"] = r->clocks;
+    d["samples"] = r->samples;
+    d["last_batch"] = r->last_batch;
+    d["compute_seconds"] = r->compute_seconds;
+    d["communication_seconds"] = r->communication_seconds;
+    d["wait_seconds"] = r->wait_seconds;
+    d["seconds"] = r->seconds;
+    d["stop_reason"] = r->stop_reason;
+    return d;
+  }
+
+  // The buffer as an array over the runtime's memory; `self` keeps it alive.
+  py::array Buffer(std::span<float> b, py::object self) {
+    if (b.empty()) throw py::value_error("the trainer has not started");
+    return py::array_t<float>({static_cast<py::ssize_t>(b.size())}, {sizeof(float)}, b.data(),
+                              self);
+  }
+
+  Trainer& trainer() { return *trainer_; }
+
+ private:
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<PythonModel> model_;
+};
+
+}  // namespace
+}  // namespace pacer::worker
+
+PYBIND11_MODULE(_core, m) {
+  using pacer::worker::PyTrainer;
+  m.doc() = "Pacer's training runtime (pacer::worker::Trainer); pacer.torch is built on it";
+  py::class_<PyTrainer>(m, "Trainer")
+      .def(py::init<const std::string&, size_t, const std::vector<std::string>&, double, double,
+                    double, uint32_t, const std::string&, const std::string&,
+                    const std::string&>(),
+           py::arg("monitor"), py::arg("block_floats") = 32768,
+           py::arg("param_groups") = std::vector<std::string>{}, py::arg("request_timeout") = 60.0,
+           py::arg("start_timeout") = 120.0, py::arg("progress_interval") = 1.0,
+           py::arg("max_batch") = 0, py::arg("sample_log") = "", py::arg("ack_log") = "",
+           py::arg("step_log") = "",
+           "A worker of the job at `monitor` (tcp://HOST:PORT). param_groups: "
+           "'NAME:TENSOR,TENSOR:SETTINGS' (pacer-worker --param-group), group i+1 in order")
+      .def("start", &PyTrainer::Start, py::arg("names"), py::arg("sizes"), py::arg("init"),
+           py::arg("samples"),
+           "Registers, declares the tensors, waits for the run; the first worker sets the "
+           "shards' model from `init` (float32, the tensors end to end)")
+      .def("next_batch", &PyTrainer::NextBatch,
+           "(clock, samples, assigned, partition, epoch) of the next iteration, or None when "
+           "training is over (the job stopped, the epochs ran, cancel())")
+      .def("pull", &PyTrainer::Pull, "Pulls this iteration's parameters into `params`")
+      .def("push", &PyTrainer::Push, py::arg("loss") = std::nan(""),
+           "Pushes `grads` (the gradient of the batch-mean loss) and waits for the "
+           "acknowledgement; then the batch's samples count as trained")
+      .def("report", &PyTrainer::Report, py::arg("accuracy"), py::arg("loss") = 0.0,
+           py::arg("samples") = 0, "Sends an evaluation to the monitor (--target-accuracy)")
+      .def("set_learning_rates", &PyTrainer::SetLearningRates, py::arg("lrs"),
+           "[(group, lr), ...]: the lr each later push carries for each group")
+      .def("finish", &PyTrainer::Finish, "Ends the run; the run's figures")
+      .def("cancel", [](PyTrainer& t) { t.trainer().Cancel(); },
+           "Asks the trainer to stop soon; thread- and signal-safe")
+      .def_property_readonly("params",
+                             [](py::object self) {
+                               PyTrainer& t = self.cast<PyTrainer&>();
+                               return t.Buffer(t.trainer().params(), self);
+                             })
+      .def_property_readonly("grads",
+                             [](py::object self) {
+                               PyTrainer& t = self.cast<PyTrainer&>();
+                               return t.Buffer(t.trainer().grads(), self);
+                             })
+      .def_property_readonly("evaluator",
+                             [](PyTrainer& t) { return t.trainer().evaluator(); })
+      .def_property_readonly("stopping", [](PyTrainer& t) { return t.trainer().stopping(); })
+      .def_property_readonly("optimizer",
+                             [](PyTrainer& t) {
+                               return std::string(pacer::OptimizerName(t.trainer().optimizer()));
+                             })
+      .def_property_readonly("id", [](PyTrainer& t) { return t.trainer().id(); })
+      .def_property_readonly("rank", [](PyTrainer& t) { return t.trainer().rank(); });
+}
