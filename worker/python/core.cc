@@ -147,14 +147,15 @@ class PyTrainer {
     return py::make_tuple(plan->clock, samples, plan->assigned, plan->partition, plan->epoch);
   }
 
-  int64_t Pull() {
+  std::optional<int64_t> Pull() {
     absl::StatusOr<int64_t> r;
     {
       py::gil_scoped_release release;
       r = trainer_->Pull();
     }
-    if (!r.ok()) Raise(r.status());
-    return *r;
+    if (r.ok()) return *r;
+    if (trainer_->stopping()) return std::nullopt;  // the job stopped: next_batch says None
+    Raise(r.status());
   }
 
   void Push(double loss) {
@@ -164,7 +165,9 @@ class PyTrainer {
       trainer_->StartPush();
       s = trainer_->FinishPush(static_cast<float>(loss));
     }
-    if (!s.ok()) Raise(s);
+    // A push given up because the job stopped is not an error: next_batch
+    // says None.
+    if (!s.ok() && !trainer_->stopping()) Raise(s);
   }
 
   void Report(double accuracy, double loss, size_t samples) {
@@ -242,7 +245,9 @@ PYBIND11_MODULE(_core, m) {
       .def("next_batch", &PyTrainer::NextBatch,
            "(clock, samples, assigned, partition, epoch) of the next iteration, or None when "
            "training is over (the job stopped, the epochs ran, cancel())")
-      .def("pull", &PyTrainer::Pull, "Pulls this iteration's parameters into `params`")
+      .def("pull", &PyTrainer::Pull,
+           "Pulls this iteration's parameters into `params`; the applied clock they reflect "
+           "(-1: none yet), or None when given up because the job stopped")
       .def("push", &PyTrainer::Push, py::arg("loss") = std::nan(""),
            "Pushes `grads` (the gradient of the batch-mean loss) and waits for the "
            "acknowledgement; then the batch's samples count as trained")

@@ -334,12 +334,8 @@ class DataLoader:
             if plan is None:
                 return
             clock, samples, assigned, _, _ = plan
-            try:
-                trainer.pull()
-            except Exception:
-                if trainer.stopping:
-                    return
-                raise
+            if trainer.pull() is None:
+                return  # the job stopped while the pull waited
             for p, host_p, _ in state.views:
                 if p.data.data_ptr() != host_p.data_ptr():
                     with torch.no_grad():
