@@ -57,11 +57,12 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--slowdown", type=float, default=1.0)
     ap.add_argument("--sample-log", default="")
+    ap.add_argument("--step-log", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core per worker; the machine is shared
     torch.manual_seed(1)
 
-    pt.init(sample_log=args.sample_log)
+    pt.init(sample_log=args.sample_log, step_log=args.step_log)
     net = mlp() if args.model == "mlp" else cnn()
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(net.parameters(), lr=args.lr or 0.1, momentum=0.9)

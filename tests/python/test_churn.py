@@ -1,0 +1,69 @@
+"""Churn with Python workers: one is killed with SIGKILL mid-run and
+another starts. By every worker's sample log (what each acknowledged push
+trained on), every sample of every partition is trained in each epoch,
+and the only samples trained twice are those of the killed worker's last
+batch."""
+
+import collections
+import os
+import time
+
+EXAMPLE = os.path.join("..", "..", "worker", "python", "examples", "train_fashion.py")
+PARTITIONS, EPOCHS, TRAIN = 4, 10, 6000
+
+
+def lines(path):
+    return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def test_a_killed_python_worker_skips_nothing_and_repeats_at_most_its_last_batch(job):
+    job.run(shards=2, monitor_args=["--min-workers", "3", "--mode", "bsp", "--global-batch", "96",
+                                    "--data-partitions", str(PARTITIONS), "--epochs", str(EPOCHS),
+                                    "--lease", "1.5", "--time-cap", "120",
+                                    "--eval-interval", "5"])
+    log = lambda n: os.path.join(job.dir, "samples-%d.log" % n)  # noqa: E731
+    args = lambda n: ["--train-limit", TRAIN, "--eval-every", 10 ** 9,  # noqa: E731
+                      "--sample-log", log(n)]
+    workers = [job.worker("worker%d" % n, EXAMPLE, *args(n)) for n in range(3)]
+    deadline = time.time() + 60
+    while len(lines(log(1))) < 15:
+        assert time.time() < deadline, "worker1 trained nothing:\n" + job.log("worker1")[-2000:]
+        assert workers[1].poll() is None, job.log("worker1")[-2000:]
+        time.sleep(0.05)
+    workers[1].kill()  # SIGKILL
+    workers[1].wait()
+    workers.append(job.worker("worker3", EXAMPLE, *args(3)))
+    monitor = job.procs[0]
+    monitor.wait(timeout=120)
+    assert "stop reason: all workers finished" in open(os.path.join(job.dir, "monitor.out")).read(), \
+        job.log("monitor")[-3000:]
+    for n in (0, 2, 3):
+        assert workers[n].wait(timeout=30) == 0, job.log("worker%d" % n)[-3000:]
+
+    trained = collections.defaultdict(collections.Counter)  # (partition, epoch) -> sample counts
+    killed_last = []
+    for n in range(4):
+        for line in lines(log(n)):
+            fields = [int(v) for v in line.split()]
+            partition, epoch, batch = fields[0], fields[1], fields[2:]
+            assert 0 <= partition < PARTITIONS and 0 <= epoch < EPOCHS, line
+            trained[(partition, epoch)].update(batch)
+            if n == 1:
+                killed_last = batch
+    assert killed_last, "the killed worker trained nothing"
+    assert lines(log(3)), "the worker that joined trained nothing"
+    repeated = 0
+    for p in range(PARTITIONS):
+        begin, end = TRAIN * p // PARTITIONS, TRAIN * (p + 1) // PARTITIONS
+        for e in range(EPOCHS):
+            counts = trained[(p, e)]
+            missing = [i for i in range(begin, end) if i not in counts]
+            assert not missing, "partition %d epoch %d skipped %d samples" % (p, e, len(missing))
+            for sample, count in counts.items():
+                assert begin <= sample < end, "sample %d in partition %d" % (sample, p)
+                if count > 1:
+                    repeated += count - 1
+                    assert count == 2 and sample in killed_last, (
+                        "sample %d of partition %d epoch %d trained %d times, and not in the "
+                        "killed worker's last batch" % (sample, p, e, count))
+    assert repeated <= len(killed_last)
