@@ -9,8 +9,14 @@
 #   /usr/lib/cmake/Pacer        a CMake package config: find_package(Pacer)
 #   /usr/share/pacer            the Grafana dashboard, Prometheus rules and configs
 #   /usr/share/doc/pacer        README, runbooks, and an example program
+# and a second package, python3-pacer (where pybind11-dev built the module):
+#   /usr/lib/python3/dist-packages/pacer   pacer._core and pacer.torch
+#   /usr/share/doc/python3-pacer/examples  worker/python/examples
+# so that servers need not pull in torch.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
+# Every install rule below without a COMPONENT is the pacer package's.
+set(CMAKE_INSTALL_DEFAULT_COMPONENT_NAME pacer)
 
 install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -72,6 +78,7 @@ install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt
   ${CMAKE_CURRENT_LIST_DIR}/example/train_logistic.cc ${CMAKE_CURRENT_LIST_DIR}/example/blobs.csv
   DESTINATION ${CMAKE_INSTALL_DOCDIR}/example)
 
+# The python component's install rules are in worker/python/CMakeLists.txt.
 set(CPACK_PACKAGE_NAME pacer)
 set(CPACK_PACKAGE_VENDOR "Pacer")
 set(CPACK_PACKAGE_CONTACT "Pacer developers <pacer@localhost>")
@@ -88,6 +95,28 @@ set(CPACK_DEBIAN_PACKAGE_RECOMMENDS
   "libzmq3-dev, cppzmq-dev, libflatbuffers-dev, librocksdb-dev, prometheus-cpp-dev, libabsl-dev, libspdlog-dev, libcli11-dev, libeigen3-dev, libopenblas-dev, zlib1g-dev, libisal-dev, dataset-fashion-mnist")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "prometheus, grafana")
 # /etc/pacer's settings are conffiles: an upgrade keeps local edits.
-set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/conffiles)
+set(CPACK_DEBIAN_PACER_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/conffiles)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+# One .deb per component: pacer, and python3-pacer for Debian's Python 3
+# (its run-time libraries from dpkg-shlibdeps, as for pacer).
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_ALL pacer)
+set(CPACK_DEBIAN_PACER_PACKAGE_NAME pacer)
+if(TARGET pacer_core)
+  list(APPEND CPACK_COMPONENTS_ALL python)
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-pacer)
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+  # The module is built for one Python (its ABI tag): that minor version.
+  get_property(py GLOBAL PROPERTY PACER_PYTHON_VERSION)
+  string(REPLACE "." ";" py_parts "${py}")
+  list(GET py_parts 0 py_major)
+  list(GET py_parts 1 py_minor)
+  math(EXPR py_next "${py_minor} + 1")
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
+    "python3 (>= ${py}), python3 (<< ${py_major}.${py_next}), python3-numpy, python3-torch")
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_RECOMMENDS "pacer")
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "")
+  set(CPACK_COMPONENT_PYTHON_DESCRIPTION
+    "Pacer's Python package: train your own PyTorch model with Pacer (pacer.torch)")
+endif()
 include(CPack)

@@ -24,6 +24,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 (cd "$build" && cpack -G DEB -B "$tmp/out" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; fail "cpack"; }
 deb=$(ls "$tmp"/out/pacer_*.deb)
 echo "built $(basename "$deb")"
+pydeb=$(ls "$tmp"/out/python3-pacer_*.deb 2>/dev/null || true)
 
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' > "$tmp/contents"
 for path in /usr/bin/pacer-server /usr/bin/pacer-monitor /usr/bin/pacer-worker /usr/bin/pacerctl \
@@ -97,6 +98,32 @@ if [ "$rc" -ne 0 ] || ! grep -q "target accuracy" "$tmp/job-example.log"; then
   fail "the example did not train its model to the monitor's target (exit $rc)"
 fi
 echo "example: builds against the package and trains its own model in a job: $(tail -n 1 "$tmp/job-example.log")"
+
+# python3-pacer (where the build has the Python module): pacer._core and
+# pacer.torch in Debian's dist-packages, depending on python3-torch, so
+# that the pacer package need not; once unpacked, Debian's Python imports
+# it and trains with it.
+if grep -q '^pybind11_DIR:PATH=/' "$build/CMakeCache.txt"; then
+  [ -n "$pydeb" ] || fail "cpack built no python3-pacer package"
+  dpkg-deb -c "$pydeb" | awk '{print $6}' | sed 's|^\./|/|' > "$tmp/pycontents"
+  for path in /usr/lib/python3/dist-packages/pacer/__init__.py \
+      /usr/lib/python3/dist-packages/pacer/torch.py \
+      /usr/share/doc/python3-pacer/examples/train_fashion.py; do
+    grep -qx "$path" "$tmp/pycontents" || fail "python3-pacer lacks $path"
+  done
+  grep -q '^/usr/lib/python3/dist-packages/pacer/_core\.cpython-.*\.so$' "$tmp/pycontents" ||
+    fail "python3-pacer lacks the pacer._core module"
+  dpkg-deb -f "$pydeb" Depends | grep -q 'python3-torch' || fail "python3-pacer does not depend on python3-torch"
+  if dpkg-deb -f "$deb" Depends | grep -q 'python3-torch'; then fail "pacer depends on python3-torch"; fi
+  grep -q '^/usr/lib/python3' "$tmp/contents" && fail "the pacer package holds Python files"
+  dpkg-deb -x "$pydeb" "$tmp/pyroot"
+  (cd "$tmp" && PYTHONPATH="$tmp/pyroot/usr/lib/python3/dist-packages" /usr/bin/python3 -c \
+    "import pacer.torch, pacer._core, os; assert pacer.__file__.startswith('$tmp/pyroot'), pacer.__file__") \
+    > "$tmp/pyimport.log" 2>&1 || { cat "$tmp/pyimport.log"; fail "the packaged pacer.torch does not import"; }
+  echo "python3-pacer: contents and dependencies ok; /usr/bin/python3 imports pacer.torch from it"
+else
+  echo "python3-pacer: not built here (no pybind11), not checked"
+fi
 
 # Transport security is on by default in the packaged settings: the units
 # load each process's key as a credential, the configs name the allowed
