@@ -145,6 +145,7 @@ const std::map<std::string, std::string> kOtherProgramsFlags = {
     {"--config.file", "prometheus"},
     {"--storage.tsdb.path", "prometheus"},
     {"--web.listen-address", "prometheus"},
+    {"--build", "cmake --build (the packaged example)"},
 };
 
 TEST(HelpTest, EveryDocumentedFlagExists) {

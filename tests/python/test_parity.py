@@ -74,3 +74,49 @@ def test_weights_match_plain_torch(job, make, kind):
     moved = max((v - start[k]).abs().max().item() for k, v in local.state_dict().items())
     assert moved > 1e-2, "the weights hardly moved: the comparison would prove nothing"
     assert worst <= 1e-5, "pacer.torch differs from plain torch by %g" % worst
+
+
+def test_a_parameter_that_changes_shape_is_refused(job):
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--time-cap", "60"])
+    pt.init(job.monitor, handle_sigterm=False)
+    model = net()
+    model, opt = pt.distribute(model, sgd(model))
+    loader = pt.DataLoader(data())
+    with pytest.raises(RuntimeError, match=r"changed shape from \(4,\) to \(5,\)"):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            model[2].bias.data = torch.zeros(5)
+            opt.step()
+    pt.shutdown()
+
+
+def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--lease", "1.5", "--time-cap", "60"])
+    pt.init(job.monitor, handle_sigterm=False)
+    model = net()
+    model, opt = pt.distribute(model, sgd(model))
+    loader = pt.DataLoader(data())
+    batches = iter(loader)
+
+    def train_one():
+        x, y = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss=loss)
+
+    train_one()  # the job's model is declared
+    # A second worker (a second runtime in this process) brings another model.
+    import pacer._core as core
+    other = torch.nn.Linear(20, 4)
+    t = core.Trainer(job.monitor, start_timeout=10)
+    with pytest.raises(Exception, match="differs from the one already declared"):
+        t.start(["weight", "bias"], [80, 4],
+                torch.cat([other.weight.reshape(-1), other.bias]).detach().numpy(), 512)
+    # The first worker trains on (once the refused one's lease ran out).
+    for _ in range(5):
+        train_one()
+    assert loader.step == 6
+    pt.shutdown()

@@ -289,6 +289,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             lr = group["lr"]
             lrs.append((group_id, float(lr.item() if isinstance(lr, torch.Tensor) else lr)))
         state.trainer.set_learning_rates(lrs)
+        for p, host_p, _ in state.views:
+            if p.shape != host_p.shape:
+                raise RuntimeError("pacer.torch: a parameter changed shape from %s to %s while "
+                                   "training; the shards hold the shapes distribute() declared"
+                                   % (tuple(host_p.shape), tuple(p.shape)))
         for p, _, host_g in state.views:
             # A gradient that is not the buffer (a device model, or grad
             # replaced): copy it in.
@@ -303,28 +308,87 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return None
 
 
+_worker_dataset = None
+
+
+def _set_worker_dataset(dataset):
+    global _worker_dataset
+    _worker_dataset = dataset
+
+
+def _fetch(indices):
+    # In a loader process: the dataset's items (the process never makes a
+    # trainer, so no ZeroMQ socket crosses a process boundary).
+    return [_worker_dataset[int(i)] for i in indices]
+
+
 class DataLoader:
     """Batches of a map-style Dataset as the monitor assigns them: the size
     the policy gives this worker at that moment, the samples of this
     worker's data partitions from their read positions. Iterating ends when
     the job stops, this worker's partitions ran their epochs, or the worker
     is told to leave (SIGTERM). ``step`` counts the batches yielded;
-    ``samples`` holds the dataset indices of the last one."""
+    ``samples`` holds the dataset indices of the last one.
 
-    def __init__(self, dataset, collate_fn=None):
+    With ``num_workers`` > 0 the items of each batch are read by that many
+    processes (started with ``multiprocessing_context``, "spawn" by default;
+    the dataset must pickle), each reading its share while the pull is on
+    its way; collate runs here. Fork is refused: it would copy this
+    process's ZeroMQ sockets and threads."""
+
+    def __init__(self, dataset, collate_fn=None, num_workers=0, multiprocessing_context="spawn"):
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError("pacer.torch.DataLoader takes a map-style Dataset (__getitem__ and "
                             "__len__)")
+        if num_workers < 0:
+            raise ValueError("pacer.torch.DataLoader: num_workers must be >= 0")
+        if num_workers and multiprocessing_context not in ("spawn", "forkserver"):
+            raise ValueError("pacer.torch.DataLoader: multiprocessing_context must be 'spawn' or "
+                             "'forkserver', not %r: a fork would copy this process's ZeroMQ "
+                             "sockets" % (multiprocessing_context,))
         self.dataset = dataset
         self.collate_fn = collate_fn or torch.utils.data.default_collate
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context
+        self._pool = None
         self.step = 0
         self.samples = None
         self.batch_size = None
+
+    def _items(self, samples, pending=None):
+        if pending is not None:
+            return [item for part in pending for item in part.result()]
+        return [self.dataset[int(i)] for i in samples]
+
+    def _submit(self, samples):
+        if not self.num_workers:
+            return None
+        if self._pool is None:
+            import concurrent.futures
+            import multiprocessing
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.num_workers,
+                mp_context=multiprocessing.get_context(self.multiprocessing_context),
+                initializer=_set_worker_dataset, initargs=(self.dataset,))
+        shares = np.array_split(np.asarray(samples), min(self.num_workers, len(samples)))
+        return [self._pool.submit(_fetch, share.tolist()) for share in shares]
+
+    def close(self):
+        """Stops the loader processes (also when iteration ends)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def __len__(self):
         raise TypeError("pacer.torch.DataLoader has no length: the monitor sizes each batch")
 
     def __iter__(self):
+        try:
+            yield from self._batches()
+        finally:
+            self.close()
+
+    def _batches(self):
         state = _start(len(self.dataset))
         trainer = state.trainer
         while True:
@@ -334,6 +398,8 @@ class DataLoader:
             if plan is None:
                 return
             clock, samples, assigned, _, _ = plan
+            # The loader processes read while the pull is on its way.
+            pending = self._submit(samples) if len(samples) else None
             if trainer.pull() is None:
                 return  # the job stopped while the pull waited
             for p, host_p, _ in state.views:
@@ -348,7 +414,7 @@ class DataLoader:
                 trainer.push(float("nan"))
                 continue
             self.samples = samples
-            batch = self.collate_fn([self.dataset[int(i)] for i in samples])
+            batch = self.collate_fn(self._items(samples, pending))
             state.planned = True
             self.step += 1
             yield batch
