@@ -9,7 +9,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <future>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -18,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "ps/base/cli.h"
 #include "ps/base/transport.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
@@ -79,6 +83,30 @@ class PythonModel final : public Model {
 
 class PyTrainer {
  public:
+  // Runs `fn` (a call that may block) without the GIL on a thread of its
+  // own, while this thread checks Python's signals every 50 ms: a handler
+  // (SIGTERM's cancels the trainer) or Ctrl-C's KeyboardInterrupt then act
+  // at once instead of after the call. An exception from a handler cancels
+  // the trainer, waits for the call to give up, and propagates.
+  template <typename Fn>
+  auto Interruptible(Fn fn) -> decltype(fn()) {
+    auto call = std::async(std::launch::async, std::move(fn));
+    py::gil_scoped_release release;
+    while (call.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) {
+        trainer_->Cancel();
+        py::error_already_set raised;  // takes the exception
+        {
+          py::gil_scoped_release again;
+          call.wait();
+        }
+        throw raised;
+      }
+    }
+    return call.get();
+  }
+
   PyTrainer(const std::string& monitor, size_t block_floats,
             const std::vector<std::string>& param_groups, double request_timeout,
             double start_timeout, double progress_interval, uint32_t max_batch,
@@ -126,21 +154,13 @@ class PyTrainer {
     if (samples == 0) throw py::value_error("start: the data set is empty");
     model_ = std::make_unique<PythonModel>(
         std::move(tensors), std::vector<float>(init.data(), init.data() + init.size()));
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = trainer_->Start(model_.get(), samples);
-    }
+    absl::Status s = Interruptible([&] { return trainer_->Start(model_.get(), samples); });
     if (!s.ok()) Raise(s);
   }
 
   // None when training is over; else (clock, samples, assigned, partition, epoch).
   py::object NextBatch() {
-    std::optional<BatchPlan> plan;
-    {
-      py::gil_scoped_release release;
-      plan = trainer_->NextBatch();
-    }
+    std::optional<BatchPlan> plan = Interruptible([&] { return trainer_->NextBatch(); });
     if (!plan) return py::none();
     py::array_t<uint32_t> samples(static_cast<py::ssize_t>(plan->samples.size()));
     std::copy(plan->samples.begin(), plan->samples.end(), samples.mutable_data());
@@ -148,23 +168,17 @@ class PyTrainer {
   }
 
   std::optional<int64_t> Pull() {
-    absl::StatusOr<int64_t> r;
-    {
-      py::gil_scoped_release release;
-      r = trainer_->Pull();
-    }
+    absl::StatusOr<int64_t> r = Interruptible([&] { return trainer_->Pull(); });
     if (r.ok()) return *r;
     if (trainer_->stopping()) return std::nullopt;  // the job stopped: next_batch says None
     Raise(r.status());
   }
 
   void Push(double loss) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
+    absl::Status s = Interruptible([&] {
       trainer_->StartPush();
-      s = trainer_->FinishPush(static_cast<float>(loss));
-    }
+      return trainer_->FinishPush(static_cast<float>(loss));
+    });
     // A push given up because the job stopped is not an error: next_batch
     // says None.
     if (!s.ok() && !trainer_->stopping()) Raise(s);
@@ -227,6 +241,10 @@ class PyTrainer {
 PYBIND11_MODULE(_core, m) {
   using pacer::worker::PyTrainer;
   m.doc() = "Pacer's training runtime (pacer::worker::Trainer); pacer.torch is built on it";
+  // The runtime's log lines go to stderr, as pacer-worker's do (stdout
+  // stays the program's); PACER_LOG_LEVEL sets the level (default info).
+  const char* level = std::getenv("PACER_LOG_LEVEL");
+  pacer::SetupLogging("worker", level != nullptr && *level != '\0' ? level : "info");
   py::class_<PyTrainer>(m, "Trainer")
       .def(py::init<const std::string&, size_t, const std::vector<std::string>&, double, double,
                     double, uint32_t, const std::string&, const std::string&,

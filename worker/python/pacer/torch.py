@@ -214,6 +214,9 @@ def _start(samples):
         raise TypeError("pacer.torch: this job's shards run %s (pacer-monitor --optimizer); the "
                         "optimizer given to distribute() is %s"
                         % (trainer.optimizer, kind))
+    state.started = True
+    if trainer.stopping:
+        return state  # stopped (or SIGTERM) before the run began: no batches
     params = torch.from_numpy(trainer.params)
     grads = torch.from_numpy(trainer.grads)
     offset = 0
@@ -228,7 +231,6 @@ def _start(samples):
             p.data = host_p
             p.grad = host_g
         state.views.append((p, host_p, host_g))
-    state.started = True
     return state
 
 
