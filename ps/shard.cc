@@ -667,7 +667,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
                         static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
     StepRecord step;
     step.grad = push.grad;
-    step.lr = StepLrs(push.lrs, scale);
+    ScaleStep(push.lrs, scale, &step);
     table_->Step(step);
   }
   member.seq = std::max(member.seq, push.seq);
@@ -679,6 +679,21 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   metrics_.clock->Set(static_cast<double>(applied_clock_));
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
   Advance(out);
+}
+
+void ShardCore::ScaleStep(std::span<const wire::GroupLr> carried, float scale,
+                          StepRecord* step) const {
+  if (table_->config().kind == OptimizerKind::kSgd) {
+    // SGD: the gradient. Scaling its lr would damp only this step: the
+    // momentum buffer keeps the stale gradient whole and applies it, at
+    // full lr, in the steps after (a delayed gradient under momentum 0.9
+    // made chaos runs diverge). Without momentum the two are the same.
+    step->grad_scale *= scale;
+    step->lr = StepLrs(carried, 1.0f);
+  } else {
+    // Adam, AdamW, Adagrad normalise the gradient: only the lr scales a step.
+    step->lr = StepLrs(carried, scale);
+  }
 }
 
 std::vector<float> ShardCore::StepLrs(std::span<const wire::GroupLr> carried, float scale) const {
@@ -999,8 +1014,8 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
         StepRecord step;
         step.grad = {{}, oc.acc, /*at_offsets=*/true};
         step.grad_scale = static_cast<float>(1.0 / oc.weight_sum);
-        step.lr = StepLrs(oc.lrs, static_cast<float>(oc.weight_sum /
-                                                     static_cast<double>(oc.batch_sum)));
+        ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / static_cast<double>(oc.batch_sum)),
+                  &step);
         table_->Step(step);
       }
       if (oc.pushed.size() != from_live) {

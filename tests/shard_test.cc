@@ -965,19 +965,19 @@ TEST_F(ShardTest, AspAppliesEachPushAtOnceWeightedByItsBatchShare) {
   const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
   const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
   ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
-  // One optimizer step per push, its lr scaled b_i / B (not its gradient):
-  // v1 = ga; w1 = w0 - (1/4) lr v1.
+  // One optimizer step per push, weighted b_i / B: for SGD its gradient
+  // (for Adam-like optimizers its lr: ScaleStep): v1 = ga / 4; w1 = w0 - lr v1.
   std::vector<float> v1(3), w1(3);
   for (size_t i = 0; i < 3; ++i) {
-    v1[i] = ga[i];
-    w1[i] = kW0[i] - 0.25f * kLr * v1[i];
+    v1[i] = 0.25f * ga[i];
+    w1[i] = kW0[i] - kLr * v1[i];
   }
   ExpectNear(Params(), w1);
   EXPECT_EQ(shard_->applied_clock(), 0);
 
   ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
   std::vector<float> w2(3);
-  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - 0.75f * kLr * (kMomentum * v1[i] + gb[i]);
+  for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (kMomentum * v1[i] + 0.75f * gb[i]);
   ExpectNear(Params(), w2);
 
   // A retried push (same worker, same clock) is acknowledged, not applied.
@@ -1221,16 +1221,16 @@ TEST_F(ShardTest, StaleGradientIsWeightedOneOverOnePlusTau) {
     PushRead(kWorkerA, 1, 1, ga, -1);
     PushRead(kWorkerB, 1, 3, gb, 0);
     ASSERT_EQ(shard_->applied_clock(), 1);
-    // The step's gradient is the weighted mean sum w_i b_i g_i / sum w_i b_i
-    // and the weights' mean, sum w_i b_i / sum b_i, scales its lr.
+    // SGD's step takes sum w_i b_i g_i / sum b_i: the stale gradient enters
+    // the momentum buffer weighted (ScaleStep; Adam-like optimizers take the
+    // weighted mean and scale the lr by the weights' mean instead).
     const float wa = aware ? 0.5f : 1.0f;
-    const float weights = wa * 1 + 3;
     std::vector<float> want(3);
     for (size_t i = 0; i < 3; ++i) {
       const float v1 = (ga[i] + 3 * gb[i]) / 4;
       const float w1 = kW0[i] - kLr * v1;
-      const float v2 = kMomentum * v1 + (wa * ga[i] + 3 * gb[i]) / weights;
-      want[i] = w1 - (weights / 4) * kLr * v2;
+      const float v2 = kMomentum * v1 + (wa * ga[i] + 3 * gb[i]) / 4;
+      want[i] = w1 - kLr * v2;
     }
     ExpectNear(Params(), want);
     EXPECT_EQ(shard_->stale_pushes(), 1u);
@@ -1246,13 +1246,14 @@ TEST_F(ShardTest, AspCountsStalenessInRoundsOfPushes) {
   const std::vector<float> before = Params();
   PushRead(kWorkerA, 0, 1, {4.0f, 4.0f, 4.0f}, {}, 0);
   EXPECT_EQ(shard_->stale_pushes(), 1u);
-  // B's fresh pushes: v_k = mu v_{k-1} + g, each step at lr (3/4) lr. A's,
-  // on a gradient of 4: v5 = mu v4 + 4, at lr 1/(1+2) times b/B = 1/4.
+  // B's fresh pushes: v_k = mu v_{k-1} + (3/4) g (SGD: the weight scales
+  // the gradient). A's, on a gradient of 4, weighted 1/(1+2) times b/B = 1/4:
+  // v5 = mu v4 + 4/12.
   float v = 0;
-  for (int k = 0; k < 4; ++k) v = kMomentum * v + 1.0f;
-  const float v5 = kMomentum * v + 4.0f;
+  for (int k = 0; k < 4; ++k) v = kMomentum * v + 0.75f;
+  const float v5 = kMomentum * v + 4.0f / 12.0f;
   std::vector<float> want(3);
-  for (size_t i = 0; i < 3; ++i) want[i] = before[i] - kLr / 12.0f * v5;
+  for (size_t i = 0; i < 3; ++i) want[i] = before[i] - kLr * v5;
   ExpectNear(Params(), want);
   // A push in lockstep (read one step ago, one push of the other worker
   // since: less than a round) counts as fresh.

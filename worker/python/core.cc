@@ -11,6 +11,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstdlib>
 #include <future>
 #include <limits>
@@ -81,16 +86,61 @@ class PythonModel final : public Model {
   }
 }
 
+// One thread that runs what is posted to it, in order.
+class CallThread {
+ public:
+  CallThread() : thread_([this] { Loop(); }) {}
+  ~CallThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      exit_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void Post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return exit_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // exit_, nothing left
+      std::function<void()> f = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      f();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;  // guards queue_, exit_
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool exit_ = false;
+  std::thread thread_;
+};
+
 class PyTrainer {
  public:
-  // Runs `fn` (a call that may block) without the GIL on a thread of its
-  // own, while this thread checks Python's signals every 50 ms: a handler
-  // (SIGTERM's cancels the trainer) or Ctrl-C's KeyboardInterrupt then act
-  // at once instead of after the call. An exception from a handler cancels
-  // the trainer, waits for the call to give up, and propagates.
+  // Runs `fn` (a call that may block) without the GIL on the trainer's
+  // call thread, while this thread checks Python's signals every 50 ms: a
+  // handler (SIGTERM's cancels the trainer) or Ctrl-C's KeyboardInterrupt
+  // then act at once instead of after the call. An exception from a
+  // handler cancels the trainer, waits for the call to give up, and
+  // propagates. One thread for every call (not one per call): a hand-off
+  // costs a wake-up, not a thread's start.
   template <typename Fn>
   auto Interruptible(Fn fn) -> decltype(fn()) {
-    auto call = std::async(std::launch::async, std::move(fn));
+    using Result = decltype(fn());
+    auto task = std::make_shared<std::packaged_task<Result()>>(std::move(fn));
+    std::future<Result> call = task->get_future();
+    caller_.Post([task] { (*task)(); });
     py::gil_scoped_release release;
     while (call.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
       py::gil_scoped_acquire acquire;
@@ -233,6 +283,7 @@ class PyTrainer {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<PythonModel> model_;
+  CallThread caller_;  // last: it ends (joins) before the trainer goes
 };
 
 }  // namespace
