@@ -336,6 +336,62 @@ TEST(OptimizerTest, SgdFirstStepTakesTheGradientAsTheBufferDespiteDampening) {
   ExpectNear(v, {2.0f});  // 0.5 * 2 + (1 - 0.5) * 2
 }
 
+// Each buffer of a step may be in place or fresh on its own: every mix of
+// them gives what a step into fresh buffers gives (Adam, AdamW, amsgrad).
+TEST(OptimizerTest, AdamStepsAnyMixOfInPlaceAndFreshBuffersAlike) {
+  constexpr size_t kN = 37;  // not a multiple of a vector's width
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    for (bool amsgrad : {false, true}) {
+      OptimizerSettings o;
+      o.lr = 0.01f;
+      o.weight_decay = 0.1f;
+      o.amsgrad = amsgrad;
+      const size_t slots = amsgrad ? 3 : 2;
+      std::vector<std::vector<float>> start(1 + slots, std::vector<float>(kN));
+      std::vector<float> g(kN);
+      for (size_t i = 0; i < kN; ++i) {
+        for (size_t b = 0; b <= slots; ++b) start[b][i] = 0.1f * static_cast<float>(i % 7 + b);
+        g[i] = 0.3f - 0.05f * static_cast<float>(i % 5);
+      }
+      auto step = [&](unsigned in_place_mask) {
+        std::vector<std::vector<float>> in = start;
+        std::vector<std::vector<float>> out(1 + slots, std::vector<float>(kN, -99.0f));
+        BlockStep b;
+        b.n = kN;
+        auto target = [&](size_t buf) {
+          return (in_place_mask >> buf & 1u) != 0 ? in[buf].data() : out[buf].data();
+        };
+        b.w_in = in[0].data();
+        b.w_out = target(0);
+        for (size_t s = 0; s < slots; ++s) {
+          b.state_in[s] = in[1 + s].data();
+          b.state_out[s] = target(1 + s);
+        }
+        b.grad = g.data();
+        b.lr = o.lr;
+        b.step = 3;
+        MakeOptimizer(kind, amsgrad)->Step(b, o);
+        std::vector<std::vector<float>> result;
+        for (size_t buf = 0; buf <= slots; ++buf) {
+          result.push_back((in_place_mask >> buf & 1u) != 0 ? in[buf] : out[buf]);
+        }
+        return result;
+      };
+      const auto fresh = step(0);
+      for (unsigned mask = 1; mask < (1u << (1 + slots)); ++mask) {
+        const auto mixed = step(mask);
+        for (size_t buf = 0; buf <= slots; ++buf) {
+          for (size_t i = 0; i < kN; ++i) {
+            ASSERT_EQ(mixed[buf][i], fresh[buf][i])
+                << OptimizerName(kind) << " amsgrad " << amsgrad << " in-place mask " << mask
+                << " buffer " << buf << " value " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(OptimizerTest, AccumulateAddsScaledGradient) {
   std::vector<float> acc = {1.0f, 1.0f};
   Accumulate(acc, std::vector<float>{2.0f, -3.0f}, 3.0f);
