@@ -20,6 +20,9 @@ def test_three_python_workers_reach_0_84(job):
         assert rc == 0, "worker%d exited %d:\n%s" % (i, rc, job.log("worker%d" % i)[-3000:])
     monitor = job.log("monitor")
     assert re.search(r"target accuracy 0\.84 reached", monitor), monitor[-3000:]
+    ranks = set()
     for i in range(3):
         out = open(os.path.join(job.dir, "worker%d.out" % i)).read()
         assert "stop=target accuracy 0.84 reached" in out, out
+        ranks.add(int(re.search(r"rank=(\d+)", out).group(1)))
+    assert ranks == {0, 1, 2}, "pacer.torch.rank() of the three workers: %s" % sorted(ranks)

@@ -212,9 +212,35 @@ class PyTrainer {
   py::object NextBatch() {
     std::optional<BatchPlan> plan = Interruptible([&] { return trainer_->NextBatch(); });
     if (!plan) return py::none();
-    py::array_t<uint32_t> samples(static_cast<py::ssize_t>(plan->samples.size()));
-    std::copy(plan->samples.begin(), plan->samples.end(), samples.mutable_data());
-    return py::make_tuple(plan->clock, samples, plan->assigned, plan->partition, plan->epoch);
+    return PlanTuple(*plan);
+  }
+
+  static py::tuple PlanTuple(const BatchPlan& plan) {
+    py::array_t<uint32_t> samples(static_cast<py::ssize_t>(plan.samples.size()));
+    std::copy(plan.samples.begin(), plan.samples.end(), samples.mutable_data());
+    return py::make_tuple(plan.clock, samples, plan.assigned, plan.partition, plan.epoch);
+  }
+
+  // next_batch and pull in one hand-off to the call thread (the loader's
+  // path when no loader process reads while the pull is on its way): as
+  // next_batch, or None also when the job stopped while the pull waited.
+  py::object NextPulled() {
+    struct Step {
+      std::optional<BatchPlan> plan;
+      absl::StatusOr<int64_t> pulled = int64_t{-1};
+    };
+    Step step = Interruptible([&] {
+      Step r;
+      r.plan = trainer_->NextBatch();
+      if (r.plan) r.pulled = trainer_->Pull();
+      return r;
+    });
+    if (!step.plan) return py::none();
+    if (!step.pulled.ok()) {
+      if (trainer_->stopping()) return py::none();
+      Raise(step.pulled.status());
+    }
+    return PlanTuple(*step.plan);
   }
 
   std::optional<int64_t> Pull() {
@@ -314,6 +340,9 @@ PYBIND11_MODULE(_core, m) {
       .def("next_batch", &PyTrainer::NextBatch,
            "(clock, samples, assigned, partition, epoch) of the next iteration, or None when "
            "training is over (the job stopped, the epochs ran, cancel())")
+      .def("next_pulled", &PyTrainer::NextPulled,
+           "next_batch() and then pull() in one call: the plan, or None when training is over "
+           "or the job stopped while the pull waited")
       .def("pull", &PyTrainer::Pull,
            "Pulls this iteration's parameters into `params`; the applied clock they reflect "
            "(-1: none yet), or None when given up because the job stopped")

@@ -87,7 +87,7 @@ def main():
             pt.report(accuracy=accuracy, loss=test_loss, samples=len(test))
     result = pt.shutdown()
     print("worker summary: rank=%d clocks=%d samples=%d seconds=%.1f last_batch=%d stop=%s"
-          % (result.get("rank", -1), result.get("clocks", 0), result.get("samples", 0),
+          % (pt.rank(), result.get("clocks", 0), result.get("samples", 0),
              result.get("seconds", 0), result.get("last_batch", 0),
              result.get("stop_reason", "")))
 

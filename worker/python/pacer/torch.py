@@ -46,7 +46,7 @@ import torch.utils.data
 
 from . import _core
 
-__all__ = ["init", "distribute", "DataLoader", "is_evaluator", "report", "shutdown",
+__all__ = ["init", "distribute", "DataLoader", "is_evaluator", "rank", "report", "shutdown",
            "DistributedOptimizer", "SUPPORTED_OPTIMIZERS"]
 
 # torch.optim class -> (the shards' kind, the settings the shards take).
@@ -73,6 +73,7 @@ class _State:
         self.started = False
         self.optimizer = None   # the DistributedOptimizer
         self.views = []         # (param, host params view, host grads view), flat order
+        self.pinned = []        # page-locked buffers' addresses (a CUDA model)
         self.last_clock = None
         self.finished = None
 
@@ -231,7 +232,33 @@ def _start(samples):
             p.data = host_p
             p.grad = host_g
         state.views.append((p, host_p, host_g))
+    _pin(state)
     return state
+
+
+def _pin(state):
+    """For a model with CUDA tensors: page-locks the runtime's buffers
+    (cudaHostRegister), so that the copies to and from the device go by DMA
+    without a staging copy and run asynchronously (the push waits for
+    them). Where that fails (no CUDA runtime), the copies stay plain."""
+    if not any(p.device.type == "cuda" for p, _, _ in state.views):
+        return
+    try:
+        cudart = torch.cuda.cudart()
+        for array in (state.trainer.params, state.trainer.grads):
+            torch.cuda.check_error(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
+            state.pinned.append(array.ctypes.data)
+    except (AttributeError, RuntimeError) as e:
+        warnings.warn("pacer.torch: the runtime's buffers could not be page-locked (%s); "
+                      "copies to and from the device stay synchronous" % (e,))
+
+
+def _unpin(state):
+    if state.pinned:
+        cudart = torch.cuda.cudart()
+        for ptr in state.pinned:
+            cudart.cudaHostUnregister(ptr)
+        state.pinned = []
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -296,13 +323,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise RuntimeError("pacer.torch: a parameter changed shape from %s to %s while "
                                    "training; the shards hold the shapes distribute() declared"
                                    % (tuple(host_p.shape), tuple(p.shape)))
+        copied = False
         for p, _, host_g in state.views:
             # A gradient that is not the buffer (a device model, or grad
             # replaced): copy it in.
             if p.grad is None:
                 host_g.zero_()
             elif p.grad.data_ptr() != host_g.data_ptr():
-                host_g.copy_(p.grad.detach().to("cpu"))
+                host_g.copy_(p.grad.detach(), non_blocking=bool(state.pinned))
+                copied = True
+        if copied and state.pinned:
+            torch.cuda.synchronize()  # the asynchronous copies are in before the push
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
         state.planned = False
@@ -396,18 +427,28 @@ class DataLoader:
         while True:
             # A batch yielded and not pushed: nothing moved; it comes again.
             state.planned = False
-            plan = trainer.next_batch()
-            if plan is None:
-                return
+            if self.num_workers:
+                plan = trainer.next_batch()
+                if plan is None:
+                    return
+                # The loader processes read while the pull is on its way.
+                pending = self._submit(plan[1]) if len(plan[1]) else None
+                if trainer.pull() is None:
+                    return  # the job stopped while the pull waited
+            else:
+                # One call (one hand-off to the runtime's thread) per step.
+                plan = trainer.next_pulled()
+                if plan is None:
+                    return
+                pending = None
             clock, samples, assigned, _, _ = plan
-            # The loader processes read while the pull is on its way.
-            pending = self._submit(samples) if len(samples) else None
-            if trainer.pull() is None:
-                return  # the job stopped while the pull waited
             for p, host_p, _ in state.views:
                 if p.data.data_ptr() != host_p.data_ptr():
+                    # Page-locked: asynchronous, ordered before the forward
+                    # on the same stream; the buffer is not written again
+                    # before step() has synchronised.
                     with torch.no_grad():
-                        p.data.copy_(host_p.to(p.device))
+                        p.data.copy_(host_p, non_blocking=bool(state.pinned))
             self.batch_size = int(assigned)
             if len(samples) == 0:
                 # No partition to read (more workers than partitions): an
@@ -429,6 +470,16 @@ def is_evaluator():
     return state.started and state.trainer.evaluator
 
 
+def rank():
+    """This worker's rank, once the DataLoader started the run: the lowest
+    number no live worker holds when it registered (0, 1, 2, ... for the
+    workers that start a job), kept until it leaves."""
+    state = _require()
+    if not state.started:
+        raise RuntimeError("pacer.torch.rank: the run has not started")
+    return state.trainer.rank
+
+
 def report(accuracy, loss=0.0, samples=0):
     """Sends an evaluation to the monitor: logged, and the job stops at the
     monitor's --target-accuracy."""
@@ -447,4 +498,5 @@ def shutdown():
     state = _require()
     if state.finished is None:
         state.finished = state.trainer.finish() if state.trainer is not None else {}
+        _unpin(state)
     return state.finished
