@@ -248,7 +248,7 @@ def _pin(state):
         for array in (state.trainer.params, state.trainer.grads):
             torch.cuda.check_error(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
             state.pinned.append(array.ctypes.data)
-    except (AttributeError, RuntimeError) as e:
+    except (AttributeError, AssertionError, RuntimeError) as e:
         warnings.warn("pacer.torch: the runtime's buffers could not be page-locked (%s); "
                       "copies to and from the device stay synchronous" % (e,))
 
