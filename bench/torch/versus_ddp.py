@@ -6,8 +6,9 @@ Three systems, each with no straggler and with one 4x compute straggler
 emulation for all; bench/torch/worker.py):
 
   ddp        torch.nn.parallel.DistributedDataParallel over gloo,
-             DistributedSampler, torch.optim.SGD (lr 0.1, momentum 0.9),
-             64 samples per worker and step;
+             DistributedSampler, the torch optimizer of --optimizer/--lr
+             (default SGD, lr 0.05, momentum 0.9), 64 samples per worker
+             and step;
   pacer-bsp  pacer.torch, 2 shards, BSP with the fixed policy (64 each);
   pacer      pacer.torch, 2 shards, the default pacer policy (batch sizes
              from measured speed, DSSP), global batch 192.
@@ -17,11 +18,13 @@ the systems' order rotates per rep). Each run trains for --seconds
 (--straggler-seconds with the straggler), then stops. The evaluating worker copies its weights every --snapshot-every s;
 afterwards, off the clock, this script evaluates them on the first
 --test-limit test images: the time to --target accuracy (the first
-snapshot at or above it, in seconds since the evaluator's first step), its
-step count there, and the accuracy of the last snapshot (after --seconds).
-Ratios are pacer's time over DDP's in the same rep and scenario; where DDP
-does not reach the target within the run, the ratio is an upper bound
-(pacer's time over the run's length), marked "<".
+snapshot, every one scored, with at least ceil(target x images) right, in
+seconds since the evaluator's first step), its step count there, and the
+accuracy of the last snapshot (after --seconds). Ratios are pacer's time
+over DDP's in the same rep and scenario; where DDP does not reach the
+target within the run, the ratio is an upper bound (pacer's time over the
+run's length), marked "<"; where pacer does not, a lower bound, ">".
+--keep-snapshots keeps the weights (runs/*/snapshots*.pt) for rescoring.
 
 Writes DIR/runs.csv, DIR/curves.csv, DIR/summary.md and DIR/accuracy.png
 (gnuplot); with --results also the section in bench/RESULTS.md.
@@ -33,6 +36,8 @@ Writes DIR/runs.csv, DIR/curves.csv, DIR/summary.md and DIR/accuracy.png
 
 import argparse
 import csv
+import json
+import math
 import os
 import re
 import socket
@@ -150,39 +155,37 @@ class Evaluator:
         self.x, self.y = fashion_mnist.load(train=False, limit=test_limit).tensors
         self.net = cnn()
 
-    def accuracy(self, state):
+    def correct(self, state):
         self.net.load_state_dict(state)
         with torch.no_grad():
-            return (self.net(self.x).argmax(dim=1) == self.y).float().mean().item()
+            return int((self.net(self.x).argmax(dim=1) == self.y).sum().item())
 
 
-def evaluate(ev, path, target, every, stride=4):
+def evaluate(ev, path, target, every):
     """(time to target or None, steps there, final seconds, final steps,
-    final accuracy, [(t, steps, accuracy)] evaluated). Coarse to fine:
-    every `stride`th snapshot until one reaches the target, then the ones
-    between it and the coarse one before, for the first at or above it;
-    the last snapshot; and every `every`th for the plot."""
+    final accuracy, [(t, steps, accuracy)] evaluated). Every snapshot in
+    order until the first with ceil(target x images) right (counted, not
+    a rounded float: 4400 of 5000 is 0.88); then every `every`th for the
+    plot, and the last."""
     rows = torch.load(path)
-    acc = {}
+    n = len(ev.y)
+    need = math.ceil(target * n - 1e-9)
+    right = {}
 
     def at(i):
-        if i not in acc:
-            acc[i] = ev.accuracy(rows[i][2])
-        return acc[i]
+        if i not in right:
+            right[i] = ev.correct(rows[i][2])
+        return right[i]
 
     hit = None
-    for i in range(0, len(rows), stride):
-        if at(i) >= target:
+    for i in range(len(rows)):
+        if at(i) >= need:
             hit = i
-            for j in range(max(0, i - stride + 1), i):
-                if at(j) >= target:
-                    hit = j
-                    break
             break
     at(len(rows) - 1)
     for i in range(0, len(rows), every):
         at(i)
-    curve = [(rows[i][0], rows[i][1], acc[i]) for i in sorted(acc)]
+    curve = [(rows[i][0], rows[i][1], right[i] / n) for i in sorted(right)]
     t, steps, final = curve[-1]
     return (rows[hit][0] if hit is not None else None, rows[hit][1] if hit is not None else None,
             t, steps, final, curve)
@@ -200,10 +203,11 @@ def fmt_spread(values, unit="", digits=1):
 
 def summarise(args):
     runs = list(csv.DictReader(open(os.path.join(args.out, "runs.csv"))))
-    lines = ["Command: `bench/torch/versus_ddp.py --reps %s --seconds %g --straggler-seconds %g "
-             "--optimizer %s%s` (%s)." % (args.reps_done(runs), args.seconds,
-                                          args.straggler_seconds, args.optimizer,
-                                          " --lr %g" % args.lr if args.lr else "", args.when),
+    meta_path = os.path.join(args.out, "meta.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    lines = ["Command: `bench/torch/versus_ddp.py %s` (%s; %s, lr %s)." % (
+                 meta.get("command", "?"), meta.get("when", "?"), args.optimizer,
+                 args.lr or ("0.05, momentum 0.9" if args.optimizer == "sgd" else "1e-3")),
              "Medians over reps, with the range in parentheses: time and steps (the evaluating "
              "worker's) to %.2f test accuracy (first %d test images), the accuracy at the end of "
              "the run (%g s without a straggler, %g s with one), and pacer's time over DDP's in "
@@ -213,9 +217,9 @@ def summarise(args):
                  "at the end | time / DDP's |" % (args.target, args.target))
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     verdict = []
-    systems = SYSTEMS + [s for s in PACER_MODES if s not in SYSTEMS
-                         and any(r["system"] == s for r in runs)]
-    for scenario in SCENARIOS:
+    systems = [s for s in SYSTEMS + list(PACER_MODES) if any(r["system"] == s for r in runs)]
+    systems = list(dict.fromkeys(systems))
+    for scenario in [sc for sc in SCENARIOS if any(r["scenario"] == sc for r in runs)]:
         ddp = {r["rep"]: r for r in runs if r["scenario"] == scenario and r["system"] == "ddp"}
         for system in systems:
             mine = [r for r in runs if r["scenario"] == scenario and r["system"] == system]
@@ -223,18 +227,23 @@ def summarise(args):
             times = [float(r["time_to_target"]) for r in reached]
             steps = [float(r["steps_to_target"]) for r in reached]
             finals = [float(r["final_accuracy"]) for r in mine]
-            ratios, bounded = [], False
+            ratios, bound = [], ""
             if system != "ddp":
-                for r in reached:
+                for r in mine:
                     d = ddp.get(r["rep"])
                     if d is None:
                         continue
-                    if d["time_to_target"]:
+                    if r["time_to_target"] and d["time_to_target"]:
                         ratios.append(float(r["time_to_target"]) / float(d["time_to_target"]))
-                    else:
-                        bounded = True  # DDP never reached it: at most this
+                    elif r["time_to_target"]:
+                        bound += "<"  # DDP never reached it: at most this
                         ratios.append(float(r["time_to_target"]) / float(d["final_seconds"]))
-            ratio = ("<" if bounded else "") + fmt_spread(ratios, digits=2) if ratios else "–"
+                    elif d["time_to_target"]:
+                        bound += ">"  # this one never reached it: at least this
+                        ratios.append(float(r["final_seconds"]) / float(d["time_to_target"]))
+            if "<" in bound and ">" in bound:
+                bound = "~"  # bounds both ways: the median means little
+            ratio = (bound[:1] + fmt_spread(ratios, digits=2)) if ratios else "–"
             lines.append("| %s | %s | %d of %d | %s | %s | %s | %s |" % (
                 scenario, system, len(reached), len(mine), fmt_spread(times, " s"),
                 fmt_spread(steps, digits=0), fmt_spread(finals, digits=3),
@@ -243,7 +252,8 @@ def summarise(args):
                 goal = 1.1 if scenario == "none" else 0.6
                 verdict.append("%s: pacer policy at %s of DDP's time (target at most %.1f)"
                                % (scenario, ratio, goal))
-    lines += ["", "; ".join(verdict) + ".", "", "Per run:", "",
+    lines += ["", "; ".join(verdict) + "." if verdict else "(No pacer policy run beside DDP.)",
+              "", "Per run:", "",
               "| rep | scenario | system | time to %.2f | steps | accuracy at the end | "
               "steps in the run |" % args.target, "|---:|---|---|---:|---:|---:|---:|"]
     for r in runs:
@@ -252,8 +262,9 @@ def summarise(args):
             ("%.1f s" % float(r["time_to_target"])) if r["time_to_target"] else "not reached",
             r["steps_to_target"] or "–", float(r["final_accuracy"]), r["final_steps"]))
     text = ("<!-- torch-ddp:begin (bench/torch/versus_ddp.py writes this section) -->\n"
-            + "\n".join(lines) + "\n\n![accuracy over time](torch/out/accuracy.png)\n"
-            "<!-- torch-ddp:end -->\n")
+            + "\n".join(lines) + "\n\n![accuracy over time](%s)\n"
+            % os.path.relpath(os.path.join(args.out, "accuracy.png"), os.path.join(ROOT, "bench"))
+            + "<!-- torch-ddp:end -->\n")
     open(os.path.join(args.out, "summary.md"), "w").write(text)
     return text
 
@@ -262,7 +273,7 @@ def plot(args):
     curves = list(csv.DictReader(open(os.path.join(args.out, "curves.csv"))))
     cmds = []
     for scenario in SCENARIOS:
-        for system in SYSTEMS:
+        for system in dict.fromkeys(SYSTEMS + list(PACER_MODES)):
             pts = [(float(c["t"]), float(c["accuracy"])) for c in curves
                    if c["rep"] == "1" and c["scenario"] == scenario and c["system"] == system]
             if not pts:
@@ -308,6 +319,8 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--keep-snapshots", action="store_true",
+                    help="keep each run's weight snapshots (runs/*/snapshots*.pt) for rescoring")
     ap.add_argument("--results", action="store_true",
                     help="also replace the section in bench/RESULTS.md")
     args = ap.parse_args()
@@ -321,6 +334,8 @@ def main():
         systems = args.systems.split(",")
         scenarios = args.scenarios.split(",")
         ev = Evaluator(args.test_limit)
+        with open(os.path.join(args.out, "meta.json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv[1:]), "when": args.when}, f)
         with open(os.path.join(args.out, "runs.csv"), "w", newline="") as rf, \
                 open(os.path.join(args.out, "curves.csv"), "w", newline="") as cf:
             runs = csv.writer(rf)
@@ -338,7 +353,8 @@ def main():
                         snaps = run_one(args, run_dir, system, scenario)
                         t, steps, final_t, final_steps, final_acc, curve = evaluate(
                             ev, snaps, args.target, args.curve_every if rep == 1 else 10 ** 9)
-                        os.remove(snaps)
+                        if not args.keep_snapshots:
+                            os.remove(snaps)
                         runs.writerow([rep, scenario, system, "" if t is None else "%.2f" % t,
                                        "" if steps is None else steps, "%.2f" % final_t,
                                        final_steps, "%.4f" % final_acc])

@@ -33,6 +33,10 @@ What Pacer does and what stays yours:
 - Module buffers (BatchNorm's running statistics) are not sent to the
   shards: each worker keeps its own, and ``distribute`` warns that they
   are local to the worker.
+- ``loader.batch_size`` is the size the monitor gave this batch;
+  ``rank()`` this worker's rank; ``is_evaluator()`` whether it evaluates.
+- A model on a CUDA device trains from copies of the runtime's buffers,
+  page-locked for it (Debian's torch is CPU-only: not run on a GPU here).
 """
 
 import math
@@ -74,6 +78,7 @@ class _State:
         self.optimizer = None   # the DistributedOptimizer
         self.views = []         # (param, host params view, host grads view), flat order
         self.pinned = []        # page-locked buffers' addresses (a CUDA model)
+        self.devices = []       # the CUDA devices the model's parameters are on
         self.last_clock = None
         self.finished = None
 
@@ -83,8 +88,19 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
          handle_sigterm=True):
     """Makes this process a worker of the job at ``monitor`` (tcp://HOST:PORT;
     default: the PACER_MONITOR variable). Registration happens when the
-    DataLoader starts. With ``handle_sigterm`` SIGTERM leaves the job cleanly:
-    the loader ends after the current step."""
+    DataLoader starts. The options are pacer-worker's of the same names:
+
+    - ``block_floats``: floats per key block (the shards' unit of keys);
+    - ``request_timeout``: seconds a request to a shard or the monitor may
+      take before the worker gives up (``TimeoutError``);
+    - ``start_timeout``: seconds to wait for the monitor to start the run;
+    - ``progress_interval``: seconds between progress lines on stderr;
+    - ``max_batch``: this worker's memory limit in samples (0: none);
+    - ``sample_log``, ``ack_log``, ``step_log``: files for the samples each
+      acknowledged push trained on, the acknowledgements, and per-step
+      timings (empty: none);
+    - ``handle_sigterm``: SIGTERM leaves the job cleanly (the loader ends
+      after the current step)."""
     global _state
     monitor = monitor or os.environ.get("PACER_MONITOR", "")
     if not monitor:
@@ -239,9 +255,12 @@ def _start(samples):
 def _pin(state):
     """For a model with CUDA tensors: page-locks the runtime's buffers
     (cudaHostRegister), so that the copies to and from the device go by DMA
-    without a staging copy and run asynchronously (the push waits for
-    them). Where that fails (no CUDA runtime), the copies stay plain."""
-    if not any(p.device.type == "cuda" for p, _, _ in state.views):
+    without a staging copy and run asynchronously (the push, and the next
+    pull, wait for them). Where that fails (no CUDA runtime), neither is
+    page-locked and the copies stay synchronous."""
+    state.devices = sorted({p.device for p, _, _ in state.views if p.device.type == "cuda"},
+                           key=str)
+    if not state.devices:
         return
     try:
         cudart = torch.cuda.cudart()
@@ -249,8 +268,17 @@ def _pin(state):
             torch.cuda.check_error(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
             state.pinned.append(array.ctypes.data)
     except (AttributeError, AssertionError, RuntimeError) as e:
+        _unpin(state)
         warnings.warn("pacer.torch: the runtime's buffers could not be page-locked (%s); "
                       "copies to and from the device stay synchronous" % (e,))
+
+
+def _wait_for_copies(state):
+    """Waits for the asynchronous copies between the page-locked buffers
+    and every device the model is on."""
+    if state.pinned:
+        for device in state.devices:
+            torch.cuda.synchronize(device)
 
 
 def _unpin(state):
@@ -332,8 +360,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad.data_ptr() != host_g.data_ptr():
                 host_g.copy_(p.grad.detach(), non_blocking=bool(state.pinned))
                 copied = True
-        if copied and state.pinned:
-            torch.cuda.synchronize()  # the asynchronous copies are in before the push
+        if copied:
+            _wait_for_copies(state)  # the gradients are in before the push
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
         state.planned = False
@@ -427,6 +455,8 @@ class DataLoader:
         while True:
             # A batch yielded and not pushed: nothing moved; it comes again.
             state.planned = False
+            # The pull writes `params`: the last copies out of it are done.
+            _wait_for_copies(state)
             if self.num_workers:
                 plan = trainer.next_batch()
                 if plan is None:
@@ -445,8 +475,7 @@ class DataLoader:
             for p, host_p, _ in state.views:
                 if p.data.data_ptr() != host_p.data_ptr():
                     # Page-locked: asynchronous, ordered before the forward
-                    # on the same stream; the buffer is not written again
-                    # before step() has synchronised.
+                    # on the same stream; the next pull waits for it.
                     with torch.no_grad():
                         p.data.copy_(host_p, non_blocking=bool(state.pinned))
             self.batch_size = int(assigned)
@@ -497,6 +526,8 @@ def shutdown():
     global _state
     state = _require()
     if state.finished is None:
-        state.finished = state.trainer.finish() if state.trainer is not None else {}
-        _unpin(state)
+        try:
+            state.finished = state.trainer.finish() if state.trainer is not None else {}
+        finally:
+            _unpin(state)
     return state.finished
