@@ -118,50 +118,22 @@ template <bool kDecoupled, bool kAmsgrad, bool kHasMax>
   }
 }
 
-// A step where some buffers are in place and others not: no __restrict
-// (an output may be its input), each value read before it is written.
-template <bool kDecoupled, bool kAmsgrad, bool kHasMax>
-[[gnu::always_inline]] inline void AdamMixedLoop(size_t n, const float* w_in, float* w_out,
-                                                 const float* m_in, float* m_out,
-                                                 const float* v_in, float* v_out,
-                                                 const float* x_in, float* x_out,
-                                                 const float* __restrict grad, float gs,
-                                                 const AdamArgs& a) {
-  for (size_t i = 0; i < n; ++i) {
-    const AdamValue r = AdamElement<kDecoupled, kAmsgrad>(
-        w_in[i], m_in[i], v_in[i], kHasMax ? x_in[i] : 0.0f, grad[i], gs, a);
-    w_out[i] = r.w;
-    m_out[i] = r.m;
-    v_out[i] = r.v;
-    if constexpr (kHasMax) x_out[i] = r.x;
-  }
-}
-
 // Every variant, in both clones (see PACER_KERNEL).
 template <bool kDecoupled>
 [[gnu::always_inline]] inline void AdamVariants(size_t n, const float* w_in, float* w_out, const float* m_in,
                              float* m_out, const float* v_in, float* v_out, const float* x_in,
                              float* x_out, const float* grad, float gs, AdamArgs a) {
   const bool has_max = x_out != nullptr;
-  // The table steps every buffer in place, or none; a mix (BlockStep
-  // allows it) takes the loop that lets an output be its input.
-  const bool in_place =
-      w_in == w_out && m_in == m_out && v_in == v_out && (!has_max || x_in == x_out);
+  // The table steps every buffer in place, or none. A mix (BlockStep
+  // allows one) first brings each fresh output up to its input, then
+  // steps them all in place.
   const bool none_in_place =
       w_in != w_out && m_in != m_out && v_in != v_out && (!has_max || x_in != x_out);
-  if (!in_place && !none_in_place) {
-    if (!has_max) {
-      return AdamMixedLoop<kDecoupled, false, false>(n, w_in, w_out, m_in, m_out, v_in, v_out,
-                                                     nullptr, nullptr, grad, gs, a);
-    }
-    if (!a.amsgrad) {
-      return AdamMixedLoop<kDecoupled, false, true>(n, w_in, w_out, m_in, m_out, v_in, v_out,
-                                                    x_in, x_out, grad, gs, a);
-    }
-    return AdamMixedLoop<kDecoupled, true, true>(n, w_in, w_out, m_in, m_out, v_in, v_out, x_in,
-                                                 x_out, grad, gs, a);
-  }
-  if (in_place) {
+  if (!none_in_place) {
+    if (w_out != w_in) std::copy_n(w_in, n, w_out);
+    if (m_out != m_in) std::copy_n(m_in, n, m_out);
+    if (v_out != v_in) std::copy_n(v_in, n, v_out);
+    if (has_max && x_out != x_in) std::copy_n(x_in, n, x_out);
     if (!has_max) return AdamInPlaceLoop<kDecoupled, false, false>(n, w_out, m_out, v_out, nullptr, grad, gs, a);
     if (!a.amsgrad) return AdamInPlaceLoop<kDecoupled, false, true>(n, w_out, m_out, v_out, x_out, grad, gs, a);
     return AdamInPlaceLoop<kDecoupled, true, true>(n, w_out, m_out, v_out, x_out, grad, gs, a);
