@@ -445,7 +445,16 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheClusterAndEveryQueryNamesLiveSerie
   EXPECT_EQ(value_of("max(pacer_monitor_state{state=\"running\"})"), 1);
   EXPECT_GT(value_of("min(pacer_worker_iterations_total)"), 0);
   EXPECT_GT(value_of("sum(pacer_shard_checkpoints_total{result=\"ok\"})"), 0);
-  EXPECT_GT(value_of("max(pacer_training_test_accuracy_ratio)"), 0.1);
+  // Better than chance (0.1 for ten classes). The cluster trains while this
+  // runs, so a slow machine may scrape an early evaluation: poll, bounded.
+  double accuracy = value_of("max(pacer_training_test_accuracy_ratio)");
+  for (const auto until = std::chrono::steady_clock::now() + seconds(60);
+       accuracy <= 0.1 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(seconds(1));
+    accuracy = value_of("max(pacer_training_test_accuracy_ratio)");
+  }
+  EXPECT_GT(accuracy, 0.1) << "the scraped test accuracy stayed at chance for 60 s\n"
+                           << cluster_->Logs();
   EXPECT_GT(value_of("pacer:worker_samples:rate1m"), 0);
   EXPECT_EQ(value_of("count(pacer_monitor_shard_up == 1)"), 2);
 
