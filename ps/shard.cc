@@ -1009,13 +1009,22 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       // One synchronous step on the batch-weighted mean of the clock's
       // gradients, g = sum_i w_i b_i g_i / sum_i w_i b_i (w_i the staleness
       // weight, 1 when fresh: then exactly torch's step on the global
-      // batch); the weights' mean scales the lr, not the gradient.
+      // batch); the weights' mean scales the lr, not the gradient. A clock
+      // short of the global batch B steps in proportion, by
+      // sum_i w_i b_i / max(sum_i b_i, B): workers take a new batch size at
+      // their own clocks, so after the monitor swaps two sizes (1 and 191)
+      // the clocks between hold 1 + 1 samples, and full steps on such
+      // means, amplified by momentum, could wreck the model. Backup mode
+      // drops its last k pushes by design and keeps the plain mean.
       if (options_.apply_updates && oc.batch_sum > 0 && oc.weight_sum > 0) {
         StepRecord step;
         step.grad = {{}, oc.acc, /*at_offsets=*/true};
         step.grad_scale = static_cast<float>(1.0 / oc.weight_sum);
-        ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / static_cast<double>(oc.batch_sum)),
-                  &step);
+        double samples = static_cast<double>(oc.batch_sum);
+        if (job_.mode != wire::Mode::Backup) {
+          samples = std::max(samples, static_cast<double>(job_.global_batch));
+        }
+        ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / samples), &step);
         table_->Step(step);
       }
       if (oc.pushed.size() != from_live) {

@@ -452,6 +452,34 @@ TEST_F(ShardTest, BspStepIsBatchWeightedMeanOfPushes) {
   ExpectNear(Params(), w2);
 }
 
+// Workers take a new batch size at their own clocks, so a clock can gather
+// fewer samples than the global batch B (1 + 1 after the monitor swaps
+// sizes 1 and 3): it steps in proportion, sum_i b_i g_i / B, not a full
+// step on the mean of 2 samples.
+TEST_F(ShardTest, AClockShortOfTheGlobalBatchStepsInProportion) {
+  for (wire::Mode mode : {wire::Mode::Bsp, wire::Mode::Ssp, wire::Mode::Dssp}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    Start(mode);
+    const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+    const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+    Push(kWorkerA, 0, 1, ga);
+    Push(kWorkerB, 0, 1, gb);
+    ASSERT_EQ(shard_->applied_clock(), 0);
+    std::vector<float> want(3);
+    for (size_t i = 0; i < 3; ++i) want[i] = kW0[i] - kLr * (ga[i] + gb[i]) / kGlobalBatch;
+    ExpectNear(Params(), want);
+    // A clock over B (3 + 3 after the swap back) is the plain mean.
+    Push(kWorkerA, 1, 3, ga);
+    Push(kWorkerB, 1, 3, gb);
+    ASSERT_EQ(shard_->applied_clock(), 1);
+    for (size_t i = 0; i < 3; ++i) {
+      const float v1 = (ga[i] + gb[i]) / kGlobalBatch;
+      want[i] -= kLr * (kMomentum * v1 + (ga[i] + gb[i]) / 2);
+    }
+    ExpectNear(Params(), want);
+  }
+}
+
 TEST_F(ShardTest, RestoredSnapshotContinuesExactlyWhereTheShardWas) {
   Start(wire::Mode::Bsp);
   Push(kWorkerA, 0, 1, {1.0f, 2.0f, -4.0f});
@@ -852,7 +880,8 @@ TEST_F(ShardTest, MembershipChangeReleasesParkedPull) {
   EXPECT_TRUE(Pull(kWorkerA, 1).empty());
   ASSERT_EQ(shard_->parked_pulls(), 1u);
 
-  // B is declared dead: the step uses the pushes received, A's alone.
+  // B is declared dead: the step uses the pushes received, A's alone, and
+  // is short of the global batch: 1 of its 4 samples, a quarter step.
   auto out = Membership(2, {{kWorkerA, 0, 1}});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(MustDecode(out[0]).type(), wire::Body::Ack);
@@ -860,7 +889,7 @@ TEST_F(ShardTest, MembershipChangeReleasesParkedPull) {
   EXPECT_EQ(shard_->applied_clock(), 0);
   EXPECT_EQ(shard_->parked_pulls(), 0u);
   std::vector<float> w1(3);
-  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * ga[i];
+  for (size_t i = 0; i < 3; ++i) w1[i] = kW0[i] - kLr * ga[i] / kGlobalBatch;
   ExpectNear(PullValues(out[1]), w1);
   ExpectNear(Params(), w1);
 
