@@ -3,13 +3,14 @@
 // bytes, measured in the same run.
 //
 //   pacer-pushpull-bench [--sizes 1024,65536,1048576,16777216] [--seconds S]
-//                        [--optimizers sgd,adam]
+//                        [--optimizers sgd,adam] [--reps N]
 //
 // For each size it starts, as child processes, a pacer-monitor (ASP, one
 // shard, one worker) and a pacer-server, applying updates once per
 // optimizer of --optimizers (pacer-monitor --optimizer) and once with
-// --no-apply (transport only), plus a raw echo server (this binary with
-// --raw-echo). It prints one table row per size as Markdown.
+// --no-apply (transport only), once with no checks (--no-crc), plus a raw
+// echo server (this binary with --raw-echo). With --reps N every case runs N
+// times, interleaved. It prints one table row per size as Markdown.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,13 +80,17 @@ int Iterations(size_t floats, double budget_s) {
 }
 
 double RawRun(const std::string& self, size_t floats, double budget_s, const std::string& dir) {
+  // A log name of its own per run: a reused one could still hold the last
+  // run's "listening" line when it is read.
+  static int run = 0;
   auto server = Process::Start({self, "--raw-echo", std::to_string(floats)}, dir,
-                               "raw" + std::to_string(floats));
+                               "raw" + std::to_string(floats) + "-" + std::to_string(++run));
   auto addr = server->WaitForLine("listening ", std::chrono::seconds(10));
   if (!addr) return -1;
   zmq::context_t ctx(1);
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 30000);  // a lost server fails the case, never hangs the bench
   s.connect(*addr);
   std::vector<float> grads(floats, 0.5f), params(floats);
   char header[64] = {};
@@ -99,12 +104,12 @@ double RawRun(const std::string& self, size_t floats, double budget_s, const std
     zmq::message_t payload(grads.data(), floats * sizeof(float), nullptr, nullptr);
     s.send(payload, zmq::send_flags::none);
     zmq::message_t ack;
-    (void)s.recv(ack);
+    if (!s.recv(ack)) return -1;
     // pull: envelope + header, then the values into a reused buffer
     s.send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
     s.send(zmq::const_buffer(header, 48), zmq::send_flags::none);  // 2 parts: pull
     zmq::message_t reply;
-    (void)s.recv(reply);
+    if (!s.recv(reply)) return -1;
     std::memcpy(params.data(), reply.data(), std::min(reply.size(), floats * sizeof(float)));
     if (i >= 0) samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -206,6 +211,12 @@ int main(int argc, char** argv) {
                  "The optimizers of the '+ apply' columns (pacer-monitor --optimizer), "
                  "comma-separated")
       ->capture_default_str();
+  int reps = 1;
+  app.add_option("--reps", reps,
+                 "Runs of every case, interleaved (each rep runs every case of every size "
+                 "in turn); medians, and the range of the reps' ratios")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   app.add_option("--raw-echo", raw_echo, "Internal: run the raw echo server for N floats");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   if (raw_echo > 0) return RawEchoServer(raw_echo);
@@ -222,26 +233,60 @@ int main(int argc, char** argv) {
     std::stringstream os(optimizers);
     for (std::string k; std::getline(os, k, ',');) kinds.push_back(k);
   }
+  std::vector<size_t> floats_list;
+  {
+    std::stringstream ss(sizes);
+    for (std::string item; std::getline(ss, item, ',');) floats_list.push_back(std::stoull(item));
+  }
+  // Cases per size: raw, transport-only, one per optimizer, no checks.
+  const size_t cases = 3 + kinds.size();
+  // seconds[size][case][rep]: every rep runs every case of every size, in
+  // turn, so that the machine's slow spells hit all cases alike.
+  std::vector<std::vector<std::vector<double>>> seconds(
+      floats_list.size(), std::vector<std::vector<double>>(cases));
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t s = 0; s < floats_list.size(); ++s) {
+      const size_t floats = floats_list[s];
+      auto& row = seconds[s];
+      row[0].push_back(RawRun(self, floats, budget, dir.path()));
+      row[1].push_back(PacerRun(floats, /*apply=*/false, /*crc=*/true, budget, dir.path()));
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        row[2 + k].push_back(PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path(), kinds[k]));
+      }
+      row[cases - 1].push_back(PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path()));
+    }
+    if (reps > 1) std::fprintf(stderr, "rep %d of %d done\n", rep + 1, reps);
+  }
+  // Each cell: the median over the reps; with several reps the range of the
+  // reps' ratios (each against the raw echo of its own rep) follows.
   std::printf("| floats | raw ZeroMQ push+pull | Pacer transport-only | ratio |");
   for (const std::string& k : kinds) std::printf(" Pacer + apply (%s) | ratio |", k.c_str());
-  std::printf(" transport-only, no CRC | ratio |\n|---:|---:|---:|---:|");
+  std::printf(" transport-only, no checks | ratio |\n|---:|---:|---:|---:|");
   for (size_t i = 0; i < kinds.size(); ++i) std::printf("---:|---:|");
   std::printf("---:|---:|\n");
-  std::stringstream ss(sizes);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t floats = std::stoull(item);
-    double raw = RawRun(self, floats, budget, dir.path());
-    double transport = PacerRun(floats, /*apply=*/false, /*crc=*/true, budget, dir.path());
-    // Ratio = Pacer throughput / raw throughput = raw time / Pacer time.
-    std::printf("| %zu | %s | %s | %.2f× |", floats, Human(raw).c_str(), Human(transport).c_str(),
-                raw / transport);
-    for (const std::string& k : kinds) {
-      double applied = PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path(), k);
-      std::printf(" %s | %.2f× |", Human(applied).c_str(), raw / applied);
+  for (size_t s = 0; s < floats_list.size(); ++s) {
+    const auto& row = seconds[s];
+    std::printf("| %zu | %s |", floats_list[s], Human(Median(row[0])).c_str());
+    for (size_t c = 1; c < cases; ++c) {
+      std::vector<double> ratios;
+      bool failed = false;
+      for (int r = 0; r < reps; ++r) {
+        failed = failed || row[c][r] <= 0 || row[0][r] <= 0;
+        ratios.push_back(row[0][r] / row[c][r]);
+      }
+      if (failed) {
+        std::printf(" failed | |");
+        continue;
+      }
+      std::printf(" %s | %.2f×", Human(Median(row[c])).c_str(), Median(ratios));
+      if (reps > 1) {
+        std::printf(" (%.2f–%.2f)", *std::min_element(ratios.begin(), ratios.end()),
+                    *std::max_element(ratios.begin(), ratios.end()));
+      }
+      std::printf(" |");
     }
-    double nocrc = PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path());
-    std::printf(" %s | %.2f× |\n", Human(nocrc).c_str(), raw / nocrc);
-    std::fflush(stdout);
+    std::printf("\n");
   }
+  std::fflush(stdout);
   return 0;
 }

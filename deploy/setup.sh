@@ -42,7 +42,8 @@ done
 # Why each package is here:
 #  build tools; ZeroMQ + cppzmq (transport); flatbuffers + flatc (wire schema);
 #  RocksDB (checkpoints); prometheus-cpp (metrics); zlib (IDX .gz, and the
-#  reference CRC-32); ISA-L (the same CRC-32, 3x faster: ps/base/wire.h);
+#  reference CRC-32); ISA-L (the same CRC-32, 3x faster, for checkpoint and
+#  model files); libxxhash (XXH3, the message checks: ps/base/wire.h);
 #  Eigen + OpenBLAS (CPU compute: Eigen expressions, OpenBLAS GEMM, never the
 #  reference libblas3); CLI11 (flags); spdlog (logs); abseil (Status/StatusOr);
 #  GoogleTest/GoogleMock/Benchmark (tests, bench); the Fashion-MNIST data set;
@@ -57,7 +58,7 @@ done
 packages=(
   build-essential cmake ninja-build pkg-config
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler
-  librocksdb-dev prometheus-cpp-dev zlib1g-dev libisal-dev
+  librocksdb-dev prometheus-cpp-dev zlib1g-dev libisal-dev libxxhash-dev
   libeigen3-dev libopenblas-dev libcli11-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libyaml-cpp-dev
   dataset-fashion-mnist gnuplot-nox stress-ng

@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
   std::unique_ptr<PsClient> c(new PsClient());
   c->transport_ = transport;
   c->options_ = options;
+  // Pull replies are checked block by block as they are copied into the
+  // parameters (the handler in StartPull): one read of the payload.
+  c->options_.rpc.defer_pull_reply_payload = true;
   c->map_ = map;
   c->keys_ = std::move(keys);
   c->slices_ = std::move(*slices);
@@ -88,7 +91,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
   }
   for (const auto& shard : map.shards) {
     transport->SetServerKey(shard.address, shard.public_key);
-    auto ch = RpcChannel::Connect(transport, shard.address, options.rpc);
+    auto ch = RpcChannel::Connect(transport, shard.address, c->options_.rpc);
     if (!ch.ok()) return ch.status();
     c->channels_.push_back(std::move(*ch));
   }
@@ -163,7 +166,8 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
     if (code == wire::ErrorCode::BadCrc || code == wire::ErrorCode::BadHeader ||
         code == wire::ErrorCode::BadLength) {
       // Our message arrived damaged (the shard verified it and applied
-      // nothing): send the same bytes again now.
+      // nothing), or its reply did (RpcChannel::MatchAny): send the same
+      // bytes again now.
       req.resend_at = clock->Now();
       return absl::OkStatus();
     }
@@ -201,7 +205,13 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
     }
     return absl::OkStatus();
   }
-  if (absl::Status s = round_.on_reply(i, d); !s.ok()) return s;
+  if (absl::Status s = round_.on_reply(i, d); !s.ok()) {
+    if (WireCode(s) != wire::ErrorCode::BadCrc) return s;
+    // The reply was damaged on the way: ask again now (the same request).
+    req.answered = false;
+    req.resend_at = clock->Now();
+    return absl::OkStatus();
+  }
   round_.done[i] = true;
   return absl::OkStatus();
 }
@@ -500,7 +510,11 @@ absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
         return absl::DataLossError("pull reply keys out of order");
       }
     }
-    if (sl.length) std::memcpy(params_.get() + sl.offset, d.payload.data(), d.payload.size());
+    if (sl.length && !CopyCheckedPayload(d, params_.get() + sl.offset)) {
+      // Damaged on the way: the blocks copied so far are right, the rest
+      // keep their old values until the shard answers again (TakeReply).
+      return ErrorStatus(wire::ErrorCode::BadCrc, "pull reply payload fails its block checks");
+    }
     pull_applied_ = std::min(pull_applied_, r.applied_clock);
     pull_steps_ = std::min(pull_steps_, r.steps);
     last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r.waited_seconds));

@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-apply", no_apply,
                "Benchmarks only: acknowledge pushes without applying them (transport-only figure)");
   app.add_flag("--no-crc", no_crc,
-               "Benchmarks only: skip the CRC-32 (replies carry CRC 0, nothing is verified); "
-               "every peer must skip it too");
+               "Benchmarks only: skip the message checks (replies carry none, nothing is "
+               "verified); every peer must skip them too");
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds to wait for the monitor's answer to one request")
       ->capture_default_str()->check(pacer::Positive())
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   pacer::AddUnsafeDisableFlag(
       app, &unsafe,
       {{"dedup", "a duplicate or retried push is applied again"},
-       {"crc-check", "what arrives is not CRC-checked, so corrupted gradients are applied"},
+       {"crc-check", "what arrives is not checked (the XXH3 message checks), so corrupted gradients are applied"},
        {"checkpoints", "no checkpoint after the first on time or count, so a crash loses "
                        "everything acknowledged since"}});
   std::string* lvl = &log_level;

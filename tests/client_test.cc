@@ -161,6 +161,9 @@ class FakeShard {
   // After this many requests, the parts of pushes held so far are
   // forgotten (as by a restart); -1: never.
   int forget_parts_after = -1;
+  // How many pull replies get one payload bit flipped after they are
+  // encoded (damaged on the way, as by the `corrupt` fault).
+  int damage_pull_replies = 0;
 
   void Start(int expected) {
     thread_ = std::thread([this, expected] { Serve(expected); });
@@ -200,6 +203,12 @@ class FakeShard {
       if (on_request) on_request(r);
       if (!reply) continue;
       Frames answer = Answer(d, r);
+      if (r.type == wire::Body::Pull && damage_pull_replies > 0 && answer.size() == 3) {
+        --damage_pull_replies;
+        std::vector<uint8_t> bytes(answer[2].data(), answer[2].data() + answer[2].size());
+        bytes.back() ^= 0x10;
+        answer[2] = Frame::FromVector(std::move(bytes));
+      }
       answer.insert(answer.begin(), peer);
       EXPECT_TRUE(socket_->Send(std::move(answer)).ok());
     }
@@ -519,6 +528,27 @@ TEST_F(PsClientTest, DamagedPushIsSentAgainNotAnError) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(1)) << "waited for the resend timer";
   ASSERT_EQ(b_.requests().size(), 2u);
   EXPECT_EQ(b_.requests()[1].floats, b_.requests()[0].floats);
+}
+
+// A pull reply damaged on the way (its payload fails the block checks as
+// the client copies it) is asked for again at once, and the parameters end
+// up as the shard holds them.
+TEST_F(PsClientTest, DamagedPullReplyIsAskedForAgainNotAnError) {
+  b_.damage_pull_replies = 1;
+  a_.Start(1);
+  b_.Start(2);
+  auto client = MakeClient();
+  ASSERT_NE(client, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto applied = client->Pull(/*clock=*/7);
+  a_.Join();
+  b_.Join();
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(1)) << "waited for the resend timer";
+  std::vector<float> params(client->params().begin(), client->params().end());
+  EXPECT_EQ(params, (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}));
+  ASSERT_EQ(b_.requests().size(), 2u);
+  EXPECT_EQ(b_.requests()[1].type, wire::Body::Pull);
 }
 
 // The spec's concurrency requirement: "Shard A holds its reply until shard B

@@ -57,10 +57,10 @@ Frames RegisterFrames(const Envelope& env) {
 }
 
 // Frame 0 written by hand, so that tests can put any value in any field.
-Frame RawEnvelope(uint32_t magic, uint16_t version, uint16_t type, uint64_t job, uint32_t crc,
-                  uint64_t payload_bytes) {
-  return test::RawEnvelope(version, type, job, /*sender=*/7, crc, /*request=*/1234, payload_bytes,
-                           magic);
+Frame RawEnvelope(uint32_t magic, uint16_t version, uint16_t type, uint64_t job,
+                  const std::vector<uint8_t>& header) {
+  return test::RawEnvelope(version, type, job, /*sender=*/7, Frame::Copy(header.data(), header.size()),
+                           /*request=*/1234, {}, magic);
 }
 
 // A copy of `f` with byte `i` xor-ed with `mask`.
@@ -68,10 +68,6 @@ Frame Flip(const Frame& f, size_t i, uint8_t mask = 0x01) {
   std::vector<uint8_t> b(f.data(), f.data() + f.size());
   b.at(i) ^= mask;
   return Frame::FromVector(std::move(b));
-}
-
-uint32_t ZlibCrc(const std::vector<uint8_t>& bytes) {
-  return static_cast<uint32_t>(crc32(0L, bytes.data(), static_cast<uInt>(bytes.size())));
 }
 
 // Decodes `frames`, expecting a refusal; returns the error.
@@ -109,7 +105,7 @@ TEST(WireTest, RequestIdsDoNotRepeat) {
 TEST(WireTest, PushRoundTripsWithPayload) {
   Frames frames = PushFrames();
   ASSERT_EQ(frames.size(), 3u);
-  EXPECT_EQ(frames[0].size(), kEnvelopeBytes);
+  EXPECT_EQ(frames[0].size(), kEnvelopeBytes + 8);  // one block check
 
   Decoded d;
   DecodeError err;
@@ -167,10 +163,22 @@ TEST(WireTest, WrongFrameCountIsBadEnvelope) {
 
 TEST(WireTest, ShortEnvelopeIsBadEnvelope) {
   Frames frames = PushFrames();
-  frames[0] = Frame::Copy(frames[0].data(), kEnvelopeBytes - 1);
+  frames[0] = Frame::Copy(frames[0].data(), 39);
   DecodeError err = MustFail(frames);
   EXPECT_EQ(err.code, wire::ErrorCode::BadEnvelope);
   EXPECT_FALSE(err.env.has_value());
+}
+
+TEST(WireTest, EnvelopeSizeDisagreeingWithItsBlockChecksIsBadEnvelope) {
+  // The fields are readable (so the sender can be answered), but frame 0 is
+  // one byte short of its block checks and check.
+  Frames frames = PushFrames();
+  ASSERT_EQ(frames[0].size(), kEnvelopeBytes + 8);  // one payload block
+  frames[0] = Frame::Copy(frames[0].data(), frames[0].size() - 1);
+  DecodeError err = MustFail(frames);
+  EXPECT_EQ(err.code, wire::ErrorCode::BadEnvelope) << err.reason;
+  ASSERT_TRUE(err.env.has_value());
+  EXPECT_EQ(err.env->request_id, 1234u);
 }
 
 TEST(WireTest, BadMagicIsBadEnvelope) {
@@ -258,7 +266,7 @@ TEST(WireTest, CrcValidGarbageHeaderIsBadHeader) {
   for (size_t i = 0; i < header.size(); ++i) header[i] = static_cast<uint8_t>(0xA5 ^ (i * 37));
   Frames frames = {
       RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat), kJob,
-                  ZlibCrc(header), 0),
+                  header),
       Frame::FromVector(header)};
   DecodeError err = MustFail(frames);
   EXPECT_EQ(err.code, wire::ErrorCode::BadHeader) << err.reason;
@@ -275,7 +283,7 @@ TEST(WireTest, HandWrittenEnvelopeOfAValidMessageDecodes) {
   std::vector<uint8_t> header(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   Frames frames = {
       RawEnvelope(kMagic, kProtocolVersion, static_cast<uint16_t>(wire::Body::Heartbeat), kJob,
-                  ZlibCrc(header), 0),
+                  header),
       Frame::FromVector(header)};
   Decoded d;
   DecodeError err;
@@ -359,6 +367,114 @@ TEST(WireTest, CrcCheckCanBeTurnedOff) {
   EXPECT_TRUE(Decode(frames, o, &d, &err)) << err.reason;
 }
 
+// A PullReply for key 3 with `n` floats (value i at i).
+Frames PullReplyFrames(size_t n, bool with_crc = true) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i);
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<wire::KeyLen> keys = {{3, n}};
+  auto kv = fbb.CreateVectorOfStructs(keys);
+  return EncodeBody(Env(), fbb, wire::CreatePullReply(fbb, 0, -1, kv), Floats(v), with_crc);
+}
+
+constexpr size_t kBlockFloats = kCheckBlockBytes / sizeof(float);
+
+// Encode writes frame 0 exactly as ps/base/wire.h describes it (the test
+// helper computes the checks from that description with libxxhash).
+TEST(WireTest, EnvelopeIsLaidOutAsDocumented) {
+  for (size_t n : {size_t{1}, kBlockFloats, kBlockFloats * 2 + 7}) {
+    Frames f = PullReplyFrames(n);
+    ASSERT_EQ(f.size(), 3u);
+    const Frame want = test::RawEnvelope(kProtocolVersion, static_cast<uint16_t>(wire::Body::PullReply),
+                                         kJob, 7, f[1], 1234, f[2]);
+    ASSERT_EQ(f[0].size(), want.size()) << n;
+    EXPECT_EQ(std::memcmp(f[0].data(), want.data(), want.size()), 0) << n;
+    EXPECT_EQ(f[0].size(), kEnvelopeBytes + 8 * CheckBlocks(n * sizeof(float))) << n;
+  }
+}
+
+// Every block of a payload of several blocks is checked, and so is every
+// envelope field and block check: one flipped bit anywhere after the version
+// is refused.
+TEST(WireTest, EveryPayloadBlockAndEnvelopeByteIsChecked) {
+  const Frames good = PullReplyFrames(kBlockFloats * 2 + 7);  // 3 blocks
+  ASSERT_EQ(CheckBlocks(good[2].size()), 3u);
+  for (size_t b = 0; b < 3; ++b) {
+    Frames f = good;
+    f[2] = Flip(f[2], std::min(good[2].size() - 1, b * kCheckBlockBytes + 100), 0x10);
+    DecodeError err = MustFail(f);
+    EXPECT_EQ(err.code, wire::ErrorCode::BadCrc) << "block " << b;
+    EXPECT_NE(err.reason.find("block " + std::to_string(b)), std::string::npos) << err.reason;
+  }
+  // Envelope bytes the other checks do not look at: sender (16..19),
+  // request id (24..31), each block check (40..63) and the check itself.
+  for (size_t i : {size_t{16}, size_t{24}, size_t{31}, size_t{40}, size_t{50}, size_t{63},
+                   good[0].size() - 1}) {
+    Frames f = good;
+    f[0] = Flip(f[0], i);
+    EXPECT_EQ(MustFail(f).code, wire::ErrorCode::BadCrc) << "envelope byte " << i;
+  }
+}
+
+TEST(WireTest, Version2EnvelopeIsWrongVersion) {
+  // A version 2 peer's 40-byte envelope (a CRC-32 where `blocks` is now).
+  Frames f = PullReplyFrames(4);
+  std::vector<uint8_t> e(f[0].data(), f[0].data() + 40);
+  const uint16_t v2 = 2;
+  std::memcpy(e.data() + 4, &v2, sizeof(v2));
+  f[0] = Frame::FromVector(std::move(e));
+  DecodeError err = MustFail(f);
+  EXPECT_EQ(err.code, wire::ErrorCode::WrongVersion) << err.reason;
+  ASSERT_TRUE(err.env.has_value());
+  EXPECT_EQ(err.env->request_id, 1234u);
+}
+
+TEST(WireTest, DeferredPullReplyPayloadIsCheckedAsItIsCopied) {
+  const size_t n = kBlockFloats * 2 + 7;
+  Frames f = PullReplyFrames(n);
+  f[2] = Flip(f[2], kCheckBlockBytes + 8);  // block 1
+  DecodeOptions o = JobOptions();
+  EXPECT_EQ(MustFail(f, o).code, wire::ErrorCode::BadCrc);  // not deferred: refused
+
+  o.defer_pull_reply_payload = true;
+  Decoded d;
+  DecodeError err;
+  ASSERT_TRUE(Decode(f, o, &d, &err)) << err.reason;
+  EXPECT_FALSE(d.payload_checked);
+  std::vector<float> dst(n, -1.0f);
+  EXPECT_FALSE(CopyCheckedPayload(d, dst.data()));
+  EXPECT_EQ(dst[kBlockFloats - 1], static_cast<float>(kBlockFloats - 1));  // block 0 copied
+  EXPECT_EQ(dst[kBlockFloats + 2], -1.0f);  // the damaged block is not
+  EXPECT_EQ(dst[n - 1], -1.0f);             // nor what follows
+
+  Frames intact = PullReplyFrames(n);
+  ASSERT_TRUE(Decode(intact, o, &d, &err)) << err.reason;
+  ASSERT_TRUE(CopyCheckedPayload(d, dst.data()));
+  for (size_t i = 0; i < n; i += 4099) EXPECT_EQ(dst[i], static_cast<float>(i)) << i;
+  EXPECT_EQ(dst[n - 1], static_cast<float>(n - 1));
+
+  // Deferral is for pull replies only: a damaged push is still refused.
+  Frames push = PushFrames();
+  push[2] = Flip(push[2], 1);
+  EXPECT_EQ(MustFail(push, o).code, wire::ErrorCode::BadCrc);
+  // And a damaged header of a pull reply too.
+  Frames header = PullReplyFrames(n);
+  header[1] = Flip(header[1], header[1].size() / 2);
+  EXPECT_EQ(MustFail(header, o).code, wire::ErrorCode::BadCrc);
+}
+
+TEST(WireTest, UncheckedSenderIsRefusedByACheckingReceiver) {
+  Frames f = PullReplyFrames(10, /*with_crc=*/false);
+  EXPECT_EQ(f[0].size(), kEnvelopeBytes);  // no block checks
+  EXPECT_EQ(MustFail(f).code, wire::ErrorCode::BadCrc);
+  DecodeOptions o = JobOptions();
+  o.check_crc = false;
+  Decoded d;
+  DecodeError err;
+  EXPECT_TRUE(Decode(f, o, &d, &err)) << err.reason;
+  EXPECT_TRUE(d.payload_checked);  // nothing to check
+}
+
 TEST(WireTest, ErrorReplyEchoesRequest) {
   Envelope to = Env();
   Frames frames = EncodeError(to, /*sender=*/3, wire::ErrorCode::Stale, "too late");
@@ -388,7 +504,7 @@ TEST(WireTest, PayloadBytesForOverflowIsNullopt) {
 namespace pacer {
 namespace {
 
-// The wire CRC is zlib's CRC-32: ISA-L's kernel must give crc32()'s values,
+// The files' CRC (checkpoints, model files) is zlib's CRC-32: ISA-L's kernel must give crc32()'s values,
 // also when chained, for sizes around its block boundaries.
 TEST(WireCrcTest, Crc32MatchesZlibCrc32) {
   std::mt19937 rng(12345);

@@ -92,7 +92,7 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # the -dev packages, recommended.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS
-  "libzmq3-dev, cppzmq-dev, libflatbuffers-dev, librocksdb-dev, prometheus-cpp-dev, libabsl-dev, libspdlog-dev, libcli11-dev, libeigen3-dev, libopenblas-dev, zlib1g-dev, libisal-dev, dataset-fashion-mnist")
+  "libzmq3-dev, cppzmq-dev, libflatbuffers-dev, librocksdb-dev, prometheus-cpp-dev, libabsl-dev, libspdlog-dev, libcli11-dev, libeigen3-dev, libopenblas-dev, zlib1g-dev, libisal-dev, libxxhash-dev, dataset-fashion-mnist")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "prometheus, grafana")
 # /etc/pacer's settings are conffiles: an upgrade keeps local edits.
 set(CPACK_DEBIAN_PACER_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/conffiles)

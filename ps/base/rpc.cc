@@ -21,12 +21,13 @@ absl::StatusCode CanonicalCode(wire::ErrorCode code) {
 }
 }  // namespace
 
-absl::Status StatusFromError(const msg::Error& error) {
-  const wire::ErrorCode code = error.code;
-  absl::Status s(CanonicalCode(code), std::string(ErrorCodeName(code)) + ": " + error.reason);
+absl::Status ErrorStatus(wire::ErrorCode code, const std::string& reason) {
+  absl::Status s(CanonicalCode(code), std::string(ErrorCodeName(code)) + ": " + reason);
   s.SetPayload(kCodeUrl, absl::Cord(std::to_string(static_cast<int>(code))));
   return s;
 }
+
+absl::Status StatusFromError(const msg::Error& error) { return ErrorStatus(error.code, error.reason); }
 
 std::string ErrorText(const absl::Status& status) {
   // A peer's Error reply already names its wire code in the message
@@ -63,6 +64,7 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::Match(const Frames& frames, u
   dopts.check_job = options_.check_job;
   dopts.max_message_bytes = options_.max_message_bytes;
   dopts.check_crc = options_.check_crc;
+  dopts.defer_pull_reply_payload = options_.defer_pull_reply_payload;
   Decoded d;
   DecodeError err;
   if (!Decode(frames, dopts, &d, &err)) {
@@ -82,6 +84,7 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::MatchAny(const Frames& frames
   dopts.check_job = options_.check_job;
   dopts.max_message_bytes = options_.max_message_bytes;
   dopts.check_crc = options_.check_crc;
+  dopts.defer_pull_reply_payload = options_.defer_pull_reply_payload;
   auto find = [&](uint64_t id) {
     return static_cast<size_t>(std::find(request_ids.begin(), request_ids.end(), id) -
                                request_ids.begin());
@@ -94,7 +97,7 @@ absl::StatusOr<std::optional<Decoded>> RpcChannel::MatchAny(const Frames& frames
       return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
     }
     *which = find(err.env->request_id);
-    return absl::DataLossError("bad reply from " + address_ + ": " + err.reason);
+    return ErrorStatus(err.code, "bad reply from " + address_ + ": " + err.reason);
   }
   const size_t i = find(d.env.request_id);
   if (i == request_ids.size()) return std::optional<Decoded>();  // late reply

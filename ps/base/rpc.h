@@ -19,6 +19,8 @@ namespace pacer {
 
 // An Error reply as a Status; the wire code rides along as a payload.
 absl::Status StatusFromError(const msg::Error& error);
+// A Status carrying wire code `code` (as StatusFromError makes them).
+absl::Status ErrorStatus(wire::ErrorCode code, const std::string& reason);
 // The wire error code a Status came from, or Unknown.
 wire::ErrorCode WireCode(const absl::Status& status);
 // A Status for people: "CODE: message", without the payloads (the wire
@@ -36,6 +38,9 @@ struct RpcOptions {
   uint32_t sender = 0;
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   bool check_crc = true;
+  // PullReply payloads are left to the caller's CopyCheckedPayload
+  // (DecodeOptions::defer_pull_reply_payload): PsClient sets it.
+  bool defer_pull_reply_payload = false;
   // When false the job id of replies is not checked (before registration).
   bool check_job = true;
   // Wait sends the request again (same id) after this long without a reply,

@@ -65,11 +65,12 @@ std::string SenderGuard::Check(const std::string& key, const std::string& bound,
     return why;
   }
   const std::string_view header(reinterpret_cast<const char*>(d.header.data()), d.header.size());
-  uint64_t digest = std::hash<std::string_view>{}(header) ^
-                    (uint64_t{d.env.crc} << 32 | static_cast<uint64_t>(d.env.type)) ^
+  // The envelope check covers the block checks, so the payload too.
+  uint64_t digest = std::hash<std::string_view>{}(header) ^ d.env.check ^
+                    static_cast<uint64_t>(d.env.type) * 0xC2B2AE3D27D4EB4Full ^
                     d.env.payload_bytes * 0x9E3779B97F4A7C15ull;
-  if (d.env.crc == 0 && !d.payload.empty()) {
-    // No CRC (--no-crc-check) to tell payloads apart: hash it instead.
+  if (d.env.check == 0 && !d.payload.empty()) {
+    // No checks (--unsafe-disable crc-check) to tell payloads apart: hash it instead.
     digest ^= std::hash<std::string_view>{}(std::string_view(
                   reinterpret_cast<const char*>(d.payload.data()), d.payload.size())) *
               0xC2B2AE3D27D4EB4Full;

@@ -1,6 +1,7 @@
 #include "ps/base/wire.h"
 
 #include <isa-l/crc.h>
+#include <xxh_x86dispatch.h>
 
 #include <atomic>
 #include <cctype>
@@ -25,10 +26,21 @@ T Get(const uint8_t*& p) {
   return v;
 }
 
-uint32_t Crc(const Frame& header, const Frame& payload) {
-  uint32_t c = Crc32(0, header.data(), header.size());
-  if (!payload.empty()) c = Crc32(c, payload.data(), payload.size());
-  return c;
+// The envelope check: frame 0 up to its last 8 bytes, then the header.
+uint64_t EnvelopeCheck(const uint8_t* envelope, size_t size, const Frame& header) {
+  const uint64_t seed = XXH3_64bits_dispatch(envelope, size - sizeof(uint64_t));
+  return XXH3_64bits_withSeed_dispatch(header.data(), header.size(), seed);
+}
+
+const uint8_t* BlockChecksOf(const Frame& envelope) { return envelope.data() + 40; }
+
+// Payload block `b` checks against frame 0's block_check[b].
+bool BlockOk(const Decoded& d, size_t b) {
+  const size_t off = b * kCheckBlockBytes;
+  const size_t len = std::min(kCheckBlockBytes, d.payload.size() - off);
+  uint64_t want;
+  std::memcpy(&want, BlockChecksOf(d.envelope) + b * sizeof(uint64_t), sizeof(want));
+  return BlockCheck(d.payload.data() + off, len) == want;
 }
 
 bool Fail(DecodeError* err, wire::ErrorCode code, std::string reason,
@@ -52,6 +64,22 @@ uint64_t NewRequestId() {
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
+}
+
+uint64_t BlockCheck(const void* data, size_t size) { return XXH3_64bits_dispatch(data, size); }
+
+bool CopyCheckedPayload(const Decoded& d, void* dst) {
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  if (d.payload_checked) {
+    if (!d.payload.empty()) std::memcpy(out, d.payload.data(), d.payload.size());
+    return true;
+  }
+  for (size_t b = 0, n = CheckBlocks(d.payload.size()); b < n; ++b) {
+    if (!BlockOk(d, b)) return false;
+    const size_t off = b * kCheckBlockBytes;
+    std::memcpy(out + off, d.payload.data() + off, std::min(kCheckBlockBytes, d.payload.size() - off));
+  }
+  return true;
 }
 
 std::optional<wire::Mode> ParseMode(const std::string& name) {
@@ -96,19 +124,34 @@ std::optional<uint64_t> PayloadBytesFor(const flatbuffers::Vector<const wire::Ke
   return total;
 }
 
-bool PeekEnvelope(const Frame& frame, Envelope* env) {
-  if (frame.size() != kEnvelopeBytes) return false;
+namespace {
+// The fields of frame 0 at the offsets every protocol version has used
+// (magic, version, type, job, sender, request id, payload bytes; version 3's
+// `blocks` sits where versions 1 and 2 had their CRC). False unless there are
+// 40 bytes and the magic is right.
+bool ReadFields(const Frame& frame, Envelope* env) {
+  if (frame.size() < 40) return false;
   const uint8_t* p = frame.data();
   if (Get<uint32_t>(p) != kMagic) return false;
   env->version = Get<uint16_t>(p);
   env->type = static_cast<wire::Body>(Get<uint16_t>(p));
   env->job_id = Get<uint64_t>(p);
   env->sender = Get<uint32_t>(p);
-  env->crc = Get<uint32_t>(p);
+  env->blocks = Get<uint32_t>(p);
   env->request_id = Get<uint64_t>(p);
   env->payload_bytes = Get<uint64_t>(p);
   return true;
 }
+// ReadFields, and frame 0's size agrees with `blocks`, and the check.
+bool ReadEnvelope(const Frame& frame, Envelope* env) {
+  if (!ReadFields(frame, env)) return false;
+  if (frame.size() != kEnvelopeBytes + uint64_t{env->blocks} * sizeof(uint64_t)) return false;
+  std::memcpy(&env->check, frame.data() + frame.size() - sizeof(uint64_t), sizeof(uint64_t));
+  return true;
+}
+}  // namespace
+
+bool PeekEnvelope(const Frame& frame, Envelope* env) { return ReadEnvelope(frame, env); }
 
 bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err) {
   if (frames.size() < 2 || frames.size() > 3) {
@@ -116,28 +159,29 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                 "expected 2 or 3 frames, got " + std::to_string(frames.size()));
   }
   const Frame& f0 = frames[0];
-  if (f0.size() != kEnvelopeBytes) {
-    return Fail(err, wire::ErrorCode::BadEnvelope,
-                "envelope is " + std::to_string(f0.size()) + " bytes, expected " +
-                    std::to_string(kEnvelopeBytes));
-  }
-  const uint8_t* p = f0.data();
-  if (Get<uint32_t>(p) != kMagic) return Fail(err, wire::ErrorCode::BadEnvelope, "bad magic");
   Envelope env;
-  env.version = Get<uint16_t>(p);
-  uint16_t type = Get<uint16_t>(p);
-  env.job_id = Get<uint64_t>(p);
-  env.sender = Get<uint32_t>(p);
-  env.crc = Get<uint32_t>(p);
-  env.request_id = Get<uint64_t>(p);
-  env.payload_bytes = Get<uint64_t>(p);
-  env.type = static_cast<wire::Body>(type);
+  if (!ReadFields(f0, &env)) {
+    if (f0.size() < 40) {
+      return Fail(err, wire::ErrorCode::BadEnvelope,
+                  "envelope is " + std::to_string(f0.size()) + " bytes, expected at least " +
+                      std::to_string(kEnvelopeBytes));
+    }
+    return Fail(err, wire::ErrorCode::BadEnvelope, "bad magic");
+  }
   if (env.version != kProtocolVersion) {
     return Fail(err, wire::ErrorCode::WrongVersion,
                 "protocol version " + std::to_string(env.version) + " is not supported (this is " +
                     std::to_string(kProtocolVersion) + ")",
                 env);
   }
+  if (!ReadEnvelope(f0, &env)) {
+    return Fail(err, wire::ErrorCode::BadEnvelope,
+                "envelope is " + std::to_string(f0.size()) + " bytes, its " +
+                    std::to_string(env.blocks) + " block checks need " +
+                    std::to_string(kEnvelopeBytes + uint64_t{env.blocks} * sizeof(uint64_t)),
+                env);
+  }
+  const uint16_t type = static_cast<uint16_t>(env.type);
   const bool unbound_register =
       options.allow_unbound_register && env.job_id == 0 &&
       (env.type == wire::Body::Register || env.type == wire::Body::StatusRequest);
@@ -166,8 +210,20 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                     std::to_string(payload.size()),
                 env);
   }
-  if (options.check_crc && env.crc != Crc(header, payload)) {
-    return Fail(err, wire::ErrorCode::BadCrc, "CRC32 mismatch", env);
+  bool payload_checked = true;
+  if (options.check_crc) {
+    if (env.check != EnvelopeCheck(f0.data(), f0.size(), header)) {
+      return Fail(err, wire::ErrorCode::BadCrc, "envelope check mismatch (envelope or header damaged)",
+                  env);
+    }
+    if (env.blocks != CheckBlocks(payload.size())) {
+      return Fail(err, wire::ErrorCode::BadCrc,
+                  std::to_string(env.blocks) + " block checks for " + std::to_string(CheckBlocks(payload.size())) +
+                      " payload blocks (a sender that does not check?)",
+                  env);
+    }
+    // The payload's blocks last, after every cheap check.
+    payload_checked = false;
   }
   // Flatbuffers needs aligned access; ZeroMQ frames are malloc-aligned, but a
   // header frame at an odd address is copied rather than trusted.
@@ -241,9 +297,23 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                 std::string(wire::EnumNameBody(env.type)) + " carries no payload", env);
   }
   out->env = env;
+  out->envelope = f0;
   out->header = std::move(aligned);
   out->payload = std::move(payload);
   out->message = msg;
+  out->payload_checked = payload_checked;
+  if (!payload_checked &&
+      !(options.defer_pull_reply_payload && env.type == wire::Body::PullReply)) {
+    for (size_t b = 0, n = CheckBlocks(out->payload.size()); b < n; ++b) {
+      if (!BlockOk(*out, b)) {
+        return Fail(err, wire::ErrorCode::BadCrc,
+                    "payload block " + std::to_string(b) + " of " + std::to_string(n) +
+                        " fails its check",
+                    env);
+      }
+    }
+    out->payload_checked = true;
+  }
   return true;
 }
 
@@ -253,17 +323,23 @@ Frames Encode(Envelope env, wire::Body type, flatbuffers::FlatBufferBuilder& fbb
   Frame header(detached, detached->data(), detached->size());
   env.type = type;
   env.payload_bytes = payload.size();
-  env.crc = with_crc ? Crc(header, payload) : 0;
-  std::vector<uint8_t> e(kEnvelopeBytes);
+  env.blocks = with_crc ? static_cast<uint32_t>(CheckBlocks(payload.size())) : 0;
+  std::vector<uint8_t> e(kEnvelopeBytes + size_t{env.blocks} * sizeof(uint64_t));
   uint8_t* p = e.data();
   Put<uint32_t>(p, kMagic);
   Put<uint16_t>(p, env.version);
   Put<uint16_t>(p, static_cast<uint16_t>(type));
   Put<uint64_t>(p, env.job_id);
   Put<uint32_t>(p, env.sender);
-  Put<uint32_t>(p, env.crc);
+  Put<uint32_t>(p, env.blocks);
   Put<uint64_t>(p, env.request_id);
   Put<uint64_t>(p, env.payload_bytes);
+  for (size_t b = 0; b < env.blocks; ++b) {
+    const size_t off = b * kCheckBlockBytes;
+    Put<uint64_t>(p, BlockCheck(payload.data() + off, std::min(kCheckBlockBytes, payload.size() - off)));
+  }
+  env.check = with_crc ? EnvelopeCheck(e.data(), e.size(), header) : 0;
+  Put<uint64_t>(p, env.check);
   Frames frames;
   frames.reserve(3);
   frames.push_back(Frame::FromVector(std::move(e)));
