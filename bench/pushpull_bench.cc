@@ -3,7 +3,8 @@
 // bytes, measured in the same run.
 //
 //   pacer-pushpull-bench [--sizes 1024,65536,1048576,16777216] [--seconds S]
-//                        [--optimizers sgd,adam] [--reps N]
+//                        [--optimizers sgd,adam] [--reps N] [--curve]
+//   pacer-pushpull-bench --aggregate [--sizes ...] [--window S] [--reps N] [--curve]
 //
 // For each size it starts, as child processes, a pacer-monitor (ASP, one
 // shard, one worker) and a pacer-server, applying updates once per
@@ -19,7 +20,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -29,6 +33,7 @@
 #include "ps/base/cli.h"
 #include "ps/client.h"
 #include "ps/base/rpc.h"
+#include "ps/base/security.h"
 #include "tests/process_util.h"
 
 namespace {
@@ -36,13 +41,52 @@ namespace {
 using pacer::test::Process;
 using Clock = std::chrono::steady_clock;
 
+// --curve: every process of every case runs under CURVE with keys made for
+// the run (the raw echo's server takes its key file with --raw-key).
+struct Curve {
+  std::string dir;                          // key files: NAME.key, allowed
+  std::map<std::string, pacer::CurveKeyPair> keys;  // monitor, shard, worker
+  bool on() const { return !keys.empty(); }
+  std::string Key(const std::string& name) const { return dir + "/" + name + ".key"; }
+  std::vector<std::string> Flags(const std::string& name) const {
+    if (!on()) return {};
+    return {"--key", Key(name), "--allowed-keys", dir + "/allowed"};
+  }
+};
+
+bool MakeCurve(const std::string& dir, Curve* curve) {
+  curve->dir = dir;
+  std::ofstream allowed(dir + "/allowed");
+  for (const char* name : {"monitor", "shard", "worker"}) {
+    auto k = pacer::GenerateKeyPair();
+    if (!k.ok() || !pacer::WriteKeyFiles(*k, dir + "/" + name, name).ok()) {
+      std::fprintf(stderr, "cannot make CURVE keys: %s\n",
+                   k.ok() ? "writing them failed" : std::string(k.status().message()).c_str());
+      return false;
+    }
+    curve->keys[name] = *k;
+    allowed << name << " " << k->public_key << "\n";
+  }
+  return static_cast<bool>(allowed);
+}
+
 // The raw baseline server: a ROUTER that answers a push (N floats in) with a
 // small ack and a pull (small request) with N floats from a reused buffer.
-int RawEchoServer(size_t floats) {
+// With `key_file`, under CURVE as the server (any client key: no ZAP).
+int RawEchoServer(size_t floats, const std::string& key_file) {
   pacer::TuneAllocatorForLargeBuffers();
   zmq::context_t ctx(1);
   zmq::socket_t s(ctx, zmq::socket_type::router);
   s.set(zmq::sockopt::linger, 0);
+  if (!key_file.empty()) {
+    auto keys = pacer::ReadKeyFile(key_file);
+    if (!keys.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(keys.status().message()).c_str());
+      return 1;
+    }
+    s.set(zmq::sockopt::curve_server, 1);
+    s.set(zmq::sockopt::curve_secretkey, keys->secret_key);
+  }
   s.bind("tcp://127.0.0.1:*");
   std::printf("listening %s\n", s.get(zmq::sockopt::last_endpoint).c_str());
   std::fflush(stdout);
@@ -73,28 +117,39 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int Iterations(size_t floats, double budget_s) {
-  // Rough cost per op from the reference figures, to bound the run time.
-  double est = 250e-6 + floats * 4 / 1.2e9;
+int Iterations(size_t floats, double budget_s, bool curve) {
+  // Rough cost per op from the reference figures, to bound the run time
+  // (CURVE: about 5x slower per byte).
+  double est = 250e-6 + floats * 4 / (curve ? 0.25e9 : 1.2e9);
   return std::clamp(static_cast<int>(budget_s / est), 5, 5000);
 }
 
-double RawRun(const std::string& self, size_t floats, double budget_s, const std::string& dir) {
+double RawRun(const std::string& self, size_t floats, double budget_s, const std::string& dir,
+              const Curve& curve) {
   // A log name of its own per run: a reused one could still hold the last
   // run's "listening" line when it is read.
   static int run = 0;
-  auto server = Process::Start({self, "--raw-echo", std::to_string(floats)}, dir,
-                               "raw" + std::to_string(floats) + "-" + std::to_string(++run));
+  std::vector<std::string> args = {self, "--raw-echo", std::to_string(floats)};
+  if (curve.on()) {
+    args.push_back("--raw-key");
+    args.push_back(curve.Key("shard"));
+  }
+  auto server = Process::Start(args, dir, "raw" + std::to_string(floats) + "-" + std::to_string(++run));
   auto addr = server->WaitForLine("listening ", std::chrono::seconds(10));
   if (!addr) return -1;
   zmq::context_t ctx(1);
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::rcvtimeo, 30000);  // a lost server fails the case, never hangs the bench
+  if (curve.on()) {
+    s.set(zmq::sockopt::curve_serverkey, curve.keys.at("shard").public_key);
+    s.set(zmq::sockopt::curve_publickey, curve.keys.at("worker").public_key);
+    s.set(zmq::sockopt::curve_secretkey, curve.keys.at("worker").secret_key);
+  }
   s.connect(*addr);
   std::vector<float> grads(floats, 0.5f), params(floats);
   char header[64] = {};
-  const int iters = Iterations(floats, budget_s);
+  const int iters = Iterations(floats, budget_s, curve.on());
   std::vector<double> samples;
   for (int i = -2; i < iters; ++i) {
     auto t0 = Clock::now();
@@ -118,44 +173,56 @@ double RawRun(const std::string& self, size_t floats, double budget_s, const std
   return Median(samples);
 }
 
-double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std::string& dir,
-                const std::string& optimizer = "sgd") {
-  static int run = 0;
-  const std::string tag = std::to_string(++run);
-  auto monitor = Process::Start({PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode", "asp",
-                                 "--job-id", "7", "--log-level", "warn", "--lease", "60",
-                                 "--optimizer", optimizer},
-                                dir, "monitor" + tag);
-  auto maddr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
-  if (!maddr) return -1;
-  std::vector<std::string> sargs = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0",
-                                    "--monitor", *maddr, "--log-level", "warn"};
-  if (!apply) sargs.push_back("--no-apply");
-  if (!crc) sargs.push_back("--no-crc");
-  auto shard = Process::Start(sargs, dir, "shard" + tag);
-  if (!shard->WaitForLine("listening ", std::chrono::seconds(10))) return -1;
+// --io-threads, which reaches every process of a case through
+// PACER_IO_THREADS (0: the default, one per core, at most 4).
+int BenchIoThreads() {
+  const char* v = std::getenv("PACER_IO_THREADS");
+  return v != nullptr ? std::atoi(v) : 0;
+}
 
+// A worker of a running job: registered with the monitor at `maddr`, its
+// model (`keys`) declared, the shard map taken and the parameters sent
+// (Init; the first worker's win).
+struct Worker {
+  std::unique_ptr<pacer::Transport> transport;
+  std::unique_ptr<pacer::RpcChannel> monitor;
+  std::unique_ptr<pacer::PsClient> client;  // destroyed before the transport
+  ~Worker() {
+    client.reset();
+    monitor.reset();
+  }
+};
+
+bool ConnectWorker(const std::string& maddr, std::vector<pacer::wire::KeyLen> keys, bool crc,
+                   const Curve& curve, Worker* w) {
   pacer::TransportOptions topts;
-  auto transport = pacer::MakeZmqTransport(topts);
+  topts.io_threads = BenchIoThreads();
+  if (curve.on()) {
+    topts.curve.keys = curve.keys.at("worker");
+    for (const auto& [name, k] : curve.keys) topts.curve.allowed.push_back(k.public_key);
+  }
+  w->transport = pacer::MakeZmqTransport(topts);
+  auto& transport = w->transport;
+  if (curve.on()) transport->SetServerKey(maddr, curve.keys.at("monitor").public_key);
   pacer::RpcOptions boot;
   boot.check_job = false;
-  auto ch = pacer::RpcChannel::Connect(transport.get(), *maddr, boot);
+  auto ch = pacer::RpcChannel::Connect(transport.get(), maddr, boot);
+  if (!ch.ok()) return false;
   auto deadline = [&] { return transport->clock()->Now() + std::chrono::seconds(10); };
   flatbuffers::FlatBufferBuilder fbb;
   auto reg = (*ch)->Call(fbb, pacer::wire::CreateRegisterDirect(fbb, pacer::wire::Role::Worker, ""),
                          deadline());
-  if (!reg.ok()) return -1;
+  if (!reg.ok()) return false;
   uint32_t id = reg->As<pacer::wire::RegisterReply>()->id();
   (*ch)->options().job_id = 7;
   (*ch)->options().sender = id;
   (*ch)->options().check_job = true;
-  std::vector<pacer::wire::KeyLen> keys = {pacer::wire::KeyLen(0, floats)};
   flatbuffers::FlatBufferBuilder f2;
   if (!(*ch)->Call(f2, pacer::wire::CreateDeclareModel(f2, f2.CreateVectorOfStructs(keys), 0), deadline()).ok()) {
-    return -1;
+    return false;
   }
   pacer::ShardMapInfo map;
-  for (int i = 0; i < 200 && map.shards.empty(); ++i) {
+  for (int i = 0; i < 1000 && map.shards.empty(); ++i) {  // up to 20 s: all workers
     flatbuffers::FlatBufferBuilder f3;
     auto hb = (*ch)->Call(f3, pacer::wire::CreateHeartbeat(f3, pacer::wire::Role::Worker, 0, 0, false),
                           deadline());
@@ -170,14 +237,41 @@ double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std:
   copts.rpc.sender = id;
   copts.rpc.check_crc = crc;
   auto client = pacer::PsClient::Create(transport.get(), copts, map, keys);
-  if (!client.ok() || !(*client)->Init().ok()) return -1;
-  std::fill((*client)->grads().begin(), (*client)->grads().end(), 1e-6f);
-  const int iters = Iterations(floats, budget_s);
+  if (!client.ok() || !(*client)->Init().ok()) return false;
+  w->client = std::move(*client);
+  w->monitor = std::move(*ch);
+  return true;
+}
+
+double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std::string& dir,
+                const Curve& curve, const std::string& optimizer = "sgd") {
+  static int run = 0;
+  const std::string tag = std::to_string(++run);
+  std::vector<std::string> margs = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode",
+                                    "asp", "--job-id", "7", "--log-level", "warn", "--lease", "60",
+                                    "--optimizer", optimizer};
+  for (const std::string& f : curve.Flags("monitor")) margs.push_back(f);
+  auto monitor = Process::Start(margs, dir, "monitor" + tag);
+  auto maddr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
+  if (!maddr) return -1;
+  std::vector<std::string> sargs = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0",
+                                    "--monitor", *maddr, "--log-level", "warn"};
+  if (!apply) sargs.push_back("--no-apply");
+  if (!crc) sargs.push_back("--no-crc");
+  for (const std::string& f : curve.Flags("shard")) sargs.push_back(f);
+  auto shard = Process::Start(sargs, dir, "shard" + tag);
+  if (!shard->WaitForLine("listening ", std::chrono::seconds(10))) return -1;
+
+  Worker worker;
+  if (!ConnectWorker(*maddr, {pacer::wire::KeyLen(0, floats)}, crc, curve, &worker)) return -1;
+  pacer::PsClient* client = worker.client.get();
+  std::fill(client->grads().begin(), client->grads().end(), 1e-6f);
+  const int iters = Iterations(floats, budget_s, curve.on());
   std::vector<double> samples;
   for (int i = -2; i < iters; ++i) {
     auto t0 = Clock::now();
-    if (!(*client)->Push(static_cast<uint64_t>(i + 2), 1).ok()) return -1;
-    if (!(*client)->Pull(static_cast<uint64_t>(i + 3)).ok()) return -1;
+    if (!client->Push(static_cast<uint64_t>(i + 2), 1).ok()) return -1;
+    if (!client->Pull(static_cast<uint64_t>(i + 3)).ok()) return -1;
     if (i >= 0) samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   monitor->Signal(SIGTERM);
@@ -185,6 +279,235 @@ double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std:
   monitor->Wait(std::chrono::seconds(5));
   shard->Wait(std::chrono::seconds(5));
   return Median(samples);
+}
+
+// --aggregate: one model of N floats, cut in two keys across 2 shards, pushed
+// and pulled by 3 worker processes at once; the raw baseline runs the same
+// way (2 raw echo servers of N/2 floats, 3 client processes pushing and
+// pulling both halves at once). Each worker counts the push+pulls it
+// completes from a shared start time (CLOCK_MONOTONIC is the machine's)
+// until `window` has passed, and prints "ops N seconds T".
+int agg_workers = 3;  // --workers
+
+std::vector<pacer::wire::KeyLen> AggKeys(size_t floats) {
+  return {pacer::wire::KeyLen(0, floats / 2), pacer::wire::KeyLen(1, floats - floats / 2)};
+}
+
+Clock::time_point FromNs(int64_t ns) {
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
+
+// Runs `op` from the start time until `window_s` has passed; prints the count
+// and the time from this worker's start to the end of its last op.
+template <class Op>
+int CountOps(int64_t start_ns, double window_s, Op op) {
+  std::this_thread::sleep_until(FromNs(start_ns));
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+  int ops = 0;
+  auto last = t0;
+  while (last < end) {
+    if (!op()) {
+      std::fprintf(stderr, "worker: push+pull failed\n");
+      return 1;
+    }
+    ++ops;
+    last = Clock::now();
+  }
+  std::printf("ops %d seconds %.6f\n", ops, std::chrono::duration<double>(last - t0).count());
+  std::fflush(stdout);
+  return 0;
+}
+
+int AggPacerWorker(const std::string& maddr, size_t floats, int64_t start_ns, double window_s,
+                   bool crc, const Curve& curve) {
+  Worker w;
+  if (!ConnectWorker(maddr, AggKeys(floats), crc, curve, &w)) {
+    std::fprintf(stderr, "worker: could not join the job at %s\n", maddr.c_str());
+    return 1;
+  }
+  std::fill(w.client->grads().begin(), w.client->grads().end(), 1e-6f);
+  uint64_t clock = 0;
+  return CountOps(start_ns, window_s, [&] {
+    ++clock;
+    return w.client->Push(clock, 1).ok() && w.client->Pull(clock + 1).ok();
+  });
+}
+
+int AggRawWorker(const std::vector<std::string>& addrs, size_t floats, int64_t start_ns,
+                 double window_s, const Curve& curve) {
+  pacer::TransportOptions io;
+  io.io_threads = BenchIoThreads();
+  zmq::context_t ctx(pacer::IoThreads(io));
+  std::vector<zmq::socket_t> socks;
+  const size_t half[2] = {floats / 2, floats - floats / 2};
+  for (const std::string& a : addrs) {
+    socks.emplace_back(ctx, zmq::socket_type::dealer);
+    zmq::socket_t& s = socks.back();
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 30000);
+    if (curve.on()) {
+      s.set(zmq::sockopt::curve_serverkey, curve.keys.at("shard").public_key);
+      s.set(zmq::sockopt::curve_publickey, curve.keys.at("worker").public_key);
+      s.set(zmq::sockopt::curve_secretkey, curve.keys.at("worker").secret_key);
+    }
+    s.connect(a);
+  }
+  std::vector<float> grads(floats, 0.5f), params(floats);
+  char header[64] = {};
+  return CountOps(start_ns, window_s, [&] {
+    for (size_t i = 0; i < 2; ++i) {  // both pushes out, then both acks
+      socks[i].send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
+      socks[i].send(zmq::const_buffer(header, 48), zmq::send_flags::sndmore);
+      zmq::message_t payload(grads.data() + i * half[0], half[i] * sizeof(float), nullptr, nullptr);
+      socks[i].send(payload, zmq::send_flags::none);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      zmq::message_t ack;
+      if (!socks[i].recv(ack)) return false;
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      socks[i].send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
+      socks[i].send(zmq::const_buffer(header, 48), zmq::send_flags::none);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      zmq::message_t reply;
+      if (!socks[i].recv(reply)) return false;
+      std::memcpy(params.data() + i * half[0], reply.data(),
+                  std::min(reply.size(), half[i] * sizeof(float)));
+    }
+    return true;
+  });
+}
+
+// One aggregate case: MB/s (pushed + pulled) of each worker; empty on a
+// failure (the reason is on stderr).
+std::vector<double> AggregateRun(const std::string& self, size_t floats, bool raw, bool apply,
+                                 double window_s, const std::string& dir, const Curve& curve) {
+  static int run = 0;
+  const std::string tag = "agg" + std::to_string(++run);
+  std::vector<std::unique_ptr<Process>> servers;
+  std::vector<std::string> worker_args = {self, "--floats", std::to_string(floats), "--window",
+                                          std::to_string(window_s)};
+  if (curve.on()) {
+    worker_args.push_back("--curve-dir");
+    worker_args.push_back(curve.dir);
+  }
+  if (raw) {
+    std::string addrs;
+    for (size_t i = 0; i < 2; ++i) {
+      std::vector<std::string> args = {self, "--raw-echo",
+                                       std::to_string(i == 0 ? floats / 2 : floats - floats / 2)};
+      if (curve.on()) {
+        args.push_back("--raw-key");
+        args.push_back(curve.Key("shard"));
+      }
+      servers.push_back(Process::Start(args, dir, tag + "-raw" + std::to_string(i)));
+      auto addr = servers.back()->WaitForLine("listening ", std::chrono::seconds(10));
+      if (!addr) return {};
+      addrs += (i ? "," : "") + *addr;
+    }
+    worker_args.push_back("--agg-raw");
+    worker_args.push_back(addrs);
+  } else {
+    std::vector<std::string> margs = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode",
+                                      "asp", "--job-id", "7", "--log-level", "warn", "--lease", "60",
+                                      "--optimizer", "sgd", "--min-shards", "2", "--min-workers",
+                                      std::to_string(agg_workers)};
+    for (const std::string& f : curve.Flags("monitor")) margs.push_back(f);
+    servers.push_back(Process::Start(margs, dir, tag + "-monitor"));
+    auto maddr = servers.back()->WaitForLine("listening ", std::chrono::seconds(10));
+    if (!maddr) return {};
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> sargs = {PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0", "--monitor",
+                                        *maddr, "--log-level", "warn"};
+      if (!apply) sargs.push_back("--no-apply");
+      for (const std::string& f : curve.Flags("shard")) sargs.push_back(f);
+      servers.push_back(Process::Start(sargs, dir, tag + "-shard" + std::to_string(i)));
+      if (!servers.back()->WaitForLine("listening ", std::chrono::seconds(10))) return {};
+    }
+    worker_args.push_back("--agg-pacer");
+    worker_args.push_back(*maddr);
+  }
+  // Time for 3 processes to start, join and take the shard map.
+  const int64_t start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               (Clock::now() + std::chrono::seconds(raw ? 2 : 6)).time_since_epoch())
+                               .count();
+  worker_args.push_back("--start-ns");
+  worker_args.push_back(std::to_string(start_ns));
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 0; i < agg_workers; ++i) {
+    workers.push_back(Process::Start(worker_args, dir, tag + "-worker" + std::to_string(i)));
+  }
+  std::vector<double> mbps;
+  const auto wait = std::chrono::seconds(static_cast<int>(window_s) + 60);
+  for (auto& w : workers) {
+    auto line = w->WaitForLine("ops ", wait);
+    if (!line) {
+      std::fprintf(stderr, "%s: a worker reported nothing (logs in %s)\n", tag.c_str(), dir.c_str());
+      return {};
+    }
+    int ops = 0;
+    double seconds = 0;
+    if (std::sscanf(line->c_str(), "%d seconds %lf", &ops, &seconds) != 2 || seconds <= 0) return {};
+    mbps.push_back(ops * 2.0 * static_cast<double>(floats) * sizeof(float) / seconds / 1e6);
+  }
+  for (auto& w : workers) w->Wait(std::chrono::seconds(10));
+  for (auto& p : servers) p->Signal(SIGTERM);
+  for (auto& p : servers) p->Wait(std::chrono::seconds(10));
+  return mbps;
+}
+
+// The --aggregate table: per size, the raw echo, Pacer transport-only and
+// Pacer + apply (SGD), each the median MB/s per worker over every worker of
+// every rep, with the range of all of them.
+void AggregateTable(const std::string& self, const std::vector<size_t>& floats_list, int reps,
+                    double window_s, const std::string& dir, const Curve& curve) {
+  // mbps[size][case]: raw, transport-only, + apply; ratio[size][case]: each
+  // rep's median against the raw median of the same rep.
+  std::vector<std::vector<std::vector<double>>> mbps(floats_list.size(),
+                                                     std::vector<std::vector<double>>(3));
+  std::vector<std::vector<std::vector<double>>> ratio = mbps;
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t s = 0; s < floats_list.size(); ++s) {
+      double raw_median = 0;
+      for (int c = 0; c < 3; ++c) {
+        std::vector<double> got =
+            AggregateRun(self, floats_list[s], c == 0, c == 2, window_s, dir, curve);
+        if (got.empty()) continue;
+        mbps[s][c].insert(mbps[s][c].end(), got.begin(), got.end());
+        if (c == 0) raw_median = Median(got);
+        if (c > 0 && raw_median > 0) ratio[s][c].push_back(Median(got) / raw_median);
+      }
+    }
+    if (reps > 1) std::fprintf(stderr, "aggregate rep %d of %d done\n", rep + 1, reps);
+  }
+  std::printf("%d worker(s), 2 shards%s; MB/s per worker (pushed + pulled), median of every worker "
+              "of every rep (range)\n\n",
+              agg_workers, curve.on() ? ", all under CURVE" : "");
+  std::printf("| floats | raw ZeroMQ%s | Pacer transport-only | ratio | Pacer + apply (sgd) | ratio |\n"
+              "|---:|---:|---:|---:|---:|---:|\n",
+              curve.on() ? " CURVE" : "");
+  auto cell = [](const std::vector<double>& v) {
+    if (v.empty()) return std::string("failed");
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.0f (%.0f–%.0f)", Median(v), *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+  };
+  auto rcell = [](const std::vector<double>& v) {
+    if (v.empty()) return std::string("–");
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.2f× (%.2f–%.2f)", Median(v), *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+  };
+  for (size_t s = 0; s < floats_list.size(); ++s) {
+    std::printf("| %zu | %s | %s | %s | %s | %s |\n", floats_list[s], cell(mbps[s][0]).c_str(),
+                cell(mbps[s][1]).c_str(), rcell(ratio[s][1]).c_str(), cell(mbps[s][2]).c_str(),
+                rcell(ratio[s][2]).c_str());
+  }
+  std::fflush(stdout);
 }
 
 std::string Human(double s) {
@@ -217,9 +540,59 @@ int main(int argc, char** argv) {
                  "in turn); medians, and the range of the reps' ratios")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  bool use_curve = false;
+  app.add_flag("--curve", use_curve,
+               "Every case under CURVE (keys made for the run): Pacer with --key and "
+               "--allowed-keys, against a raw ZeroMQ CURVE echo");
   app.add_option("--raw-echo", raw_echo, "Internal: run the raw echo server for N floats");
+  std::string raw_key;
+  app.add_option("--raw-key", raw_key, "Internal: the raw echo server's CURVE key file");
+  bool aggregate = false;
+  app.add_flag("--aggregate", aggregate,
+               "Instead: 2 shards and 3 worker processes push and pull one model cut across "
+               "the shards, against 2 raw echo servers and 3 clients run the same way; MB/s "
+               "per worker");
+  int io_threads = -1;
+  app.add_option("--io-threads", io_threads,
+                 "ZeroMQ I/O threads of every process of every case (PACER_IO_THREADS; "
+                 "default: each process's own default)")
+      ->check(CLI::Range(0, 64));
+  app.add_option("--workers", agg_workers, "--aggregate: worker processes")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  double window = 10;
+  app.add_option("--window", window, "--aggregate: seconds each worker pushes and pulls")
+      ->capture_default_str();
+  // Internal: one worker process of --aggregate.
+  std::string agg_pacer, agg_raw, curve_dir;
+  size_t agg_floats = 0;
+  int64_t start_ns = 0;
+  app.add_option("--agg-pacer", agg_pacer, "Internal: an aggregate worker of the job at ADDR");
+  app.add_option("--agg-raw", agg_raw, "Internal: an aggregate raw client of ADDR,ADDR");
+  app.add_option("--floats", agg_floats, "Internal: the aggregate model's floats");
+  app.add_option("--start-ns", start_ns, "Internal: the aggregate start (steady clock, ns)");
+  app.add_option("--curve-dir", curve_dir, "Internal: the run's CURVE key files");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
-  if (raw_echo > 0) return RawEchoServer(raw_echo);
+  if (io_threads >= 0) setenv("PACER_IO_THREADS", std::to_string(io_threads).c_str(), 1);
+  if (raw_echo > 0) return RawEchoServer(raw_echo, raw_key);
+  if (!agg_pacer.empty() || !agg_raw.empty()) {
+    Curve curve;
+    if (!curve_dir.empty()) {
+      curve.dir = curve_dir;
+      for (const char* name : {"monitor", "shard", "worker"}) {
+        auto k = pacer::ReadKeyFile(curve.Key(name));
+        if (!k.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(k.status().message()).c_str());
+          return 1;
+        }
+        curve.keys[name] = *k;
+      }
+    }
+    if (!agg_pacer.empty()) return AggPacerWorker(agg_pacer, agg_floats, start_ns, window, true, curve);
+    const size_t comma = agg_raw.find(',');
+    return AggRawWorker({agg_raw.substr(0, comma), agg_raw.substr(comma + 1)}, agg_floats, start_ns,
+                        window, curve);
+  }
   pacer::TuneAllocatorForLargeBuffers();
 
   char self[4096];
@@ -227,6 +600,14 @@ int main(int argc, char** argv) {
   if (n <= 0) return 1;
   self[n] = '\0';
   pacer::test::TempDir dir;
+  Curve curve;
+  if (use_curve) {
+    if (!pacer::CurveAvailable()) {
+      std::fprintf(stderr, "--curve: this libzmq has no CURVE\n");
+      return 1;
+    }
+    if (!MakeCurve(dir.path(), &curve)) return 1;
+  }
 
   std::vector<std::string> kinds;
   {
@@ -238,6 +619,10 @@ int main(int argc, char** argv) {
     std::stringstream ss(sizes);
     for (std::string item; std::getline(ss, item, ',');) floats_list.push_back(std::stoull(item));
   }
+  if (aggregate) {
+    AggregateTable(self, floats_list, reps, window, dir.path(), curve);
+    return 0;
+  }
   // Cases per size: raw, transport-only, one per optimizer, no checks.
   const size_t cases = 3 + kinds.size();
   // seconds[size][case][rep]: every rep runs every case of every size, in
@@ -248,18 +633,22 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < floats_list.size(); ++s) {
       const size_t floats = floats_list[s];
       auto& row = seconds[s];
-      row[0].push_back(RawRun(self, floats, budget, dir.path()));
-      row[1].push_back(PacerRun(floats, /*apply=*/false, /*crc=*/true, budget, dir.path()));
+      row[0].push_back(RawRun(self, floats, budget, dir.path(), curve));
+      row[1].push_back(PacerRun(floats, /*apply=*/false, /*crc=*/true, budget, dir.path(), curve));
       for (size_t k = 0; k < kinds.size(); ++k) {
-        row[2 + k].push_back(PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path(), kinds[k]));
+        row[2 + k].push_back(
+            PacerRun(floats, /*apply=*/true, /*crc=*/true, budget, dir.path(), curve, kinds[k]));
       }
-      row[cases - 1].push_back(PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path()));
+      row[cases - 1].push_back(
+          PacerRun(floats, /*apply=*/false, /*crc=*/false, budget, dir.path(), curve));
     }
     if (reps > 1) std::fprintf(stderr, "rep %d of %d done\n", rep + 1, reps);
   }
   // Each cell: the median over the reps; with several reps the range of the
   // reps' ratios (each against the raw echo of its own rep) follows.
-  std::printf("| floats | raw ZeroMQ push+pull | Pacer transport-only | ratio |");
+  if (curve.on()) std::printf("All cases under CURVE.\n\n");
+  std::printf("| floats | raw ZeroMQ%s push+pull | Pacer transport-only | ratio |",
+              curve.on() ? " CURVE" : "");
   for (const std::string& k : kinds) std::printf(" Pacer + apply (%s) | ratio |", k.c_str());
   std::printf(" transport-only, no checks | ratio |\n|---:|---:|---:|---:|");
   for (size_t i = 0; i < kinds.size(); ++i) std::printf("---:|---:|");

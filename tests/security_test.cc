@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -163,6 +165,48 @@ std::unique_ptr<Socket> Client(Transport& t, const std::string& address) {
   auto s = t.Connect(address);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
+}
+
+// ZeroMQ's I/O threads of this process (threads named ZMQbg/IO/N).
+int ZmqIoThreads() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string comm;
+    std::getline(std::ifstream(task.path() / "comm"), comm);
+    n += comm.rfind("ZMQbg/IO/", 0) == 0;
+  }
+  return n;
+}
+
+// The I/O threads a transport made with `options` runs once it has a socket
+// (ZeroMQ starts them with the first one), beyond those of this process
+// before. A new thread takes its name a moment after it starts, so this
+// waits up to 2 s for the count to reach `want`, and returns what it saw.
+int IoThreadsOf(const TransportOptions& options, int want) {
+  const int before = ZmqIoThreads();
+  auto transport = MakeZmqTransport(options);
+  auto socket = transport->Bind("tcp://127.0.0.1:0");
+  EXPECT_TRUE(socket.ok()) << socket.status();
+  int seen = ZmqIoThreads() - before;
+  for (int i = 0; i < 400 && seen != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    seen = ZmqIoThreads() - before;
+  }
+  return seen;
+}
+
+// A transport runs the I/O threads it is asked for (ZMQ_IO_THREADS), and by
+// default one per core, at most 4, so that connections to several shards
+// are served in parallel.
+TEST(ZmqTransportTest, RunsTheIoThreadsItIsAskedFor) {
+  TransportOptions options;
+  options.io_threads = 3;
+  EXPECT_EQ(IoThreads(options), 3);
+  EXPECT_EQ(IoThreadsOf(options, 3), 3);
+  TransportOptions automatic;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(IoThreads(automatic), std::clamp(cores, 1, 4));
+  EXPECT_EQ(IoThreadsOf(automatic, std::clamp(cores, 1, 4)), std::clamp(cores, 1, 4));
 }
 
 TEST(CurveTransportTest, AnAllowedKeyIsHeardAndNamedAndOthersAreRefused) {

@@ -317,11 +317,19 @@ void AddSecurityFlags(CLI::App& app, SecurityFlags* flags) {
   app.add_option("--allowed-keys", flags->allowed_keys_file,
                  "The public keys that may connect, one per line as [NAME] KEY; the one named "
                  "'monitor' is the monitor's");
+  app.add_option("--io-threads", flags->io_threads,
+                 "ZeroMQ I/O threads; each connection is served by one, so a worker's "
+                 "connections to several shards send, receive and encrypt in parallel (0: one "
+                 "per core, at most 4)")
+      ->envname("PACER_IO_THREADS")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
 }
 
 absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std::string& role,
                                            prometheus::Registry* registry,
                                            TransportOptions* options) {
+  options->io_threads = flags.io_threads;
   if (flags.key_file.empty() && flags.allowed_keys_file.empty()) {
     if (role == "pacerctl") return SecurityKeys{};  // a client of one command: no warning
     spdlog::warn("transport security is off (no --key/--allowed-keys): plain ZeroMQ, "

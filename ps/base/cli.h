@@ -107,9 +107,13 @@ std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
 // Transport security (ps/base/security.h): --key FILE (this process's keypair,
 // from pacerctl keygen) and --allowed-keys FILE (the public keys that may
 // connect; the one named "monitor" is the monitor's).
+// The same helper adds --io-threads N (PACER_IO_THREADS; ZeroMQ's I/O
+// threads, 0: one per core, at most 4), which ApplySecurity copies into the
+// transport's options.
 struct SecurityFlags {
   std::string key_file;
   std::string allowed_keys_file;
+  int io_threads = 0;
 };
 void AddSecurityFlags(CLI::App& app, SecurityFlags* flags);
 

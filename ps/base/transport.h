@@ -57,8 +57,15 @@ struct TransportOptions {
   size_t max_message_bytes = size_t{1} << 30;
   // Queue limit per socket, in messages.
   int high_water_mark = 1000;
+  // ZeroMQ I/O threads (ZMQ_IO_THREADS); 0: one per core, at most 4. Each
+  // connection lives on one of them, so a worker's connections to several
+  // shards send, receive and (under CURVE) encrypt in parallel.
+  int io_threads = 0;
   CurveOptions curve;
 };
+
+// The I/O threads `options` asks for, 0 resolved against this machine.
+int IoThreads(const TransportOptions& options);
 
 class Transport {
  public:

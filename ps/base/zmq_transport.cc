@@ -1,6 +1,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -247,7 +248,7 @@ class ZapHandler {
 class ZmqTransport final : public Transport {
  public:
   ZmqTransport(const TransportOptions& options, const Clock* clock)
-      : options_(options), clock_(clock), context_(1) {
+      : options_(options), clock_(clock), context_(IoThreads(options)) {
     if (options_.curve.enabled()) zap_ = std::make_unique<ZapHandler>(context_, options_.curve);
   }
   ~ZmqTransport() override { zap_.reset(); }
@@ -358,6 +359,12 @@ class ZmqTransport final : public Transport {
 };
 
 }  // namespace
+
+int IoThreads(const TransportOptions& options) {
+  if (options.io_threads > 0) return options.io_threads;
+  const unsigned cores = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(cores, 1u, 4u));
+}
 
 std::unique_ptr<Transport> MakeZmqTransport(const TransportOptions& options, const Clock* clock) {
   return std::make_unique<ZmqTransport>(options, clock);
