@@ -124,6 +124,36 @@ int Iterations(size_t floats, double budget_s, bool curve) {
   return std::clamp(static_cast<int>(budget_s / est), 5, 5000);
 }
 
+// A raw client's DEALER to a raw echo server at `addr` (under CURVE with
+// the run's keys); a lost server fails the case after 30 s, never hangs it.
+zmq::socket_t RawClient(zmq::context_t& ctx, const std::string& addr, const Curve& curve) {
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 30000);
+  if (curve.on()) {
+    s.set(zmq::sockopt::curve_serverkey, curve.keys.at("shard").public_key);
+    s.set(zmq::sockopt::curve_publickey, curve.keys.at("worker").public_key);
+    s.set(zmq::sockopt::curve_secretkey, curve.keys.at("worker").secret_key);
+  }
+  s.connect(addr);
+  return s;
+}
+
+// The raw protocol's messages, the sizes of Pacer's: a push is an
+// envelope, a header and the payload (zero-copy from the caller's buffer);
+// a pull is an envelope and a header.
+const char kRawHeader[64] = {};
+void SendRawPush(zmq::socket_t& s, const float* values, size_t floats) {
+  s.send(zmq::const_buffer(kRawHeader, 40), zmq::send_flags::sndmore);
+  s.send(zmq::const_buffer(kRawHeader, 48), zmq::send_flags::sndmore);
+  zmq::message_t payload(const_cast<float*>(values), floats * sizeof(float), nullptr, nullptr);
+  s.send(payload, zmq::send_flags::none);
+}
+void SendRawPull(zmq::socket_t& s) {
+  s.send(zmq::const_buffer(kRawHeader, 40), zmq::send_flags::sndmore);
+  s.send(zmq::const_buffer(kRawHeader, 48), zmq::send_flags::none);
+}
+
 double RawRun(const std::string& self, size_t floats, double budget_s, const std::string& dir,
               const Curve& curve) {
   // A log name of its own per run: a reused one could still hold the last
@@ -138,31 +168,16 @@ double RawRun(const std::string& self, size_t floats, double budget_s, const std
   auto addr = server->WaitForLine("listening ", std::chrono::seconds(10));
   if (!addr) return -1;
   zmq::context_t ctx(1);
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::rcvtimeo, 30000);  // a lost server fails the case, never hangs the bench
-  if (curve.on()) {
-    s.set(zmq::sockopt::curve_serverkey, curve.keys.at("shard").public_key);
-    s.set(zmq::sockopt::curve_publickey, curve.keys.at("worker").public_key);
-    s.set(zmq::sockopt::curve_secretkey, curve.keys.at("worker").secret_key);
-  }
-  s.connect(*addr);
+  zmq::socket_t s = RawClient(ctx, *addr, curve);
   std::vector<float> grads(floats, 0.5f), params(floats);
-  char header[64] = {};
   const int iters = Iterations(floats, budget_s, curve.on());
   std::vector<double> samples;
   for (int i = -2; i < iters; ++i) {
     auto t0 = Clock::now();
-    // push: envelope + header + payload (zero-copy from a reused buffer)
-    s.send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
-    s.send(zmq::const_buffer(header, 48), zmq::send_flags::sndmore);
-    zmq::message_t payload(grads.data(), floats * sizeof(float), nullptr, nullptr);
-    s.send(payload, zmq::send_flags::none);
+    SendRawPush(s, grads.data(), floats);
     zmq::message_t ack;
     if (!s.recv(ack)) return -1;
-    // pull: envelope + header, then the values into a reused buffer
-    s.send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
-    s.send(zmq::const_buffer(header, 48), zmq::send_flags::none);  // 2 parts: pull
+    SendRawPull(s);  // the values come into a reused buffer
     zmq::message_t reply;
     if (!s.recv(reply)) return -1;
     std::memcpy(params.data(), reply.data(), std::min(reply.size(), floats * sizeof(float)));
@@ -341,35 +356,16 @@ int AggRawWorker(const std::vector<std::string>& addrs, size_t floats, int64_t s
   zmq::context_t ctx(pacer::IoThreads(io));
   std::vector<zmq::socket_t> socks;
   const size_t half[2] = {floats / 2, floats - floats / 2};
-  for (const std::string& a : addrs) {
-    socks.emplace_back(ctx, zmq::socket_type::dealer);
-    zmq::socket_t& s = socks.back();
-    s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::rcvtimeo, 30000);
-    if (curve.on()) {
-      s.set(zmq::sockopt::curve_serverkey, curve.keys.at("shard").public_key);
-      s.set(zmq::sockopt::curve_publickey, curve.keys.at("worker").public_key);
-      s.set(zmq::sockopt::curve_secretkey, curve.keys.at("worker").secret_key);
-    }
-    s.connect(a);
-  }
+  for (const std::string& a : addrs) socks.push_back(RawClient(ctx, a, curve));
   std::vector<float> grads(floats, 0.5f), params(floats);
-  char header[64] = {};
   return CountOps(start_ns, window_s, [&] {
-    for (size_t i = 0; i < 2; ++i) {  // both pushes out, then both acks
-      socks[i].send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
-      socks[i].send(zmq::const_buffer(header, 48), zmq::send_flags::sndmore);
-      zmq::message_t payload(grads.data() + i * half[0], half[i] * sizeof(float), nullptr, nullptr);
-      socks[i].send(payload, zmq::send_flags::none);
-    }
+    // Both pushes out, then both acks; both pulls out, then both replies.
+    for (size_t i = 0; i < 2; ++i) SendRawPush(socks[i], grads.data() + i * half[0], half[i]);
     for (size_t i = 0; i < 2; ++i) {
       zmq::message_t ack;
       if (!socks[i].recv(ack)) return false;
     }
-    for (size_t i = 0; i < 2; ++i) {
-      socks[i].send(zmq::const_buffer(header, 40), zmq::send_flags::sndmore);
-      socks[i].send(zmq::const_buffer(header, 48), zmq::send_flags::none);
-    }
+    for (size_t i = 0; i < 2; ++i) SendRawPull(socks[i]);
     for (size_t i = 0; i < 2; ++i) {
       zmq::message_t reply;
       if (!socks[i].recv(reply)) return false;

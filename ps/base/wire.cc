@@ -32,7 +32,7 @@ uint64_t EnvelopeCheck(const uint8_t* envelope, size_t size, const Frame& header
   return XXH3_64bits_withSeed_dispatch(header.data(), header.size(), seed);
 }
 
-const uint8_t* BlockChecksOf(const Frame& envelope) { return envelope.data() + 40; }
+const uint8_t* BlockChecksOf(const Frame& envelope) { return envelope.data() + kEnvelopeFieldBytes; }
 
 // Payload block `b` checks against frame 0's block_check[b].
 bool BlockOk(const Decoded& d, size_t b) {
@@ -128,9 +128,9 @@ namespace {
 // The fields of frame 0 at the offsets every protocol version has used
 // (magic, version, type, job, sender, request id, payload bytes; version 3's
 // `blocks` sits where versions 1 and 2 had their CRC). False unless there are
-// 40 bytes and the magic is right.
+// kEnvelopeFieldBytes and the magic is right.
 bool ReadFields(const Frame& frame, Envelope* env) {
-  if (frame.size() < 40) return false;
+  if (frame.size() < kEnvelopeFieldBytes) return false;
   const uint8_t* p = frame.data();
   if (Get<uint32_t>(p) != kMagic) return false;
   env->version = Get<uint16_t>(p);
@@ -142,16 +142,18 @@ bool ReadFields(const Frame& frame, Envelope* env) {
   env->payload_bytes = Get<uint64_t>(p);
   return true;
 }
-// ReadFields, and frame 0's size agrees with `blocks`, and the check.
-bool ReadEnvelope(const Frame& frame, Envelope* env) {
-  if (!ReadFields(frame, env)) return false;
+// After ReadFields: false unless frame 0's size agrees with `blocks`; reads
+// the check.
+bool ReadCheck(const Frame& frame, Envelope* env) {
   if (frame.size() != kEnvelopeBytes + uint64_t{env->blocks} * sizeof(uint64_t)) return false;
   std::memcpy(&env->check, frame.data() + frame.size() - sizeof(uint64_t), sizeof(uint64_t));
   return true;
 }
 }  // namespace
 
-bool PeekEnvelope(const Frame& frame, Envelope* env) { return ReadEnvelope(frame, env); }
+bool PeekEnvelope(const Frame& frame, Envelope* env) {
+  return ReadFields(frame, env) && ReadCheck(frame, env);
+}
 
 bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err) {
   if (frames.size() < 2 || frames.size() > 3) {
@@ -161,7 +163,7 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
   const Frame& f0 = frames[0];
   Envelope env;
   if (!ReadFields(f0, &env)) {
-    if (f0.size() < 40) {
+    if (f0.size() < kEnvelopeFieldBytes) {
       return Fail(err, wire::ErrorCode::BadEnvelope,
                   "envelope is " + std::to_string(f0.size()) + " bytes, expected at least " +
                       std::to_string(kEnvelopeBytes));
@@ -174,7 +176,7 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                     std::to_string(kProtocolVersion) + ")",
                 env);
   }
-  if (!ReadEnvelope(f0, &env)) {
+  if (!ReadCheck(f0, &env)) {
     return Fail(err, wire::ErrorCode::BadEnvelope,
                 "envelope is " + std::to_string(f0.size()) + " bytes, its " +
                     std::to_string(env.blocks) + " block checks need " +

@@ -23,8 +23,10 @@ inline constexpr uint32_t kMagic = 0x52434150;  // "PACR" little-endian
 inline constexpr uint16_t kProtocolVersion = 3;
 // The most parts one push may come in (Push.parts).
 inline constexpr uint32_t kMaxPushParts = 256;
-// Frame 0 without its block checks: the fields and the check.
-inline constexpr size_t kEnvelopeBytes = 48;
+// Frame 0's fields (magic through payload_bytes, the same offsets in every
+// version), and frame 0 without its block checks: the fields and the check.
+inline constexpr size_t kEnvelopeFieldBytes = 40;
+inline constexpr size_t kEnvelopeBytes = kEnvelopeFieldBytes + sizeof(uint64_t);
 // The payload is checked in blocks of this many bytes (the last one shorter),
 // one XXH3-64 each: a receiver checks a block and copies it while it is in
 // cache, and blocks can be checked on several cores.
