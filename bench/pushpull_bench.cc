@@ -189,7 +189,7 @@ double RawRun(const std::string& self, size_t floats, double budget_s, const std
 }
 
 // --io-threads, which reaches every process of a case through
-// PACER_IO_THREADS (0: the default, one per core, at most 4).
+// PACER_IO_THREADS (0: the default, one per two cores, at most 4).
 int BenchIoThreads() {
   const char* v = std::getenv("PACER_IO_THREADS");
   return v != nullptr ? std::atoi(v) : 0;

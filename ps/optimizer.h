@@ -50,7 +50,10 @@ class Optimizer {
   // What slot `slot` holds before a block's first step (adagrad's sum:
   // initial_accumulator_value; else 0).
   virtual float InitialState(size_t slot, const OptimizerSettings& s) const;
-  // One step of one block with its group's settings.
+  // One step of one block with its group's settings. Elementwise: the
+  // table cuts a big block in pieces and steps them at once on several
+  // threads (ps/table.cc), so no kernel may depend on a value's position
+  // or on other values of the block.
   virtual void Step(const BlockStep& b, const OptimizerSettings& s) const = 0;
 };
 

@@ -262,13 +262,10 @@ void ShardServer::Run() {
         pending_lr_.reset();
       }
     }
-    // Handle every ready message before replies go out.
-    for (int i = 0; *got && i < 256; ++i) {
-      core_->Handle(std::move(frames), &out);
-      frames = Frames();
-      auto more = router_->TryRecv(&frames);
-      if (!more.ok() || !*more) break;
-    }
+    // One message, then its replies. A message queued behind it is taken by
+    // the next Recv at once; asking for one here was a receive that usually
+    // found nothing, a system call of about 1.3 us per message.
+    if (*got) core_->Handle(std::move(frames), &out);
     core_->Tick(&out);
     for (auto& o : out) {
       o.frames.insert(o.frames.begin(), o.peer);

@@ -5,9 +5,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "ps/base/parallel.h"
 
 namespace pacer {
 namespace {
+
+// A key's step runs in pieces of this many floats (256 KiB of each array)
+// on the shared pool's threads; a key of fewer than 4 pieces in one call.
+constexpr size_t kStepChunkFloats = size_t{64} * 1024;
 
 std::vector<OptimizerSettings> ResolveGroups(const TableConfig& c) {
   std::vector<OptimizerSettings> out{c.defaults};
@@ -216,7 +221,21 @@ void ParamTable::Step(const StepRecord& record) {
     b.grad_scale = record.grad_scale;
     b.lr = s.group < record.lr.size() ? record.lr[s.group] : resolved_[s.group].lr;
     b.step = ++s.steps;
-    optimizer_->Step(b, resolved_[s.group]);
+    // The optimizers are elementwise: a big key's step is cut in pieces
+    // that the shared pool's threads step at once.
+    const OptimizerSettings& settings = resolved_[s.group];
+    SharedPool().For(b.n, kStepChunkFloats, [&](size_t begin, size_t end) {
+      BlockStep piece = b;
+      piece.n = end - begin;
+      piece.w_in += begin;
+      piece.w_out += begin;
+      for (size_t i = 0; i < state_.size(); ++i) {
+        piece.state_in[i] += begin;
+        piece.state_out[i] += begin;
+      }
+      piece.grad += begin;
+      optimizer_->Step(piece, settings);
+    });
   };
   if (grad.keys.empty()) {
     for (auto& [key, s] : slots_) step_one(s, grad.values.data() + s.offset);

@@ -6,8 +6,10 @@
 // each key block keeps its own step count.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
+#include "ps/optimizer.h"
 #include "ps/table.h"
 #include "tests/optimizer_golden.h"
 
@@ -180,6 +182,53 @@ TEST(TableTest, AStepOfSomeKeysCopiesWhatAReplyHoldsFirst) {
   EXPECT_NE(table.params().get(), held.get());
   EXPECT_EQ(table.Param(0)[0], 0.0f);
   EXPECT_FLOAT_EQ(table.Param(1)[0], -0.1f);
+}
+
+// A key of a million floats is stepped in pieces on the shared pool's
+// threads (ps/table.cc); the result is the one-call step's, bit for bit,
+// for every optimizer, over several steps (so the state slots carry over).
+TEST(TableTest, ABigKeySteppedInPiecesEqualsOneSerialStep) {
+  const size_t n = (size_t{1} << 20) + 13;
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+                             OptimizerKind::kAdagrad}) {
+    OptimizerSettings settings = DefaultSettings(kind);
+    settings.momentum = 0.9f;
+    settings.weight_decay = 1e-4f;
+    ParamTable table({kind, settings, {}});
+    const TableKey key{5, n, kDefaultGroup, 0};
+    ASSERT_TRUE(table.Declare({&key, 1}).ok());
+    std::vector<float> w(n);
+    for (size_t i = 0; i < n; ++i) w[i] = std::sin(static_cast<float>(i)) * 0.1f;
+    const std::vector<wire::KeyLen> lens = {{5, n}};
+    table.Write({lens, w});
+
+    // The same steps, each one call of the kernel over the whole key.
+    auto optimizer = MakeOptimizer(kind, /*amsgrad_slot=*/false);
+    std::vector<std::vector<float>> state(optimizer->state_slots(),
+                                          std::vector<float>(n, 0.0f));
+    for (size_t s = 0; s < state.size(); ++s) {
+      std::fill(state[s].begin(), state[s].end(), optimizer->InitialState(s, settings));
+    }
+    std::vector<float> g(n);
+    for (uint64_t step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < n; ++i) g[i] = std::cos(static_cast<float>(i * step)) * 0.01f;
+      table.Step({{lens, g}, 1.0f, {settings.lr}});
+      BlockStep b;
+      b.n = n;
+      b.w_in = w.data();
+      b.w_out = w.data();
+      for (size_t s = 0; s < state.size(); ++s) b.state_in[s] = b.state_out[s] = state[s].data();
+      b.grad = g.data();
+      b.lr = settings.lr;
+      b.step = step;
+      optimizer->Step(b, settings);
+    }
+    const std::span<const float> got = table.Param(5);
+    ASSERT_EQ(got.size(), n);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i) differ += std::memcmp(&got[i], &w[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << OptimizerName(kind);
+  }
 }
 
 TEST(TableTest, BadSettingsAreRefusedWithTheirName) {

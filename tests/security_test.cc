@@ -196,8 +196,8 @@ int IoThreadsOf(const TransportOptions& options, int want) {
 }
 
 // A transport runs the I/O threads it is asked for (ZMQ_IO_THREADS), and by
-// default one per core, at most 4, so that connections to several shards
-// are served in parallel.
+// default one per two cores, at most 4, so that connections to several
+// shards are served in parallel.
 TEST(ZmqTransportTest, RunsTheIoThreadsItIsAskedFor) {
   TransportOptions options;
   options.io_threads = 3;
@@ -205,8 +205,8 @@ TEST(ZmqTransportTest, RunsTheIoThreadsItIsAskedFor) {
   EXPECT_EQ(IoThreadsOf(options, 3), 3);
   TransportOptions automatic;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  EXPECT_EQ(IoThreads(automatic), std::clamp(cores, 1, 4));
-  EXPECT_EQ(IoThreadsOf(automatic, std::clamp(cores, 1, 4)), std::clamp(cores, 1, 4));
+  EXPECT_EQ(IoThreads(automatic), std::clamp(cores / 2, 1, 4));
+  EXPECT_EQ(IoThreadsOf(automatic, std::clamp(cores / 2, 1, 4)), std::clamp(cores / 2, 1, 4));
 }
 
 TEST(CurveTransportTest, AnAllowedKeyIsHeardAndNamedAndOthersAreRefused) {

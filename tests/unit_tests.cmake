@@ -1,5 +1,6 @@
 # Unit tests of ps/ and monitor/ (in-process, fake clock). Uses pacer_test() from CMakeLists.txt.
 pacer_test(wire_test unit pacer_ps ZLIB::ZLIB)
+pacer_test(parallel_test unit pacer_ps)
 pacer_test(shard_test unit pacer_ps)
 pacer_test(partition_test unit pacer_ps)
 pacer_test(client_test unit pacer_ps)

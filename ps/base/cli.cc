@@ -320,7 +320,7 @@ void AddSecurityFlags(CLI::App& app, SecurityFlags* flags) {
   app.add_option("--io-threads", flags->io_threads,
                  "ZeroMQ I/O threads; each connection is served by one, so a worker's "
                  "connections to several shards send, receive and encrypt in parallel (0: one "
-                 "per core, at most 4)")
+                 "per two cores, at most 4)")
       ->envname("PACER_IO_THREADS")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
@@ -422,6 +422,10 @@ const std::atomic<bool>& StopOnSignals() {
 void TuneAllocatorForLargeBuffers() {
   mallopt(M_MMAP_THRESHOLD, 512 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // One arena: ZeroMQ's I/O threads allocate every received message. In a
+  // thread arena (64 MiB heaps) a 64 MiB message cannot fit, so glibc maps
+  // it afresh, and every page of it faults, on every message.
+  mallopt(M_ARENA_MAX, 1);
 }
 
 }  // namespace pacer

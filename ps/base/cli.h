@@ -108,7 +108,7 @@ std::unique_ptr<Transport> MakeProcessTransport(const TransportOptions& options,
 // from pacerctl keygen) and --allowed-keys FILE (the public keys that may
 // connect; the one named "monitor" is the monitor's).
 // The same helper adds --io-threads N (PACER_IO_THREADS; ZeroMQ's I/O
-// threads, 0: one per core, at most 4), which ApplySecurity copies into the
+// threads, 0: one per two cores, at most 4), which ApplySecurity copies into the
 // transport's options.
 struct SecurityFlags {
   std::string key_file;

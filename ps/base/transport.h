@@ -57,7 +57,7 @@ struct TransportOptions {
   size_t max_message_bytes = size_t{1} << 30;
   // Queue limit per socket, in messages.
   int high_water_mark = 1000;
-  // ZeroMQ I/O threads (ZMQ_IO_THREADS); 0: one per core, at most 4. Each
+  // ZeroMQ I/O threads (ZMQ_IO_THREADS); 0: one per two cores, at most 4. Each
   // connection lives on one of them, so a worker's connections to several
   // shards send, receive and (under CURVE) encrypt in parallel.
   int io_threads = 0;

@@ -1,7 +1,11 @@
 #include "ps/base/wire.h"
 
 #include <isa-l/crc.h>
-#include <xxh_x86dispatch.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // picks AVX-512, AVX2 or SSE2 code at run time
+#else
+#include <xxhash.h>
+#endif
 
 #include <atomic>
 #include <cctype>
@@ -9,6 +13,7 @@
 #include <random>
 
 #include "ps/base/optimizer_config.h"
+#include "ps/base/parallel.h"
 
 namespace pacer {
 namespace {
@@ -26,10 +31,22 @@ T Get(const uint8_t*& p) {
   return v;
 }
 
+#if defined(__x86_64__)
+uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits_dispatch(data, size); }
+uint64_t Xxh3(const void* data, size_t size, uint64_t seed) {
+  return XXH3_64bits_withSeed_dispatch(data, size, seed);
+}
+#else
+uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t Xxh3(const void* data, size_t size, uint64_t seed) {
+  return XXH3_64bits_withSeed(data, size, seed);
+}
+#endif
+
 // The envelope check: frame 0 up to its last 8 bytes, then the header.
 uint64_t EnvelopeCheck(const uint8_t* envelope, size_t size, const Frame& header) {
-  const uint64_t seed = XXH3_64bits_dispatch(envelope, size - sizeof(uint64_t));
-  return XXH3_64bits_withSeed_dispatch(header.data(), header.size(), seed);
+  const uint64_t seed = Xxh3(envelope, size - sizeof(uint64_t));
+  return Xxh3(header.data(), header.size(), seed);
 }
 
 const uint8_t* BlockChecksOf(const Frame& envelope) { return envelope.data() + kEnvelopeFieldBytes; }
@@ -66,20 +83,26 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
 }
 
-uint64_t BlockCheck(const void* data, size_t size) { return XXH3_64bits_dispatch(data, size); }
+uint64_t BlockCheck(const void* data, size_t size) { return Xxh3(data, size); }
 
 bool CopyCheckedPayload(const Decoded& d, void* dst) {
   uint8_t* out = static_cast<uint8_t*>(dst);
-  if (d.payload_checked) {
-    if (!d.payload.empty()) std::memcpy(out, d.payload.data(), d.payload.size());
-    return true;
-  }
-  for (size_t b = 0, n = CheckBlocks(d.payload.size()); b < n; ++b) {
-    if (!BlockOk(d, b)) return false;
-    const size_t off = b * kCheckBlockBytes;
-    std::memcpy(out + off, d.payload.data() + off, std::min(kCheckBlockBytes, d.payload.size() - off));
-  }
-  return true;
+  const size_t size = d.payload.size();
+  const bool checked = d.payload_checked;
+  std::atomic<bool> ok{true};
+  // Block by block, on the shared pool's threads: each block is checked
+  // and copied while it is in this core's cache.
+  SharedPool().For(CheckBlocks(size), 1, [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      if (!checked && !BlockOk(d, b)) {
+        ok.store(false, std::memory_order_relaxed);
+        continue;
+      }
+      const size_t off = b * kCheckBlockBytes;
+      std::memcpy(out + off, d.payload.data() + off, std::min(kCheckBlockBytes, size - off));
+    }
+  });
+  return ok.load(std::memory_order_relaxed);
 }
 
 std::optional<wire::Mode> ParseMode(const std::string& name) {
@@ -306,13 +329,23 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
   out->payload_checked = payload_checked;
   if (!payload_checked &&
       !(options.defer_pull_reply_payload && env.type == wire::Body::PullReply)) {
-    for (size_t b = 0, n = CheckBlocks(out->payload.size()); b < n; ++b) {
-      if (!BlockOk(*out, b)) {
-        return Fail(err, wire::ErrorCode::BadCrc,
-                    "payload block " + std::to_string(b) + " of " + std::to_string(n) +
-                        " fails its check",
-                    env);
+    // Every block, on the shared pool's threads; the first bad one is named.
+    const size_t n = CheckBlocks(out->payload.size());
+    std::atomic<size_t> bad{n};
+    SharedPool().For(n, 1, [&](size_t first, size_t last) {
+      for (size_t b = first; b < last; ++b) {
+        if (BlockOk(*out, b)) continue;
+        size_t was = bad.load(std::memory_order_relaxed);
+        while (b < was && !bad.compare_exchange_weak(was, b, std::memory_order_relaxed)) {
+        }
+        return;
       }
+    });
+    if (const size_t b = bad.load(std::memory_order_relaxed); b < n) {
+      return Fail(err, wire::ErrorCode::BadCrc,
+                  "payload block " + std::to_string(b) + " of " + std::to_string(n) +
+                      " fails its check",
+                  env);
     }
     out->payload_checked = true;
   }
@@ -336,10 +369,16 @@ Frames Encode(Envelope env, wire::Body type, flatbuffers::FlatBufferBuilder& fbb
   Put<uint32_t>(p, env.blocks);
   Put<uint64_t>(p, env.request_id);
   Put<uint64_t>(p, env.payload_bytes);
-  for (size_t b = 0; b < env.blocks; ++b) {
-    const size_t off = b * kCheckBlockBytes;
-    Put<uint64_t>(p, BlockCheck(payload.data() + off, std::min(kCheckBlockBytes, payload.size() - off)));
-  }
+  // The block checks, on the shared pool's threads.
+  uint8_t* checks = p;
+  SharedPool().For(env.blocks, 1, [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      const size_t off = b * kCheckBlockBytes;
+      const uint64_t c = BlockCheck(payload.data() + off, std::min(kCheckBlockBytes, payload.size() - off));
+      std::memcpy(checks + b * sizeof(uint64_t), &c, sizeof(c));
+    }
+  });
+  p += size_t{env.blocks} * sizeof(uint64_t);
   env.check = with_crc ? EnvelopeCheck(e.data(), e.size(), header) : 0;
   Put<uint64_t>(p, env.check);
   Frames frames;

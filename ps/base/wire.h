@@ -133,9 +133,10 @@ struct DecodeError {
 // Returns true and fills `out`, or false and fills `err`. Never throws.
 bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, DecodeError* err);
 // Copies `d`'s payload to `dst` (payload.size() bytes), each block checked
-// before it is copied. False at the first block that fails its check: the
-// blocks before it are copied (and correct), that one and the rest are not.
-// For a payload Decode checked already, a plain copy.
+// before it is copied, on the shared pool's threads (ps/base/parallel.h).
+// False when a block fails its check: every block that passed is copied
+// (and correct), the failing ones are not. For a payload Decode checked
+// already, a plain copy.
 bool CopyCheckedPayload(const Decoded& d, void* dst);
 // Reads an envelope (frame 0 of a message as Encode makes it) checking only
 // its size and magic: for looking at a message's type and sender without

@@ -363,7 +363,10 @@ class ZmqTransport final : public Transport {
 int IoThreads(const TransportOptions& options) {
   if (options.io_threads > 0) return options.io_threads;
   const unsigned cores = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(cores, 1u, 4u));
+  // One per two cores: the other core runs the process's own threads. On 2
+  // cores, one I/O thread made a small round trip faster than two in every
+  // one of 6 alternating runs (bench/RESULTS.md, "I/O threads").
+  return static_cast<int>(std::clamp(cores / 2, 1u, 4u));
 }
 
 std::unique_ptr<Transport> MakeZmqTransport(const TransportOptions& options, const Clock* clock) {
