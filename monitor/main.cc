@@ -169,6 +169,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(pacer::Positive());
   app.add_option("--min-workers", opts.min_workers, "Workers that must register before the run starts")
       ->capture_default_str()->check(pacer::Positive());
+  app.add_option("--replicas", opts.replicas,
+                 "Backups per key range: other shards, on other hosts (shard --node) where there "
+                 "are, named in the shard map and in pacerctl status. Too few shards: a range "
+                 "has fewer, counted on pacer_monitor_ranges_under_replicated. Replicating the "
+                 "data to them is not built yet")
+      ->capture_default_str()->check(CLI::Range(0, 8));
   app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
       ->capture_default_str()->check(pacer::Positive());
   pacer::UnsafeSwitches unsafe;
@@ -301,6 +307,11 @@ int main(int argc, char** argv) {
   if (!(*server)->resumed()) {
     spdlog::info("job {} waiting for {} shard(s) and {} worker(s)", (*server)->job_id(),
                  opts.min_shards, opts.min_workers);
+  }
+  if (opts.replicas > 0) {
+    spdlog::warn("--replicas {}: backups are assigned and reported, but no data is copied to "
+                 "them yet; a dead shard still comes back from its checkpoint",
+                 opts.replicas);
   }
   while (!(*server)->done()) {
     if (stop_signal) {

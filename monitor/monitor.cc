@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -39,6 +40,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       created_at_(clock->Now()),
       policy_(PolicyFor(options), clock) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
+  metrics_.replicas_wanted->Set(options_.replicas);
 }
 
 bool MonitorCore::finished() const {
@@ -106,7 +108,7 @@ msg::ShardMap MonitorCore::Map() const {
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
     m.shards.push_back({shards_[i].id, shards_[i].address, ranges_[i].first, ranges_[i].second,
-                        shards_[i].public_key});
+                        shards_[i].public_key, shards_[i].backups, shards_[i].epoch});
   }
   return m;
 }
@@ -221,6 +223,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     s.last_seen = clock_->Now();
     s.incarnation = r.incarnation;
     s.public_key = peer.peer_key();
+    s.node = r.node;
     shards_.push_back(s);
     if (map_built_) ranges_.emplace_back(0, 0);  // idle until pacerctl add-shard
     dirty_ = true;
@@ -301,6 +304,10 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   s.incarnation = r.incarnation;
   const bool new_key = s.public_key != peer.peer_key();
   s.public_key = peer.peer_key();
+  if (s.node != r.node) {
+    s.node = r.node;
+    dirty_ = true;
+  }
   if (!retry) {
     ++s.restarts;
     metrics_.shard_restarts->Increment();
@@ -403,6 +410,122 @@ uint32_t MonitorCore::Evaluator() const {
     }
   }
   return best;
+}
+
+namespace {
+// "2, 3", or "none".
+std::string IdList(const std::vector<uint32_t>& ids) {
+  std::string s;
+  for (uint32_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
+std::string MonitorCore::HostOf(size_t shard) const {
+  const ShardState& s = shards_[shard];
+  if (!s.node.empty()) return s.node;
+  // tcp://HOST:PORT (HOST may be [v6]).
+  std::string_view a = s.address;
+  if (auto p = a.find("://"); p != std::string_view::npos) a.remove_prefix(p + 3);
+  if (auto p = a.rfind(':'); p != std::string_view::npos) a = a.substr(0, p);
+  return std::string(a);
+}
+
+bool MonitorCore::AssignReplicas() {
+  if (!map_built_) return false;
+  auto has_range = [&](size_t i) { return i < ranges_.size() && ranges_[i].first != ranges_[i].second; };
+  auto usable = [&](size_t i) { return !shards_[i].down && !shards_[i].drained; };
+  std::map<uint32_t, size_t> index;
+  for (size_t i = 0; i < shards_.size(); ++i) index[shards_[i].id] = i;
+  // Ranges each shard holds or backs: new backups go to the least loaded.
+  std::vector<size_t> load(shards_.size(), 0);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (has_range(i)) ++load[i];
+    for (uint32_t b : shards_[i].backups) {
+      if (auto it = index.find(b); it != index.end()) ++load[it->second];
+    }
+  }
+  bool changed = false;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<uint32_t>& set = shards_[i].backups;
+    const std::vector<uint32_t> before = set;
+    const size_t want = has_range(i) ? options_.replicas : 0;
+    // A backup goes when it is down, drained or gone, or the range needs
+    // fewer (a smaller --replicas, or the range moved away).
+    std::erase_if(set, [&](uint32_t b) {
+      auto it = index.find(b);
+      const bool drop = it == index.end() || it->second == i || !usable(it->second);
+      if (drop && it != index.end()) --load[it->second];
+      return drop;
+    });
+    while (set.size() > want) {
+      --load[index.at(set.back())];
+      set.pop_back();
+    }
+    while (set.size() < want) {
+      std::optional<size_t> best;
+      std::tuple<bool, size_t, size_t> best_key{};
+      for (size_t j = 0; j < shards_.size(); ++j) {
+        if (j == i || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) continue;
+        const std::string host = HostOf(j);
+        bool shared = host == HostOf(i);
+        for (uint32_t b : set) shared = shared || host == HostOf(index.at(b));
+        const std::tuple<bool, size_t, size_t> key{shared, load[j], j};
+        if (!best || key < best_key) {
+          best = j;
+          best_key = key;
+        }
+      }
+      if (!best) break;  // too few live shards
+      set.push_back(shards_[*best].id);
+      ++load[*best];
+    }
+    if (set != before) {
+      changed = true;
+      if (want > 0) {
+        spdlog::info("keys [{}, {}) on shard {} (epoch {}): backups {}", ranges_[i].first,
+                     ranges_[i].second, shards_[i].id, shards_[i].epoch,
+                     IdList(set));
+      }
+    }
+  }
+  size_t short_of_k = 0;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (has_range(i) && shards_[i].backups.size() < options_.replicas) ++short_of_k;
+  }
+  if (short_of_k != under_replicated_) {
+    if (short_of_k > 0) {
+      spdlog::warn("{} key range(s) have fewer than {} backup(s): too few live shards (each backup "
+                   "must be another shard than its range's primary); a shard that registers "
+                   "fills the gap",
+                   short_of_k, options_.replicas);
+    } else if (options_.replicas > 0) {
+      spdlog::info("every key range has its {} backup(s)", options_.replicas);
+    }
+    under_replicated_ = short_of_k;
+  }
+  if (changed) {
+    ++map_version_;
+    metrics_.map_version->Set(static_cast<double>(map_version_));
+    dirty_ = true;
+  }
+  UpdateReplicaGauges();
+  return changed;
+}
+
+void MonitorCore::UpdateReplicaGauges() {
+  metrics_.replicas_wanted->Set(options_.replicas);
+  metrics_.under_replicated->Set(static_cast<double>(under_replicated_));
+  if (options_.replicas == 0) return;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const prometheus::Labels labels{{"shard", std::to_string(shards_[i].id)}};
+    const bool has_range = i < ranges_.size() && ranges_[i].first != ranges_[i].second;
+    if (!has_range) {
+      metrics_.range_backups->Remove(&metrics_.range_backups->Add(labels));
+      continue;
+    }
+    metrics_.range_backups->Add(labels).Set(static_cast<double>(shards_[i].backups.size()));
+  }
 }
 
 void MonitorCore::UpdateShardGauges() {
@@ -700,7 +823,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
     r.shards.push_back({sh.id, sh.address, range.first, range.second, !sh.down, sh.applied_clock,
-                        sh.checkpoint_age, sh.restarts});
+                        sh.checkpoint_age, sh.restarts, sh.backups, sh.epoch, HostOf(i)});
   }
   for (const auto& [id, w] : workers_) {
     msg::WorkerStatus ws{w.id,    w.rank,  w.batch, w.staleness, w.staleness_range, w.clock,
@@ -715,6 +838,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   }
   r.pause_at = pause_at_;
   r.moving = move_.has_value();
+  r.replicas = options_.replicas;
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), r)});
 }
 
@@ -934,9 +1058,12 @@ void MonitorCore::OnMoveReply(size_t index, const Decoded& reply, std::vector<Ou
 void MonitorCore::FinishMove(std::vector<Outgoing>* out) {
   const KeyMove& m = *move_;
   const size_t from = m.from(), to = m.to();
+  // Both ranges changed keys: new epochs.
+  shards_[to].epoch = ++epoch_;
   if (move_op_ == wire::ShardOp::Add) {
     ranges_[to] = {m.key_begin(), m.key_end()};
     ranges_[from].second = m.key_begin();
+    shards_[from].epoch = ++epoch_;
   } else {
     if (ranges_[to].second == m.key_begin()) {
       ranges_[to].second = m.key_end();
@@ -1289,9 +1416,11 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     std::vector<KeyRange> ranges = PartitionByBytes(model_, shards_.size());
     ranges_.clear();
     for (const auto& r : ranges) ranges_.emplace_back(r.begin, r.end);
+    for (auto& sh : shards_) sh.epoch = ++epoch_;
     map_built_ = true;
     map_version_ = 1;
     metrics_.map_version->Set(1);
+    AssignReplicas();
     std::vector<uint32_t> live = LiveWorkers();
     partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
                                                      : static_cast<uint32_t>(live.size());
@@ -1307,6 +1436,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
                  policy::KindName(options_.policy.kind), wire::EnumNameMode(options_.mode));
     SendToShards(true, out);
   }
+  if (map_built_) AssignReplicas();
   if (map_built_ && state_ == wire::JobState::Waiting) {
     bool all = std::all_of(shards_.begin(), shards_.end(), [&](const ShardState& s) {
       return s.acked_model && s.acked_membership >= 1;

@@ -89,6 +89,14 @@ struct MonitorOptions {
   // time. Steps to an accuracy compare fairly between runs whose steps take
   // different times only on a schedule in clocks.
   uint32_t eval_interval_clocks = 0;
+  // Backups per key range (--replicas K): each range's primary and up to K
+  // other shards, on other hosts (a shard's --node, else its address's
+  // host) where there are any. With too few live shards a range has fewer
+  // and pacer_monitor_ranges_under_replicated counts it; a shard that
+  // registers later (idle, as pacerctl add-shard would use) fills the gap.
+  // The sets are saved and handed out with the shard map. Replicating the
+  // ranges' data to them is not built yet (issue 23).
+  uint32_t replicas = 0;
   // Unacknowledged updates to a shard are re-sent after this long.
   Duration shard_resend = std::chrono::milliseconds(300);
   // After the job stops, keep answering for this long so every process hears.
@@ -180,6 +188,11 @@ class MonitorCore {
   const std::string& shard_address(size_t i) const { return shards_[i].address; }
   // The shard's CURVE public key (empty without transport security).
   const std::string& shard_key(size_t i) const { return shards_[i].public_key; }
+  // The backups (shard ids) and epoch of shard i's range (--replicas).
+  const std::vector<uint32_t>& shard_backups(size_t i) const { return shards_[i].backups; }
+  uint64_t shard_epoch(size_t i) const { return shards_[i].epoch; }
+  // Ranges with fewer than K backups (pacer_monitor_ranges_under_replicated).
+  size_t ranges_under_replicated() const { return under_replicated_; }
   bool shard_down(size_t i) const { return shards_[i].down; }
   uint64_t map_version() const { return map_version_; }
   uint64_t pause_at() const { return pause_at_; }
@@ -232,6 +245,11 @@ class MonitorCore {
     float checkpoint_age = -1;   // seconds, from its heartbeats (-1: none)
     int64_t reported_applied = -1;  // the clock of its last heartbeat
     bool drained = false;        // its range moved away; stopped
+    std::string node;            // --node as it registered ("": its address's host)
+    // Its range's replica set beside it (--replicas): the backups' shard
+    // ids, and the range's epoch (up whenever its primary or keys change).
+    std::vector<uint32_t> backups;
+    uint64_t epoch = 0;
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -249,6 +267,16 @@ class MonitorCore {
   // A shard restarted from its checkpoint, claiming its old id.
   void OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void UpdateShardGauges();
+  // What replicas are placed apart by: the shard's --node, else its
+  // address's host.
+  std::string HostOf(size_t shard) const;
+  // Gives every range up to K backups (options_.replicas): live shards other
+  // than its primary, not on the primary's host nor on a host one of its
+  // backups has while another is left, the fewest ranges held or backed
+  // first. A backup stays while it is live. True when a set changed (then
+  // the map's version goes up and the state is saved before it goes out).
+  bool AssignReplicas();
+  void UpdateReplicaGauges();
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.
   uint32_t LowestFreeRank() const;
@@ -361,6 +389,8 @@ class MonitorCore {
   bool map_built_ = false;
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard
+  uint64_t epoch_ = 0;  // the last range epoch given
+  size_t under_replicated_ = 0;  // ranges short of K, as last logged
 
   FaultTable faults_;  // run-time faults (pacerctl fault), sent with heartbeat replies
 

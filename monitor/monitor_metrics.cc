@@ -124,6 +124,22 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
                             "Age of a shard's last checkpoint, from its heartbeats (shards "
                             "with --data-dir only)")
                         .Register(r);
+  replicas_wanted = &prometheus::BuildGauge()
+                         .Name("pacer_monitor_replicas_wanted")
+                         .Help("Backups each key range should have (monitor --replicas)")
+                         .Register(r)
+                         .Add({});
+  range_backups = &prometheus::BuildGauge()
+                       .Name("pacer_monitor_range_backups")
+                       .Help(
+                           "Live shards assigned as backups of the key range whose primary is "
+                           "this shard")
+                       .Register(r);
+  under_replicated = &prometheus::BuildGauge()
+                          .Name("pacer_monitor_ranges_under_replicated")
+                          .Help("Key ranges with fewer live backups than --replicas asks for")
+                          .Register(r)
+                          .Add({});
   test_loss = &prometheus::BuildGauge()
                    .Name("pacer_training_test_loss")
                    .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")

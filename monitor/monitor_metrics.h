@@ -37,6 +37,11 @@ struct MonitorMetrics {
   prometheus::Family<prometheus::Gauge>* shard_up = nullptr;
   prometheus::Family<prometheus::Gauge>* shard_clock = nullptr;
   prometheus::Family<prometheus::Gauge>* shard_ckpt_age = nullptr;
+  // Replica sets (--replicas): backups wanted per range, each range's live
+  // backups (by its primary's shard id), and the ranges short of K.
+  prometheus::Gauge* replicas_wanted = nullptr;
+  prometheus::Family<prometheus::Gauge>* range_backups = nullptr;
+  prometheus::Gauge* under_replicated = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;

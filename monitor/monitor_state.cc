@@ -39,7 +39,8 @@ std::string MonitorCore::SaveState() const {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
     r.shards.push_back({sh.id, sh.address, sh.incarnation, range.first, range.second,
-                        sh.applied_clock, sh.restarts, sh.drained, sh.public_key});
+                        sh.applied_clock, sh.restarts, sh.drained, sh.public_key, sh.backups,
+                        sh.epoch, sh.node});
   }
   for (size_t p = 0; p < partitions_.size(); ++p) {
     r.partitions.push_back({static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset,
@@ -51,6 +52,7 @@ std::string MonitorCore::SaveState() const {
   r.time_to_target = time_to_target_;
   r.slack_open = policy_.slack_open();
   r.batch_per_worker = batch_per_worker_;
+  r.epoch = epoch_;
   return EncodeMonitorRecord(r);
 }
 
@@ -79,6 +81,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   membership_version_ = st.membership_version;
   partition_count_ = st.partition_count;
   batch_per_worker_ = st.batch_per_worker;
+  epoch_ = st.epoch;
   partitions_.assign(partition_count_, PartitionState{});
   for (const auto& p : st.partitions) {
     if (p.index >= partitions_.size()) continue;
@@ -116,6 +119,9 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
     s.applied_clock = ms.applied_clock;
     s.restarts = ms.restarts;
     s.drained = ms.drained;
+    s.backups = ms.backups;
+    s.epoch = ms.epoch;
+    s.node = ms.node;
     s.last_seen = now;
     shards_.push_back(s);
     ranges_.emplace_back(ms.key_begin, ms.key_end);

@@ -92,6 +92,7 @@ nlohmann::json StatusJson(uint64_t job, const pacer::msg::StatusReply& r) {
   j["membership_version"] = r.membership_version;
   j["pause_at"] = r.pause_at;
   j["moving"] = r.moving;
+  j["replicas"] = r.replicas;
   uint64_t params = 0;
   for (const auto& k : r.model) params += k.length();
   j["model"] = {{"keys", r.model.size()}, {"parameters", params}};
@@ -106,7 +107,10 @@ nlohmann::json StatusJson(uint64_t job, const pacer::msg::StatusReply& r) {
                            {"checkpoint_age_seconds", s.checkpoint_age_seconds >= 0
                                                           ? json(s.checkpoint_age_seconds)
                                                           : json(nullptr)},
-                           {"restarts", s.restarts}});
+                           {"restarts", s.restarts},
+                           {"node", s.node},
+                           {"epoch", s.epoch},
+                           {"backups", s.backups}});
   }
   j["workers"] = json::array();
   for (const auto& w : r.workers) {
@@ -147,8 +151,12 @@ void PrintTable(const nlohmann::json& j, bool wide) {
   if (!j["stop_reason"].get<std::string>().empty()) {
     std::printf("stop reason: %s\n", j["stop_reason"].get<std::string>().c_str());
   }
-  std::printf("\n%-6s %-24s %-14s %-4s %-8s %-15s %s\n", "SHARD", "ADDRESS", "KEYS", "UP", "CLOCK",
-              "CHECKPOINT AGE", "RESTARTS");
+  // With --replicas K: each range's backups (shard ids) and epoch.
+  const uint32_t replicas = j["replicas"].get<uint32_t>();
+  if (replicas > 0) std::printf("replicas: %u backup(s) per key range\n", replicas);
+  std::printf("\n%-6s %-24s %-14s %-4s %-8s %-15s %s", "SHARD", "ADDRESS", "KEYS", "UP", "CLOCK",
+              "CHECKPOINT AGE", replicas > 0 ? "RESTARTS  EPOCH  BACKUPS    NODE" : "RESTARTS");
+  std::printf("\n");
   for (const auto& s : j["shards"]) {
     const uint64_t end = s["key_end"].get<uint64_t>();
     const std::string keys =
@@ -159,11 +167,26 @@ void PrintTable(const nlohmann::json& j, bool wide) {
     const std::string age = s["checkpoint_age_seconds"].is_null()
                                 ? "-"
                                 : fmt::format("{:.1f} s", s["checkpoint_age_seconds"].get<double>());
-    std::printf("%-6u %-24s %-14s %-4s %-8lld %-15s %u\n", s["id"].get<uint32_t>(),
+    std::printf("%-6u %-24s %-14s %-4s %-8lld %-15s %s", s["id"].get<uint32_t>(),
                 s["address"].get<std::string>().c_str(), keys.c_str(),
                 s["up"].get<bool>() ? "yes" : "no",
                 static_cast<long long>(s["applied_clock"].get<int64_t>()), age.c_str(),
-                s["restarts"].get<uint32_t>());
+                (replicas > 0 ? fmt::format("{:<9}", s["restarts"].get<uint32_t>())
+                              : std::to_string(s["restarts"].get<uint32_t>()))
+                    .c_str());
+    if (replicas > 0) {
+      std::string backups;
+      for (const auto& b : s["backups"]) {
+        backups += (backups.empty() ? "" : ",") + std::to_string(b.get<uint32_t>());
+      }
+      // An idle shard has no range, so no epoch and no backups of its own.
+      const bool idle = end == s["key_begin"].get<uint64_t>();
+      std::printf(" %-6s %-10s %s",
+                  idle ? "-" : std::to_string(s["epoch"].get<uint64_t>()).c_str(),
+                  idle ? "-" : (backups.empty() ? "none" : backups.c_str()),
+                  s["node"].get<std::string>().c_str());
+    }
+    std::printf("\n");
   }
   std::printf("\n%-7s %-5s %-5s %-6s %-10s %-8s %-10s %s\n", "WORKER", "RANK", "STATE", "BATCH",
               "STALENESS", "CLOCK", "SAMPLES/S", "PARTITIONS");

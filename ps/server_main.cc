@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_option("--advertise", opts.advertise,
                  "Address the monitor hands to workers for this shard, tcp://HOST:PORT, when it "
                  "differs from --listen (NAT, a Kubernetes Service); default: the bound address");
+  app.add_option("--node", opts.node,
+                 "The host or Kubernetes node this shard runs on: the monitor (--replicas) places "
+                 "a key range's replicas on different ones; default: the host of the advertised "
+                 "address");
   pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::FaultFlags fault_flags;
   pacer::AddFaultFlags(app, &fault_flags);

@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
     const msg::Register request{wire::Role::Shard, advertised, snapshot ? snapshot->shard_id : 0,
                                 snapshot ? snapshot->job_id : 0,
-                                snapshot ? snapshot->map_version : 0, incarnation};
+                                snapshot ? snapshot->map_version : 0, incarnation,
+                                options.node};
     auto reply =
         s->monitor_->Call(request, std::min(give_up, clock->Now() + options.request_timeout));
     if (reply.ok()) {

@@ -29,6 +29,10 @@ struct ShardServerOptions {
   // (--advertise), e.g. behind NAT or a Kubernetes Service; empty: the bound
   // address.
   std::string advertise;
+  // The host or Kubernetes node this shard runs on (--node): the monitor
+  // places a range's replicas on different ones. Empty: the host of the
+  // advertised address.
+  std::string node;
   // Core settings (--max-message-bytes, --no-apply, ...).
   ShardOptions shard;
   // How long Start keeps trying to register with the monitor.

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -571,6 +573,171 @@ TEST_F(MonitorTest, ShardRegistrationRetryKeepsItsId) {
   Decoded again = Only(Register(101, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
   EXPECT_EQ(first.As<wire::RegisterReply>()->id(), again.As<wire::RegisterReply>()->id());
   EXPECT_EQ(core_->num_shards(), 1u);
+}
+
+// Replica sets (--replicas K): the monitor gives each key range K backups on
+// other shards, on other hosts where it can, keeps them live, saves them and
+// hands them out with the shard map.
+class ReplicaTest : public MonitorTest {
+ protected:
+  // A monitor with K backups per range and `min_shards` shards to start.
+  void Make(uint32_t k, uint32_t min_shards) {
+    options_.replicas = k;
+    options_.min_shards = min_shards;
+    core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  }
+  uint32_t RegisterShard(uint64_t peer, const std::string& address, const std::string& node = "") {
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(peer, 0, 0, fbb,
+                          wire::CreateRegisterDirect(fbb, wire::Role::Shard, address.c_str(), 0, 0,
+                                                     0, 0, node.c_str())),
+                     wire::Body::RegisterReply);
+    if (d.message == nullptr || d.type() != wire::Body::RegisterReply) return 0;
+    return d.As<wire::RegisterReply>()->id();
+  }
+  void ShardHeartbeat(uint32_t id) {
+    flatbuffers::FlatBufferBuilder fbb;
+    Send(id, kJob, id, fbb, wire::CreateHeartbeat(fbb, wire::Role::Shard, 0, 0.0f, false));
+  }
+  // Registers the shards, two workers and the model; every shard
+  // acknowledges: the job runs.
+  void Start(const std::vector<std::pair<std::string, std::string>>& shards) {
+    for (size_t i = 0; i < shards.size(); ++i) {
+      ASSERT_NE(RegisterShard(100 + i, shards[i].first, shards[i].second), 0u);
+    }
+    worker_a_ = RegisterWorker(200);
+    worker_b_ = RegisterWorker(201);
+    // Enough keys for a range on every shard.
+    std::vector<wire::KeyLen> model;
+    for (uint64_t k = 1; k <= 8; ++k) model.emplace_back(k, 100);
+    Only(Declare(worker_a_, model), wire::Body::Ack);
+    Tick();
+    AckAll();
+    Tick();
+    ASSERT_EQ(core_->state(), wire::JobState::Running);
+    to_shards_.clear();
+  }
+  // Index of the shard with id `id`.
+  size_t IndexOf(uint32_t id) const {
+    for (size_t i = 0; i < core_->num_shards(); ++i) {
+      if (core_->shard_id(i) == id) return i;
+    }
+    ADD_FAILURE() << "no shard " << id;
+    return 0;
+  }
+  // Each shard's backups as the workers' map says: shard id -> backups.
+  std::map<uint32_t, std::vector<uint32_t>> MapBackups(uint64_t* version = nullptr) {
+    std::map<uint32_t, std::vector<uint32_t>> got;
+    Decoded hb = Only(Heartbeat(worker_a_), wire::Body::HeartbeatReply);
+    const auto* m = hb.As<wire::HeartbeatReply>()->shard_map();
+    EXPECT_NE(m, nullptr);
+    if (m == nullptr) return got;
+    if (version != nullptr) *version = m->version();
+    for (const auto* s : *m->shards()) {
+      std::vector<uint32_t>& b = got[s->id()];
+      if (s->backups() != nullptr) b.assign(s->backups()->begin(), s->backups()->end());
+      EXPECT_GT(s->epoch(), 0u) << "shard " << s->id() << " has no epoch";
+    }
+    return got;
+  }
+};
+
+TEST_F(ReplicaTest, EachRangeGetsItsBackupsOnOtherShardsAndHostsEvenly) {
+  Make(1, 4);
+  // Two hosts, two shards each: one by --node, one by the address's host.
+  Start({{"tcp://10.0.0.1:5000", ""}, {"tcp://10.0.0.1:5001", ""},
+         {"tcp://10.0.0.9:5000", "node-b"}, {"tcp://10.0.0.9:5001", "node-b"}});
+  std::map<uint32_t, std::string> host;
+  std::map<uint32_t, int> backs;  // ranges each shard backs
+  for (size_t i = 0; i < core_->num_shards(); ++i) {
+    host[core_->shard_id(i)] = core_->shard_address(i).find("10.0.0.1") != std::string::npos ? "a" : "b";
+  }
+  std::set<uint64_t> epochs;
+  const auto sets = MapBackups();
+  ASSERT_EQ(sets.size(), 4u);
+  for (const auto& [primary, backups] : sets) {
+    ASSERT_EQ(backups.size(), 1u) << "shard " << primary;
+    EXPECT_NE(backups[0], primary);
+    EXPECT_NE(host[backups[0]], host[primary]) << "shard " << primary << "'s backup shares its host";
+    ++backs[backups[0]];
+    EXPECT_EQ(core_->shard_backups(IndexOf(primary)), backups);
+    epochs.insert(core_->shard_epoch(IndexOf(primary)));
+  }
+  EXPECT_EQ(epochs.size(), 4u) << "each range has an epoch of its own";
+  for (const auto& [id, n] : backs) EXPECT_EQ(n, 1) << "shard " << id << " backs " << n << " ranges";
+  EXPECT_EQ(core_->ranges_under_replicated(), 0u);
+}
+
+TEST_F(ReplicaTest, WithTooFewShardsRangesRunShortUntilAShardRegisters) {
+  Make(2, 2);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}});
+  uint64_t v1 = 0;
+  auto sets = MapBackups(&v1);
+  ASSERT_EQ(sets.size(), 2u);
+  for (const auto& [primary, backups] : sets) EXPECT_EQ(backups.size(), 1u) << "shard " << primary;
+  EXPECT_EQ(core_->ranges_under_replicated(), 2u);
+  // An idle shard registers: it backs both ranges, and holds none itself.
+  const uint32_t idle = RegisterShard(110, "mem://shard2");
+  ASSERT_NE(idle, 0u);
+  Tick();
+  AckAll();  // it takes the model (none of it) and the members
+  Tick();
+  uint64_t v2 = 0;
+  sets = MapBackups(&v2);
+  EXPECT_GT(v2, v1) << "workers must learn the new sets";
+  ASSERT_EQ(sets.size(), 2u) << "the idle shard holds no range";
+  for (const auto& [primary, backups] : sets) {
+    EXPECT_EQ(backups.size(), 2u) << "shard " << primary;
+    EXPECT_EQ(std::count(backups.begin(), backups.end(), idle), 1) << "shard " << primary;
+  }
+  EXPECT_EQ(core_->ranges_under_replicated(), 0u);
+}
+
+TEST_F(ReplicaTest, ABackupThatLosesItsLeaseIsReplacedAndTheSetsAreSaved) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  auto sets = MapBackups();
+  ASSERT_EQ(sets.size(), 3u);
+  const uint32_t primary = sets.begin()->first;
+  const uint32_t lost = sets.begin()->second.at(0);
+  // `lost` goes silent; the others keep their leases.
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(milliseconds(200));
+    for (const auto& [id, b] : sets) {
+      if (id != lost) ShardHeartbeat(id);
+    }
+    Heartbeat(worker_a_);
+    Heartbeat(worker_b_);
+    Tick();
+  }
+  ASSERT_TRUE(core_->shard_down(IndexOf(lost)));
+  sets = MapBackups();
+  for (const auto& [id, backups] : sets) {
+    for (uint32_t b : backups) EXPECT_NE(b, lost) << "shard " << id << " is still backed by a dead shard";
+    if (id != lost) {
+      EXPECT_EQ(backups.size(), 1u) << "shard " << id;
+    }
+  }
+  ASSERT_EQ(sets[primary].size(), 1u);
+  EXPECT_NE(sets[primary][0], primary);
+
+  // A new monitor loads the same sets and epochs.
+  auto restarted = std::make_unique<MonitorCore>(options_, &clock_);
+  ASSERT_TRUE(restarted->RestoreState(core_->SaveState()).ok());
+  EXPECT_EQ(restarted->map_version(), core_->map_version());
+  for (size_t i = 0; i < core_->num_shards(); ++i) {
+    EXPECT_EQ(restarted->shard_backups(i), core_->shard_backups(i));
+    EXPECT_EQ(restarted->shard_epoch(i), core_->shard_epoch(i));
+  }
+}
+
+TEST_F(ReplicaTest, WithoutReplicasNoRangeHasBackups) {
+  Make(0, 2);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}});
+  uint64_t version = 0;
+  for (const auto& [id, backups] : MapBackups(&version)) EXPECT_TRUE(backups.empty()) << "shard " << id;
+  EXPECT_EQ(version, 1u);
+  EXPECT_EQ(core_->ranges_under_replicated(), 0u);
 }
 
 }  // namespace

@@ -471,7 +471,7 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheClusterAndEveryQueryNamesLiveSerie
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 14);
 
   // The dashboard: every expression parses (Prometheus runs it) and names
   // only live series.

@@ -70,7 +70,10 @@ struct GoldenWorker {
     auto ch = RpcChannel::Connect(transport.get(), address, boot);
     if (!ch.ok()) return ch.status();
     monitor = std::move(*ch);
-    auto reg = monitor->Call(msg::Register{wire::Role::Worker, "golden-worker"}, Deadline(10));
+    msg::Register hello;
+    hello.role = wire::Role::Worker;
+    hello.address = "golden-worker";
+    auto reg = monitor->Call(hello, Deadline(10));
     if (!reg.ok()) return reg.status();
     const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reg);
     monitor->options().job_id = reg->env.job_id;

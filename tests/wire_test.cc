@@ -590,8 +590,8 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   r.partition_count = 2;
   r.workers.push_back({5, 1, 64, 2, 3, 10, 12, 6, true, false, "tok", "KEY"});
   r.workers.push_back({6, 2, 32, 0, 0, 0, 11, 7, false, true, "", ""});
-  r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, ""});
-  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2"});
+  r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, "", {2}, 5, "node-a"});
+  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2", {}, 0, ""});
   r.partitions.push_back({0, 1, 640, 5, 0});
   r.partitions.push_back({1, 0, 0, 6, 5});
   r.seconds_running = 12.5;
@@ -599,6 +599,7 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   r.last_accuracy = 0.8f;
   r.slack_open = false;
   r.batch_per_worker = 32;
+  r.epoch = 9;
   auto back = DecodeMonitorRecord(EncodeMonitorRecord(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->job_id, 42u);
@@ -627,6 +628,10 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   EXPECT_EQ(back->shards[1].applied_clock, -1);
   EXPECT_TRUE(back->shards[1].drained);
   EXPECT_EQ(back->shards[1].public_key, "K2");
+  EXPECT_EQ(back->shards[0].backups, std::vector<uint32_t>{2});
+  EXPECT_EQ(back->shards[0].epoch, 5u);
+  EXPECT_EQ(back->shards[0].node, "node-a");
+  EXPECT_TRUE(back->shards[1].backups.empty());
   ASSERT_EQ(back->partitions.size(), 2u);
   EXPECT_EQ(back->partitions[0].offset, 640u);
   EXPECT_EQ(back->partitions[1].owner, 6u);
@@ -637,6 +642,7 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   EXPECT_FALSE(back->time_to_target.has_value());
   EXPECT_FALSE(back->slack_open);
   EXPECT_EQ(back->batch_per_worker, 32);
+  EXPECT_EQ(back->epoch, 9u);
   MonitorRecord fresh;  // not started, nothing measured
   auto none = DecodeMonitorRecord(EncodeMonitorRecord(fresh));
   ASSERT_TRUE(none.ok());
@@ -740,7 +746,7 @@ TEST(MessagesTest, AbsentOptionalFieldsStayAbsent) {
   EXPECT_EQ(r.faults, "drop:p=0.1");
   EXPECT_EQ(r.faults_version, 4u);
   msg::HeartbeatReply worker_reply = shard_reply;
-  worker_reply.shard_map = msg::ShardMap{3, {{1, "tcp://127.0.0.1:9", 0, 10, ""}}};
+  worker_reply.shard_map = msg::ShardMap{3, {{1, "tcp://127.0.0.1:9", 0, 10, "", {2, 3}, 4}}};
   worker_reply.assignment = msg::Assignment{32, 1, 2};
   worker_reply.partitions = {wire::PartitionPosition(2, 1, 64)};
   const auto w = msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, worker_reply)));
@@ -748,6 +754,8 @@ TEST(MessagesTest, AbsentOptionalFieldsStayAbsent) {
   EXPECT_EQ(w.shard_map->version, 3u);
   ASSERT_EQ(w.shard_map->shards.size(), 1u);
   EXPECT_EQ(w.shard_map->shards[0].address, "tcp://127.0.0.1:9");
+  EXPECT_EQ(w.shard_map->shards[0].backups, (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(w.shard_map->shards[0].epoch, 4u);
   ASSERT_TRUE(w.assignment.has_value());
   EXPECT_EQ(w.assignment->staleness_range, 2u);
   ASSERT_EQ(w.partitions.size(), 1u);

@@ -213,7 +213,8 @@ flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, c
   std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
   for (const ShardInfo& s : m.shards) {
     infos.push_back(wire::CreateShardInfoDirect(fbb, s.id, s.address.c_str(), s.key_begin,
-                                                s.key_end, OrNull(s.public_key)));
+                                                s.key_end, OrNull(s.public_key),
+                                                s.backups.empty() ? nullptr : &s.backups, s.epoch));
   }
   return wire::CreateShardMapDirect(fbb, m.version, &infos);
 }
@@ -223,7 +224,7 @@ ShardMap FromWire(const wire::ShardMap& t) {
   if (t.shards() != nullptr) {
     for (const wire::ShardInfo* s : *t.shards()) {
       m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(),
-                          Str(s->public_key())});
+                          Str(s->public_key()), Scalars(s->backups()), s->epoch()});
     }
   }
   return m;
@@ -239,11 +240,11 @@ Assignment FromWire(const wire::Assignment& t) {
 
 flatbuffers::Offset<wire::Register> Build(flatbuffers::FlatBufferBuilder& fbb, const Register& m) {
   return wire::CreateRegisterDirect(fbb, m.role, m.address.c_str(), m.shard_id, m.checkpoint_job,
-                                    m.checkpoint_map_version, m.incarnation);
+                                    m.checkpoint_map_version, m.incarnation, OrNull(m.node));
 }
 Register FromWire(const wire::Register& t) {
-  return {t.role(), Str(t.address()), t.shard_id(), t.checkpoint_job(), t.checkpoint_map_version(),
-          t.incarnation()};
+  return {t.role(),          Str(t.address()), t.shard_id(), t.checkpoint_job(),
+          t.checkpoint_map_version(), t.incarnation(), Str(t.node())};
 }
 
 flatbuffers::Offset<wire::RegisterReply> Build(flatbuffers::FlatBufferBuilder& fbb,
@@ -462,7 +463,9 @@ flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb
   for (const ShardStatus& s : m.shards) {
     shards.push_back(wire::CreateShardStatusDirect(fbb, s.id, s.address.c_str(), s.key_begin,
                                                    s.key_end, s.up, s.applied_clock,
-                                                   s.checkpoint_age_seconds, s.restarts));
+                                                   s.checkpoint_age_seconds, s.restarts,
+                                                   s.backups.empty() ? nullptr : &s.backups,
+                                                   s.epoch, OrNull(s.node)));
   }
   std::vector<flatbuffers::Offset<wire::WorkerStatus>> workers;
   for (const WorkerStatus& w : m.workers) {
@@ -475,7 +478,7 @@ flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb
   return wire::CreateStatusReplyDirect(fbb, m.state, m.mode, m.policy, m.stop_reason.c_str(),
                                        m.seconds_running, m.last_accuracy, map,
                                        m.membership_version, &m.model, &shards, &workers,
-                                       &m.partitions, m.pause_at, m.moving);
+                                       &m.partitions, m.pause_at, m.moving, m.replicas);
 }
 StatusReply FromWire(const wire::StatusReply& t) {
   StatusReply m;
@@ -491,7 +494,8 @@ StatusReply FromWire(const wire::StatusReply& t) {
   if (t.shards() != nullptr) {
     for (const wire::ShardStatus* s : *t.shards()) {
       m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(), s->up(),
-                          s->applied_clock(), s->checkpoint_age_seconds(), s->restarts()});
+                          s->applied_clock(), s->checkpoint_age_seconds(), s->restarts(),
+                          Scalars(s->backups()), s->epoch(), Str(s->node())});
     }
   }
   if (t.workers() != nullptr) {
@@ -505,6 +509,7 @@ StatusReply FromWire(const wire::StatusReply& t) {
   m.partitions = Positions(t.partitions());
   m.pause_at = t.pause_at();
   m.moving = t.moving();
+  m.replicas = t.replicas();
   return m;
 }
 
@@ -559,9 +564,10 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   }
   std::vector<flatbuffers::Offset<wire::MonitorShard>> shards;
   for (const auto& s : r.shards) {
-    shards.push_back(wire::CreateMonitorShardDirect(fbb, s.id, s.address.c_str(), s.incarnation,
-                                                    s.key_begin, s.key_end, s.applied_clock,
-                                                    s.restarts, s.drained, OrNull(s.public_key)));
+    shards.push_back(wire::CreateMonitorShardDirect(
+        fbb, s.id, s.address.c_str(), s.incarnation, s.key_begin, s.key_end, s.applied_clock,
+        s.restarts, s.drained, OrNull(s.public_key), s.backups.empty() ? nullptr : &s.backups,
+        s.epoch, OrNull(s.node)));
   }
   auto model = fbb.CreateVectorOfStructs(r.model);
   auto reason = fbb.CreateString(r.stop_reason);
@@ -608,6 +614,7 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   b.add_model_groups(model_groups);
   b.add_param_groups(param_groups);
   b.add_lr_overrides(overrides);
+  b.add_epoch(r.epoch);
   b.add_lr_overrides_version(r.lr_overrides_version);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
@@ -683,6 +690,9 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
       s.restarts = ms->restarts();
       s.drained = ms->drained();
       s.public_key = Str(ms->public_key());
+      s.backups = Scalars(ms->backups());
+      s.epoch = ms->epoch();
+      s.node = Str(ms->node());
       r.shards.push_back(std::move(s));
     }
   }
@@ -698,6 +708,7 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
   r.param_groups = GroupsOf(st->param_groups());
   r.lr_overrides = OverridesOf(st->lr_overrides());
   r.lr_overrides_version = st->lr_overrides_version();
+  r.epoch = st->epoch();
   return r;
 }
 

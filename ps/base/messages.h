@@ -107,6 +107,10 @@ struct ShardInfo {
   std::string address;
   uint64_t key_begin = 0, key_end = 0;
   std::string public_key;  // CURVE (Z85) as it authenticated; "" without
+  // The shards that hold replicas of this range (monitor --replicas), and
+  // the range's epoch: it goes up whenever its primary or its keys change.
+  std::vector<uint32_t> backups;
+  uint64_t epoch = 0;
 };
 
 struct ShardMap {
@@ -137,6 +141,7 @@ struct Register {
   uint32_t shard_id = 0;
   uint64_t checkpoint_job = 0, checkpoint_map_version = 0;
   uint64_t incarnation = 0;
+  std::string node;  // a shard's host or node (--node); "": its address's host
 };
 
 struct RegisterReply {
@@ -269,6 +274,9 @@ struct ShardStatus {
   int64_t applied_clock = -1;
   float checkpoint_age_seconds = -1;
   uint32_t restarts = 0;
+  std::vector<uint32_t> backups;  // the shards that back its range
+  uint64_t epoch = 0;             // its range's epoch (0: no range)
+  std::string node;               // what replicas are placed apart by
 };
 
 struct WorkerStatus {
@@ -296,6 +304,7 @@ struct StatusReply {
   std::vector<wire::PartitionPosition> partitions;
   uint64_t pause_at = 0;
   bool moving = false;
+  uint32_t replicas = 0;  // backups wanted per range
 };
 
 struct RemoveWorker {
@@ -412,6 +421,9 @@ struct MonitorRecord {
     uint32_t restarts = 0;
     bool drained = false;
     std::string public_key;
+    std::vector<uint32_t> backups;  // the shards that back its range
+    uint64_t epoch = 0;             // its range's epoch
+    std::string node;
   };
   // A data partition: its read position, owner and previous owner (worker
   // ids; 0: none).
@@ -444,6 +456,7 @@ struct MonitorRecord {
   std::vector<GroupSettings> param_groups;
   std::vector<std::pair<std::string, float>> lr_overrides;  // pacerctl set-lr
   uint64_t lr_overrides_version = 0;
+  uint64_t epoch = 0;  // the last range epoch given
 };
 
 // The record as a MonitorState flatbuffer (format 1).
