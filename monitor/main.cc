@@ -172,9 +172,16 @@ int main(int argc, char** argv) {
   app.add_option("--replicas", opts.replicas,
                  "Backups per key range: other shards, on other hosts (shard --node) where there "
                  "are, named in the shard map and in pacerctl status. Too few shards: a range "
-                 "has fewer, counted on pacer_monitor_ranges_under_replicated. Replicating the "
-                 "data to them is not built yet")
+                 "has fewer, counted on pacer_monitor_ranges_under_replicated. Each primary "
+                 "copies every applied step to its backups; when it misses its --shard-lease a "
+                 "backup serves the range in its place")
       ->capture_default_str()->check(CLI::Range(0, 8));
+  double shard_lease_s = 1.0;
+  app.add_option("--shard-lease", shard_lease_s,
+                 "With --replicas: seconds without a shard's heartbeat before its range fails "
+                 "over to a backup; a primary cut off from the monitor this long stops "
+                 "answering first (shards heartbeat every 0.2 s)")
+      ->capture_default_str()->check(CLI::Range(0.3, 60.0));
   app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
       ->capture_default_str()->check(pacer::Positive());
   pacer::UnsafeSwitches unsafe;
@@ -270,6 +277,7 @@ int main(int argc, char** argv) {
     opts.optimizer_settings = settings;
   }
   opts.lease = pacer::FromSeconds(lease_s);
+  opts.shard_lease = pacer::FromSeconds(shard_lease_s);
   opts.lease_expiry = !unsafe.Off("lease-expiry");
   opts.shard_resend = pacer::FromSeconds(shard_resend_ms / 1000.0);
   opts.stop_grace = pacer::FromSeconds(stop_grace_s);
@@ -309,8 +317,8 @@ int main(int argc, char** argv) {
                  opts.min_shards, opts.min_workers);
   }
   if (opts.replicas > 0) {
-    spdlog::warn("--replicas {}: backups are assigned and reported, but no data is copied to "
-                 "them yet; a dead shard still comes back from its checkpoint",
+    spdlog::warn("--replicas {}: a range fails over to a backup once, with no new copy made "
+                 "for it after; see the README (Replicas) for what is and is not guaranteed",
                  opts.replicas);
   }
   while (!(*server)->done()) {

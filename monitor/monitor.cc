@@ -93,6 +93,8 @@ msg::JobConfig MonitorCore::Job() const {
   j.policy = WirePolicy();
   j.staleness_aware_lr = options_.staleness_aware_lr;
   j.eval_interval_clocks = options_.eval_interval_clocks;
+  j.shard_lease_ms = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.shard_lease).count());
   return j;
 }
 
@@ -107,8 +109,8 @@ msg::ShardMap MonitorCore::Map() const {
   m.version = map_version_;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
-    m.shards.push_back({shards_[i].id, shards_[i].address, ranges_[i].first, ranges_[i].second,
-                        shards_[i].public_key, shards_[i].backups, shards_[i].epoch});
+    m.shards.push_back({shards_[i].id, shard_address(i), ranges_[i].first, ranges_[i].second,
+                        shard_key(i), shards_[i].backups, shards_[i].epoch});
   }
   return m;
 }
@@ -449,7 +451,8 @@ bool MonitorCore::AssignReplicas() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     std::vector<uint32_t>& set = shards_[i].backups;
     const std::vector<uint32_t> before = set;
-    const size_t want = has_range(i) ? options_.replicas : 0;
+    // A promoted range (served by another shard) gets no new backup yet.
+    const size_t want = has_range(i) && shards_[i].host == 0 ? options_.replicas : 0;
     // A backup goes when it is down, drained or gone, or the range needs
     // fewer (a smaller --replicas, or the range moved away).
     std::erase_if(set, [&](uint32_t b) {
@@ -643,6 +646,9 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
     shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb.clock));
     shard->checkpoint_age = hb.checkpoint_age_seconds;
     shard->reported_applied = static_cast<int64_t>(hb.clock);
+    shard->replicas.clear();
+    for (const msg::ShardInfo& r : hb.replicas) shard->replicas[r.id] = r.epoch;
+    TakeServing(*shard, hb.serving);
     if (hb.done && !shard->down) {
       shard->down = true;
       spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
@@ -662,7 +668,101 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.faults_version = faults_.version();
   reply.lr_overrides = LrOverridesByIndex();
   reply.lr_overrides_version = lr_overrides_version_;
+  if (shard != shards_.end()) FillReplication(static_cast<size_t>(shard - shards_.begin()), &reply);
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
+}
+
+void MonitorCore::TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving) {
+  for (const msg::ShardInfo& r : serving) {
+    for (ShardState& s : shards_) {
+      if (s.id != r.id || s.host != host.id || s.epoch != r.epoch || s.served_at == r.address) {
+        continue;
+      }
+      s.served_at = r.address;
+      // Its keys and the membership go to the range's new address; the
+      // workers take it with the map.
+      s.acked_model = false;
+      s.acked_membership = 0;
+      s.last_sent = TimePoint{};
+      ++map_version_;
+      metrics_.map_version->Set(static_cast<double>(map_version_));
+      dirty_ = true;
+      spdlog::info("shard {}'s range is served by shard {} at {} (epoch {}): shard map v{}", s.id,
+                   host.id, r.address, s.epoch, map_version_);
+    }
+  }
+}
+
+bool MonitorCore::FailOver() {
+  if (options_.replicas == 0 || !map_built_ || state_ == wire::JobState::Stopped) return false;
+  bool changed = false;
+  const TimePoint now = clock_->Now();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    ShardState& s = shards_[i];
+    if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || s.drained) continue;
+    if (s.host != 0 || !s.down) continue;  // served (a promoted range waits for a second copy)
+    // A live backup that reported a replica of this epoch takes over.
+    for (uint32_t b : s.backups) {
+      auto it = std::find_if(shards_.begin(), shards_.end(),
+                             [&](const ShardState& x) { return x.id == b; });
+      if (it == shards_.end() || it->down || it->drained) continue;
+      auto held = it->replicas.find(s.id);
+      if (held == it->replicas.end() || held->second != s.epoch) continue;
+      s.host = b;
+      s.served_at.clear();
+      s.epoch = ++epoch_;
+      s.backups.clear();  // the promoted replica has no copy beside it yet
+      s.failed_over_at = now;
+      ++failovers_;
+      metrics_.failovers->Increment();
+      dirty_ = true;
+      changed = true;
+      spdlog::warn("failover: shard {} silent for {:.2f} s (--shard-lease {:.2f} s); its keys [{}, "
+                   "{}) go to its backup, shard {}, at epoch {}",
+                   s.id, ToSeconds(now - s.last_seen), ToSeconds(options_.shard_lease),
+                   ranges_[i].first, ranges_[i].second, b, s.epoch);
+      break;
+    }
+  }
+  if (changed) UpdateReplicaGauges();
+  return changed;
+}
+
+void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
+  if (options_.replicas == 0 || !map_built_ || i >= ranges_.size()) return;
+  for (size_t j = 0; j < shards_.size(); ++j) {
+    if (shards_[j].host == shards_[i].id) {
+      msg::ShardInfo r;
+      r.id = shards_[j].id;
+      r.epoch = shards_[j].epoch;
+      r.key_begin = ranges_[j].first;
+      r.key_end = ranges_[j].second;
+      reply->promote.push_back(std::move(r));
+    }
+  }
+  if (shards_[i].host != 0) return;  // its range is served elsewhere
+  const auto holds = [&](size_t j) { return ranges_[j].first != ranges_[j].second; };
+  const auto info = [&](size_t j) {
+    msg::ShardInfo s;
+    s.id = shards_[j].id;
+    s.address = shards_[j].address;
+    s.public_key = shards_[j].public_key;
+    s.epoch = shards_[j].epoch;
+    return s;
+  };
+  if (holds(i)) {
+    reply->replica_epoch = shards_[i].epoch;
+    for (uint32_t b : shards_[i].backups) {
+      for (size_t j = 0; j < shards_.size(); ++j) {
+        if (shards_[j].id == b) reply->replica_backups.push_back(info(j));
+      }
+    }
+  }
+  for (size_t j = 0; j < shards_.size(); ++j) {
+    if (j == i || !holds(j) || shards_[j].host != 0) continue;
+    const auto& b = shards_[j].backups;
+    if (std::find(b.begin(), b.end(), shards_[i].id) != b.end()) reply->backing.push_back(info(j));
+  }
 }
 
 void MonitorCore::OnWorkerHeartbeat(const Frame& peer, const Envelope& env,
@@ -1176,7 +1276,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
   std::vector<uint32_t> live = LiveWorkers();
   for (size_t i = 0; i < shards_.size(); ++i) {
     ShardState& s = shards_[i];
-    if (s.drained) continue;
+    if (s.drained || (s.host != 0 && s.served_at.empty())) continue;
     bool need_model = !s.acked_model;
     bool need_members = s.acked_membership < membership_version_;
     if (!need_model && !need_members) continue;
@@ -1387,15 +1487,21 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     UpdateWorkerGauges();
     next_gauges_ = now + std::chrono::milliseconds(250);
   }
-  // Shards silent past the lease are marked down (they keep their keys).
+  // Shards silent past the lease are marked down (they keep their keys);
+  // with replicas the shards' own lease (--shard-lease), and a down
+  // primary's range fails over to a backup.
+  const Duration shard_lease = options_.replicas > 0 ? options_.shard_lease : options_.lease;
   for (auto& s : shards_) {
-    if (!s.down && !s.drained && now - s.last_seen > options_.lease) {
+    if (!s.down && !s.drained && now - s.last_seen > shard_lease) {
       s.down = true;
       spdlog::warn("shard {} at {} silent for {:.1f} s; marked down", s.id, s.address,
                    ToSeconds(now - s.last_seen));
       UpdateShardGauges();
     }
   }
+  // The map changes once the backup reports where it serves the range
+  // (TakeServing); until then its old entry stands.
+  FailOver();
   // Leases.
   for (auto& [id, w] : workers_) {
     if (!options_.lease_expiry) break;

@@ -97,6 +97,10 @@ struct MonitorOptions {
   // The sets are saved and handed out with the shard map. Replicating the
   // ranges' data to them is not built yet (issue 23).
   uint32_t replicas = 0;
+  // With replicas: a shard silent this long is down and its range fails
+  // over to a backup (--shard-lease); a primary cut off from the monitor
+  // this long stops answering first. Without: shards go down after --lease.
+  Duration shard_lease = std::chrono::seconds(1);
   // Unacknowledged updates to a shard are re-sent after this long.
   Duration shard_resend = std::chrono::milliseconds(300);
   // After the job stops, keep answering for this long so every process hears.
@@ -185,9 +189,24 @@ class MonitorCore {
   const std::map<uint32_t, WorkerState>& workers() const { return workers_; }
   size_t num_shards() const { return shards_.size(); }
   uint32_t shard_id(size_t i) const { return shards_[i].id; }
-  const std::string& shard_address(size_t i) const { return shards_[i].address; }
+  // Where shard i's range is served: its own address, or after a failover
+  // the promoted backup's socket for it (with that shard's key).
+  const std::string& shard_address(size_t i) const {
+    return shards_[i].host != 0 && !shards_[i].served_at.empty() ? shards_[i].served_at
+                                                                  : shards_[i].address;
+  }
   // The shard's CURVE public key (empty without transport security).
-  const std::string& shard_key(size_t i) const { return shards_[i].public_key; }
+  const std::string& shard_key(size_t i) const {
+    if (shards_[i].host != 0) {
+      for (const ShardState& s : shards_) {
+        if (s.id == shards_[i].host) return s.public_key;
+      }
+    }
+    return shards_[i].public_key;
+  }
+  // The shard serving shard i's range (its own id before any failover).
+  uint32_t shard_host(size_t i) const { return shards_[i].host != 0 ? shards_[i].host : shards_[i].id; }
+  uint64_t failovers() const { return failovers_; }
   // The backups (shard ids) and epoch of shard i's range (--replicas).
   const std::vector<uint32_t>& shard_backups(size_t i) const { return shards_[i].backups; }
   uint64_t shard_epoch(size_t i) const { return shards_[i].epoch; }
@@ -250,6 +269,13 @@ class MonitorCore {
     // ids, and the range's epoch (up whenever its primary or keys change).
     std::vector<uint32_t> backups;
     uint64_t epoch = 0;
+    // After a failover: the shard that serves this range now (0: this
+    // one), and the address it serves it at ("" until it reports it).
+    uint32_t host = 0;
+    std::string served_at;
+    TimePoint failed_over_at{};
+    // From its heartbeats: the replicas it holds (range -> epoch).
+    std::map<uint32_t, uint64_t> replicas;
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -277,6 +303,15 @@ class MonitorCore {
   // the map's version goes up and the state is saved before it goes out).
   bool AssignReplicas();
   void UpdateReplicaGauges();
+  // To shard i's heartbeat reply: its range's epoch and backups, and the
+  // ranges it backs up (--replicas).
+  void FillReplication(size_t i, msg::HeartbeatReply* reply) const;
+  // Failover (--replicas): a range whose primary is down goes to a live
+  // backup that reported a replica of its epoch, at a new epoch; true when
+  // one did. The backup learns it from its heartbeat reply (promote) and
+  // reports the address it serves the range at (TakeServing).
+  bool FailOver();
+  void TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving);
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.
   uint32_t LowestFreeRank() const;
@@ -390,6 +425,7 @@ class MonitorCore {
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard
   uint64_t epoch_ = 0;  // the last range epoch given
+  uint64_t failovers_ = 0;
   size_t under_replicated_ = 0;  // ranges short of K, as last logged
 
   FaultTable faults_;  // run-time faults (pacerctl fault), sent with heartbeat replies

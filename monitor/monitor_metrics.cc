@@ -140,6 +140,13 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
                           .Help("Key ranges with fewer live backups than --replicas asks for")
                           .Register(r)
                           .Add({});
+  failovers = &prometheus::BuildCounter()
+                   .Name("pacer_monitor_failovers_total")
+                   .Help(
+                       "Key ranges handed to a backup because their primary missed its shard "
+                       "lease (--replicas, --shard-lease)")
+                   .Register(r)
+                   .Add({});
   test_loss = &prometheus::BuildGauge()
                    .Name("pacer_training_test_loss")
                    .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")

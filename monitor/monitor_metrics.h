@@ -42,6 +42,7 @@ struct MonitorMetrics {
   prometheus::Gauge* replicas_wanted = nullptr;
   prometheus::Family<prometheus::Gauge>* range_backups = nullptr;
   prometheus::Gauge* under_replicated = nullptr;
+  prometheus::Counter* failovers = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "spdlog/spdlog.h"
+
 namespace pacer {
 
 ShardMapInfo ShardMapFromWire(const msg::ShardMap& map) {
@@ -15,6 +17,8 @@ ShardMapInfo ShardMapFromWire(const msg::ShardMap& map) {
     e.address = s.address;
     e.range = {s.key_begin, s.key_end};
     e.public_key = s.public_key;
+    e.backups = s.backups;
+    e.epoch = s.epoch;
     info.shards.push_back(std::move(e));
   }
   return info;
@@ -177,6 +181,13 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
       req.backoff = std::min<Duration>(req.backoff * 2, options_.resend_after);
       return absl::OkStatus();
     }
+    if (resending_ && code == wire::ErrorCode::Stale) {
+      // A kept push for a clock the new owner has closed already: nothing
+      // more to send (a push it never had is counted lost there).
+      req.answered = true;
+      round_.done[i] = true;
+      return absl::OkStatus();
+    }
     return ShardError(i, reply.status());
   }
   if (!reply->has_value()) return absl::OkStatus();
@@ -187,7 +198,9 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
       return ShardError(i, absl::DataLossError(std::string("push answered with ") +
                                                wire::EnumNameBody(d.type())));
     }
-    if (msg::Read<msg::PushReply>(d).complete) {
+    const msg::PushReply pr = msg::Read<msg::PushReply>(d);
+    Durable(i, pr.durable_seq);
+    if (pr.complete) {
       round_.done[i] = true;
       return absl::OkStatus();
     }
@@ -366,6 +379,140 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
   channels_ = std::move(channels);
   round_.active = false;
   PlanParts();
+  // Kept pushes of a range now at another address (a failover, or its
+  // shard restarted from a checkpoint) go there again before the next push,
+  // and its dedup state applies each at most once; a range that no
+  // longer exists as it was (keys moved, with the workers held: every push
+  // was applied before) lets go of its pushes.
+  for (auto it = held_.begin(); it != held_.end();) {
+    const ShardEntry* owner = nullptr;
+    for (const ShardEntry& e : map_.shards) {
+      if (e.range.begin == it->first && e.range.end == it->second.end) owner = &e;
+    }
+    if (owner == nullptr) {
+      it = held_.erase(it);
+      continue;
+    }
+    if (owner->address != it->second.address && !it->second.pushes.empty()) {
+      it->second.resend = true;
+    }
+    // A range that lost its backups (a failover) keeps what it holds: the
+    // new owner says when it is durable (at once with no backup).
+    ++it;
+  }
+  return absl::OkStatus();
+}
+
+size_t PsClient::held_pushes() const {
+  size_t n = 0;
+  for (const auto& [begin, r] : held_) n += r.pushes.size();
+  return n;
+}
+
+size_t PsClient::held_values() const {
+  size_t n = 0;
+  for (const auto& [begin, r] : held_) {
+    for (const HeldPush& p : r.pushes) n += p.values ? p.values->size() : 0;
+  }
+  return n;
+}
+
+void PsClient::Durable(size_t shard, uint64_t seq) {
+  if (seq == 0 || shard >= map_.shards.size()) return;
+  auto it = held_.find(map_.shards[shard].range.begin);
+  if (it == held_.end() || it->second.address != map_.shards[shard].address) return;
+  HeldRange& r = it->second;
+  r.durable = std::max(r.durable, seq);
+  while (!r.pushes.empty() && r.pushes.front().seq <= r.durable) r.pushes.pop_front();
+}
+
+void PsClient::HoldPush() {
+  for (size_t i = 0; i < map_.shards.size(); ++i) {
+    const ShardEntry& e = map_.shards[i];
+    if (e.backups.empty()) continue;
+    HeldRange& r = held_[e.range.begin];
+    if (r.address != e.address) {
+      // A new owner (the kept pushes went to it already, ResendHeld).
+      r.address = e.address;
+      r.epoch = e.epoch;
+      r.durable = 0;
+    }
+    r.end = e.range.end;
+    if (push_seq_ <= r.durable) continue;  // durable already
+    const Slice& sl = slices_[i];
+    HeldPush p;
+    p.seq = push_seq_;
+    p.clock = push_clock_;
+    p.batch = push_batch_;
+    p.read_applied = read_applied_;
+    p.read_steps = read_steps_;
+    p.lrs = push_lrs_;
+    const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(sl.first_key);
+    p.keys.assign(first, first + static_cast<std::ptrdiff_t>(sl.num_keys));
+    p.values = std::make_shared<std::vector<float>>(grads_.get() + sl.offset,
+                                                    grads_.get() + sl.offset + sl.length);
+    if (!r.pushes.empty() && r.pushes.back().seq == p.seq) r.pushes.pop_back();  // a retry
+    r.pushes.push_back(std::move(p));
+  }
+}
+
+absl::Status PsClient::ResendHeld() {
+  std::vector<std::pair<size_t, HeldRange*>> due;  // shard index, its range
+  for (auto& [begin, r] : held_) {
+    if (!r.resend) continue;
+    for (size_t i = 0; i < map_.shards.size(); ++i) {
+      if (map_.shards[i].range.begin == begin) due.emplace_back(i, &r);
+    }
+  }
+  if (due.empty()) return absl::OkStatus();
+  for (auto& [i, r] : due) {
+    spdlog::info("sending {} push(es) not yet durable (seq {}..{}) again to shard {} at {}, the "
+                 "new owner of keys [{}, {})",
+                 r->pushes.size(), r->pushes.empty() ? 0 : r->pushes.front().seq,
+                 r->pushes.empty() ? 0 : r->pushes.back().seq, map_.shards[i].id,
+                 map_.shards[i].address, map_.shards[i].range.begin, map_.shards[i].range.end);
+  }
+  // In seq order, one push per range per round: a shard drops a push
+  // whose seq is below one it applied (dedup).
+  for (size_t k = 0;; ++k) {
+    bool any = false;
+    resending_ = true;
+    BeginRound(/*parts=*/true, nullptr);
+    std::fill(round_.done.begin(), round_.done.end(), true);
+    for (auto& [i, r] : due) {
+      if (k >= r->pushes.size()) continue;
+      const HeldPush& p = r->pushes[k];
+      round_.done[i] = false;
+      any = true;
+      absl::Status s = SendInRound(i, [&](RpcChannel& ch) {
+        msg::Push push;
+        push.clock = p.clock;
+        push.batch = p.batch;
+        push.keys = p.keys;
+        push.read_applied = p.read_applied;
+        push.read_steps = p.read_steps;
+        push.seq = p.seq;
+        push.lrs = p.lrs;
+        Frame payload(p.values, p.values->data(), p.values->size() * sizeof(float));
+        return ch.Send(push, p.values->empty() ? Frame() : payload);
+      });
+      if (!s.ok()) {
+        resending_ = false;
+        return s;
+      }
+      ++resent_pushes_;
+    }
+    if (!any) break;
+    absl::Status s = Drain(/*wait=*/true);
+    resending_ = false;
+    if (!s.ok()) return s;
+  }
+  resending_ = false;
+  for (auto& [i, r] : due) {
+    r->resend = false;
+    r->address = map_.shards[i].address;
+    r->epoch = map_.shards[i].epoch;
+  }
   return absl::OkStatus();
 }
 
@@ -433,6 +580,11 @@ void PsClient::PlanParts() {
 }
 
 void PsClient::StartPush(uint64_t clock, uint32_t batch, bool retry) {
+  // After a failover: the kept pushes first (an error here leaves them
+  // marked; this push's round then fails the same way and is retried).
+  if (absl::Status s = ResendHeld(); !s.ok()) {
+    resend_error_ = s;
+  }
   if (!retry || push_seq_ == 0) ++push_seq_;
   push_clock_ = clock;
   push_batch_ = batch;
@@ -478,6 +630,12 @@ absl::Status PsClient::PushStage(size_t stage) {
 }
 
 absl::Status PsClient::FinishPush() {
+  if (!resend_error_.ok()) {
+    absl::Status s = std::move(resend_error_);
+    resend_error_ = absl::OkStatus();
+    round_.active = false;
+    return s;
+  }
   if (!round_.active || !round_.parts) return absl::FailedPreconditionError("no push started");
   // The deadline counts from here: the backward pass ran since StartPush.
   round_.deadline = transport_->clock()->Now() + options_.request_timeout;
@@ -487,7 +645,9 @@ absl::Status PsClient::FinishPush() {
       if (absl::Status s = SendPart(i, p); !s.ok()) return s;
     }
   }
-  return Drain(/*wait=*/true);
+  absl::Status s = Drain(/*wait=*/true);
+  if (s.ok()) HoldPush();
+  return s;
 }
 
 absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
@@ -518,6 +678,7 @@ absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
       // keep their old values until the shard answers again (TakeReply).
       return ErrorStatus(wire::ErrorCode::BadCrc, "pull reply payload fails its block checks");
     }
+    Durable(i, r.durable_seq);
     pull_applied_ = std::min(pull_applied_, r.applied_clock);
     pull_steps_ = std::min(pull_steps_, r.steps);
     last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r.waited_seconds));

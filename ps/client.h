@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -26,6 +28,10 @@ struct ShardEntry {
   std::string address;
   KeyRange range;
   std::string public_key{};  // CURVE (Z85); empty without transport security
+  // Its range's backups (monitor --replicas) and epoch: with backups, each
+  // push to it is kept until the shard says it is durable.
+  std::vector<uint32_t> backups{};
+  uint64_t epoch = 0;
 };
 
 struct ShardMapInfo {
@@ -161,6 +167,18 @@ class PsClient {
   // (the rest of its latency is communication).
   double last_wait_seconds() const { return last_wait_seconds_; }
 
+  // Replication (ranges with backups, monitor --replicas). A push to such a
+  // range is kept (its part of the gradient copied) until a push or pull
+  // reply from the range says it is durable (durable_seq). After SetMap
+  // gives the range another address (a failover, a restart), the
+  // next push first sends every kept push again to the new owner, in seq
+  // order and with the same (worker, seq), which applies each at most once.
+  // Pushes kept now, over all ranges, and their values.
+  size_t held_pushes() const;
+  size_t held_values() const;
+  // Pushes sent again to a new owner so far.
+  uint64_t resent_pushes() const { return resent_pushes_; }
+
  private:
   PsClient() = default;
   // Sends one request per slice built by `build`, then waits for all replies,
@@ -239,6 +257,38 @@ class PsClient {
   std::optional<uint64_t> read_steps_;
   uint64_t push_seq_ = 0;
   std::vector<wire::GroupLr> push_lrs_;  // SetLearningRates
+
+  // Replication: the pushes kept per range (by its first key), not yet
+  // durable, in seq order; the owner and epoch they went to; whether they
+  // must go again to a new owner before the next push.
+  struct HeldPush {
+    uint64_t seq = 0, clock = 0;
+    uint32_t batch = 0;
+    std::optional<int64_t> read_applied;
+    std::optional<uint64_t> read_steps;
+    std::vector<wire::GroupLr> lrs;
+    std::vector<wire::KeyLen> keys;
+    std::shared_ptr<std::vector<float>> values;
+  };
+  struct HeldRange {
+    uint64_t end = 0;  // the range's end key
+    std::string address;
+    uint64_t epoch = 0;
+    uint64_t durable = 0;  // the highest durable_seq heard
+    bool resend = false;
+    std::deque<HeldPush> pushes;
+  };
+  std::map<uint64_t, HeldRange> held_;
+  uint64_t resent_pushes_ = 0;
+  // A reply from shard i said its range is durable through `seq`.
+  void Durable(size_t shard, uint64_t seq);
+  // Keeps the push just acknowledged by every shard, for ranges with backups.
+  void HoldPush();
+  // Sends the kept pushes of ranges that changed owner again, one seq at a
+  // time (a round each), before a new push.
+  absl::Status ResendHeld();
+  bool resending_ = false;  // the round in flight is ResendHeld's
+  absl::Status resend_error_;  // StartPush's ResendHeld failed: FinishPush says so
 };
 
 }  // namespace pacer

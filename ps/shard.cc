@@ -62,6 +62,16 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "shard not registered yet", out);
   }
   if (!SenderMatchesKey(peer, d, out)) return;
+  if (fenced_ && replicated() &&
+      (d.type() == wire::Body::Push || d.type() == wire::Body::Pull ||
+       d.type() == wire::Body::Init)) {
+    // Cut off from the monitor past the shard lease: a backup may be
+    // serving this range by now, so nothing is acknowledged here.
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                      "shard " + std::to_string(shard_id_) +
+                          " has not heard from the monitor for its shard lease",
+                      out);
+  }
   switch (d.type()) {
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
     case wire::Body::Membership: return OnMembership(peer, d, out);
@@ -96,6 +106,9 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
       }
       return;
     }
+    case wire::Body::Replicate: return OnReplicate(peer, d, out);
+    case wire::Body::ReplicateReply: return OnReplicateReply(d);
+    case wire::Body::Error: return OnBackupError(d);  // a backup refused a record
     case wire::Body::Stop: {
       if (d.env.sender != 0) {
         return ReplyError(peer, d.env, wire::ErrorCode::Refused, "only the monitor stops a shard",
@@ -279,19 +292,9 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
   // A copy: the keys stay here until the monitor says drop (after the new
   // owner has them). The payload: their parameters, then each state slot.
   auto slice = std::make_shared<TableSlice>(table_->Extract(m.key_begin, m.key_end));
-  msg::MoveData data;
-  data.applied_clock = applied_clock_;
-  data.steps = steps_;
-  data.optimizer = table_->config().kind;
-  data.state_slots = static_cast<uint32_t>(table_->state_slots());
-  data.param_groups = table_->config().groups;
+  const msg::MoveData data = MoveDataOf(*table_, *slice, applied_clock_, steps_);
   size_t moving_total = 0;
-  for (const TableKey& k : slice->keys) {
-    data.keys.emplace_back(k.key, k.length);
-    data.groups.push_back(k.group);
-    data.key_steps.push_back(k.steps);
-    moving_total += k.length;
-  }
+  for (const TableKey& k : slice->keys) moving_total += k.length;
   spdlog::info("shard {}: copied {} keys ({} values, {} state) in [{}, {}) for their new owner",
                shard_id_, slice->keys.size(), moving_total, OptimizerName(data.optimizer),
                m.key_begin, m.key_end);
@@ -302,6 +305,32 @@ void ShardCore::OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgo
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), data, std::move(frame),
                                       options_.check_crc)});
   move_ok_ = true;
+}
+
+msg::MoveData ShardCore::MoveDataOf(const ParamTable& table, const TableSlice& slice,
+                                    int64_t applied_clock, uint64_t steps) {
+  msg::MoveData data;
+  data.applied_clock = applied_clock;
+  data.steps = steps;
+  data.optimizer = table.config().kind;
+  data.state_slots = static_cast<uint32_t>(table.state_slots());
+  data.param_groups = table.config().groups;
+  for (const TableKey& k : slice.keys) {
+    data.keys.emplace_back(k.key, k.length);
+    data.groups.push_back(k.group);
+    data.key_steps.push_back(k.steps);
+  }
+  return data;
+}
+
+TableSlice ShardCore::SliceOf(const msg::MoveData& m, std::span<const float> values) {
+  TableSlice slice;
+  for (size_t i = 0; i < m.keys.size(); ++i) {
+    slice.keys.push_back({m.keys[i].key(), static_cast<uint32_t>(m.keys[i].length()), m.groups[i],
+                          m.key_steps[i]});
+  }
+  slice.values.assign(values.begin(), values.end());
+  return slice;
 }
 
 void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, uint64_t end,
@@ -332,6 +361,9 @@ void ShardCore::DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, ui
 
 void ShardCore::LayoutChanged() {
   spare_acc_.clear();
+  lent_acc_.clear();
+  // The backups' replicas no longer have this layout: seeded afresh.
+  for (auto& [id, link] : backups_) link.seeded = false;
   ++key_version_;
   for (auto& [id, member] : live_) {
     member.staged.reset();  // may name keys gone, at old offsets
@@ -372,15 +404,9 @@ void ShardCore::OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoi
                           std::to_string(table_->state_slots()),
                       out);
   }
-  TableSlice slice;
+  const TableSlice slice = SliceOf(m, d.floats());
   size_t incoming = 0;
-  for (size_t i = 0; i < m.keys.size(); ++i) {
-    slice.keys.push_back({m.keys[i].key(), static_cast<uint32_t>(m.keys[i].length()), m.groups[i],
-                          m.key_steps[i]});
-    incoming += m.keys[i].length();
-  }
-  std::span<const float> values = d.floats();
-  slice.values.assign(values.begin(), values.end());
+  for (const TableKey& k : slice.keys) incoming += k.length;
   if (absl::Status st = table_->Insert(slice); !st.ok()) {
     const bool here = table_->Find(m.keys.empty() ? 0 : m.keys[0].key()) != nullptr;
     return ReplyError(peer, d.env, here ? wire::ErrorCode::Mismatch : wire::ErrorCode::BadLength,
@@ -465,6 +491,16 @@ std::vector<float> ShardCore::TakeBuffer() {
     std::fill(b.begin(), b.end(), 0.0f);
     return b;
   }
+  // An accumulator a record went out with, once ZeroMQ has let go of it.
+  for (auto it = lent_acc_.begin(); it != lent_acc_.end(); ++it) {
+    if (it->use_count() == 1) {
+      std::vector<float> b = std::move(**it);
+      lent_acc_.erase(it);
+      if (b.size() != table_->values()) break;
+      std::fill(b.begin(), b.end(), 0.0f);
+      return b;
+    }
+  }
   return std::vector<float>(table_->values(), 0.0f);
 }
 
@@ -479,6 +515,8 @@ bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vecto
     bound = options_.monitor_key;
   } else if (auto it = live_.find(d.env.sender); it != live_.end()) {
     bound = it->second.public_key;
+  } else if (auto range = backing_.find(d.env.sender); range != backing_.end()) {
+    bound = range->second.public_key;  // a primary whose range this shard backs up
   }
   auto refused = server_.CheckSender(peer, bound, d);
   if (!refused) return true;
@@ -524,7 +562,8 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
     // A retry of a push already handled (before a timeout, or before the
     // snapshot this shard restarted from): acknowledged, not applied.
     metrics_.duplicates->Increment();
-    out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env), msg::PushReply{m.clock})});
+    out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
+                                        msg::PushReply{m.clock, true, durable_seq(d.env.sender)})});
     return;
   }
   if (m.parts != 1 || m.part != 0) return OnPushPart(peer, d, m, mem, out);
@@ -669,15 +708,19 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
     step.grad = push.grad;
     ScaleStep(push.lrs, scale, &step);
     table_->Step(step);
+    ReplicateStep(step, nullptr);
   }
   member.seq = std::max(member.seq, push.seq);
+  NoteApplied(env.sender, push.seq);
   RecordPush(member, clock);
   CountApplied();
   ++steps_;
   metrics_.steps->Increment();
   applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
   metrics_.clock->Set(static_cast<double>(applied_clock_));
-  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env),
+                                      msg::PushReply{clock, true, durable_seq(env.sender)})});
+  if (repl_steps_.size() >= kReplicaBatchSteps) FlushReplication(out);
   Advance(out);
 }
 
@@ -797,7 +840,8 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   member.seq = std::max(member.seq, push.seq);
   RecordPush(member, clock);
   CountApplied();
-  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env), msg::PushReply{clock})});
+  out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env),
+                                      msg::PushReply{clock, true, durable_seq(env.sender)})});
   Advance(out);
   return true;
 }
@@ -948,6 +992,7 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   reply.keys.assign(keys.begin(), keys.end());
   reply.waited_seconds = static_cast<float>(waited);
   reply.steps = steps_;
+  reply.durable_seq = durable_seq(to.sender);
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
                                       options_.check_crc)});
 }
@@ -1026,7 +1071,13 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
         }
         ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / samples), &step);
         table_->Step(step);
+        if (!backups_.empty()) {
+          // The record carries the accumulator itself (the step's gradient).
+          ReplicateStep(step, std::make_shared<std::vector<float>>(std::move(oc.acc)));
+        }
       }
+      for (const auto& [worker, seq] : oc.seqs) NoteApplied(worker, seq);
+      FlushReplication(out);  // one record per step, after aggregation
       if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left
         metrics_.incomplete->Increment();
@@ -1035,7 +1086,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       metrics_.steps->Increment();
       applied_clock_ = static_cast<int64_t>(it->first);
       metrics_.clock->Set(static_cast<double>(applied_clock_));
-      spare_acc_.push_back(std::move(oc.acc));
+      if (!oc.acc.empty()) spare_acc_.push_back(std::move(oc.acc));
       open_.erase(it);
     }
   }
@@ -1049,6 +1100,11 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
     }
   }
   metrics_.parked->Set(static_cast<double>(parked_.size()));
+  // Replication: asp's batch once it waited long enough, and seeds due.
+  if (now >= repl_first_ + kReplicaBatchDelay) FlushReplication(out);
+  for (auto& [id, link] : backups_) {
+    if (!link.seeded && initialized_ && now >= link.retry_at) SendSeed(id, out);
+  }
 }
 
 void ShardCore::Tick(std::vector<Outgoing>* out) {
@@ -1092,11 +1148,20 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
     }
   }
   metrics_.parked->Set(static_cast<double>(parked_.size()));
+  // Replication: asp's batch once it waited long enough, and seeds due.
+  if (now >= repl_first_ + kReplicaBatchDelay) FlushReplication(out);
+  for (auto& [id, link] : backups_) {
+    if (!link.seeded && initialized_ && now >= link.retry_at) SendSeed(id, out);
+  }
 }
 
 TimePoint ShardCore::NextDeadline() const {
   TimePoint t = TimePoint::max();
   for (const auto& p : parked_) t = std::min(t, p.deadline);
+  if (repl_first_ != TimePoint::max()) t = std::min(t, repl_first_ + kReplicaBatchDelay);
+  for (const auto& [id, link] : backups_) {
+    if (!link.seeded && initialized_) t = std::min(t, link.retry_at);
+  }
   return t;
 }
 

@@ -105,6 +105,15 @@ class ShardCore {
   struct Outgoing {
     Frame peer;  // routing id of the receiver
     Frames frames;
+    // Nonzero: a request to that shard (a backup of this one's range), sent
+    // on the server's connection to it; `peer` is not used.
+    uint32_t to_shard = 0;
+  };
+  // A range this shard backs up: its epoch and its primary's CURVE key
+  // (empty without transport security).
+  struct BackedRange {
+    uint64_t epoch = 0;
+    std::string public_key;
   };
 
   ShardCore(const ShardOptions& options, const Clock* clock);
@@ -157,6 +166,60 @@ class ShardCore {
   // heartbeat replies), by group index: each wins over what pushes carry
   // until a later version leaves it out. Older versions are ignored.
   void SetLrOverrides(uint64_t version, const std::vector<wire::GroupLr>& overrides);
+
+  // Replication (the monitor's --replicas; issue 23).
+  //
+  // As a range's primary: its epoch and backups (shard ids), from the
+  // monitor. A backup new to the set gets a seed, the whole range, once the
+  // range holds values; after that every applied step goes to each backup
+  // in a record, after aggregation: one record per step in the synchronous
+  // modes, in asp the steps of up to kReplicaBatchSteps pushes or
+  // kReplicaBatchDelay per record. A worker's push is durable once every
+  // backup in the set acknowledged the record that holds it, and push and
+  // pull replies say how far (durable_seq): through which of the worker's
+  // push seqs. With the set empty nothing is replicated and every applied
+  // push counts as durable (the guarantee of --replicas 0).
+  void SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups, std::vector<Outgoing>* out);
+  // As a backup: the ranges it holds replicas of, by their primary's id.
+  // Replicas of ranges no longer listed are dropped; records of a range not
+  // listed, or of a lower epoch than listed, are refused.
+  void SetBacking(std::map<uint32_t, BackedRange> ranges);
+  // The worker's pushes through this seq are durable (0: none yet).
+  uint64_t durable_seq(uint32_t worker) const;
+  uint64_t replication_epoch() const { return repl_epoch_; }
+  // Records made so far, and how far backup `id` acknowledged them.
+  uint64_t replication_record() const { return record_; }
+  uint64_t backup_acked(uint32_t id) const;
+  // The last record every backup acknowledged (all made, with none).
+  uint64_t durable_record() const;
+  // The replicas held: range (its primary's id) -> the record held through.
+  std::map<uint32_t, uint64_t> replica_records() const;
+  // A replica this shard holds of range `range` (its primary's id): null
+  // when none; the record it holds through.
+  const ParamTable* replica_table(uint32_t range) const;
+  uint64_t replica_record(uint32_t range) const;
+  // Each worker's last applied push seq the replica holds (dedup after a
+  // promotion).
+  std::map<uint32_t, uint64_t> replica_marks(uint32_t range) const;
+  // The replicas held, by range, with their epochs (reported to the
+  // monitor, which promotes only a replica of the range's current epoch).
+  std::map<uint32_t, uint64_t> replica_epochs() const;
+  // Replica `range` as a snapshot a new core of that range restores from
+  // (a promotion): the table, applied clock, steps and each worker's last
+  // applied push seq; nullopt when none is held.
+  std::optional<ShardSnapshot> ReplicaSnapshot(uint32_t range) const;
+  // Fencing (the shard lease): while set, a shard with backups answers
+  // pushes, pulls and inits NotReady.
+  void SetFenced(bool fenced) { fenced_ = fenced; }
+  bool replicated() const { return !backups_.empty(); }
+  uint64_t replica_checks() const { return replica_checks_; }
+  uint64_t replica_mismatches() const { return replica_mismatches_; }
+  // Records made in asp hold the steps of this many pushes at most, and
+  // wait this long at most for more.
+  static constexpr size_t kReplicaBatchSteps = 16;
+  static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(2);
+  // Every this many records carries a check of a block range.
+  static constexpr uint64_t kReplicaCheckEvery = 16;
 
   // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
   // between two messages, so no step is half applied: the parameter table
@@ -307,6 +370,28 @@ class ShardCore {
   // A payload buffer from a pool: reused once ZeroMQ has let go of it.
   std::shared_ptr<std::vector<float>> ReplyBuffer(size_t floats);
 
+  // A move's or a seed's description of `slice` (taken from `table`), and
+  // the slice a MoveData and its payload describe (sizes checked by the
+  // caller: groups and key_steps run parallel to keys).
+  static msg::MoveData MoveDataOf(const ParamTable& table, const TableSlice& slice,
+                                  int64_t applied_clock, uint64_t steps);
+  static TableSlice SliceOf(const msg::MoveData& m, std::span<const float> values);
+  // Replication, as a primary: a step applied (its record, the gradient
+  // copied unless `lent` holds it), then the record out to every seeded
+  // backup (Flush: at once in the synchronous modes, in batches in asp).
+  void ReplicateStep(const StepRecord& step, std::shared_ptr<std::vector<float>> lent);
+  void NoteApplied(uint32_t worker, uint64_t seq);
+  void FlushReplication(std::vector<Outgoing>* out);
+  void SendSeed(uint32_t backup, std::vector<Outgoing>* out);
+  // After an acknowledgement or a change of the set: what is durable now.
+  void UpdateDurable();
+  // The next check window: keys from check_cursor_ up to about 64 Ki values.
+  std::pair<uint64_t, uint64_t> NextCheckWindow();
+  Envelope RequestEnvelope();
+  void OnReplicate(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnReplicateReply(const Decoded& d);
+  void OnBackupError(const Decoded& d);
+
   // Constant after construction.
   const ShardOptions options_;
   const Clock* const clock_;
@@ -368,6 +453,46 @@ class ShardCore {
   uint64_t skipped_clocks_ = 0;
 
   TimePoint handle_start_{};  // when Handle began with the current message (latency metrics)
+
+  // Replication, as a primary (SetReplicaSet).
+  struct BackupLink {
+    uint64_t acked = 0;        // records it holds through
+    bool seeded = false;       // a seed went out; records follow it
+    uint64_t seed_record = 0;  // the record the last seed stood for
+    TimePoint retry_at{};      // after an error: seed again from then on
+  };
+  struct UnackedRecord {
+    uint64_t record = 0;
+    std::vector<std::pair<uint32_t, uint64_t>> marks;  // worker, last applied seq
+  };
+  uint64_t repl_epoch_ = 0;
+  std::map<uint32_t, BackupLink> backups_;
+  uint64_t record_ = 0;  // the last record made
+  std::vector<msg::ReplicaStep> repl_steps_;   // applied since the last record
+  std::vector<float> repl_values_;             // their gradients, copied (asp)
+  std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
+  std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
+  std::map<uint32_t, uint64_t> applied_marks_; // each worker's last applied seq
+  TimePoint repl_first_ = TimePoint::max();    // the oldest step not in a record
+  std::deque<UnackedRecord> unacked_;
+  std::map<uint32_t, uint64_t> durable_;       // worker -> durable through seq
+  uint64_t check_cursor_ = 0;                  // first key of the next check window
+  std::vector<std::shared_ptr<std::vector<float>>> lent_acc_;  // accumulators in records
+
+  // Replication, as a backup (SetBacking).
+  struct Replica {
+    std::unique_ptr<ParamTable> table;
+    uint64_t epoch = 0;
+    uint64_t record = 0;
+    int64_t applied_clock = -1;
+    uint64_t steps = 0;
+    std::map<uint32_t, uint64_t> marks;
+  };
+  std::map<uint32_t, BackedRange> backing_;
+  std::map<uint32_t, Replica> replicas_;
+  uint64_t replica_checks_ = 0;
+  uint64_t replica_mismatches_ = 0;
+  bool fenced_ = false;  // SetFenced
 };
 
 }  // namespace pacer

@@ -103,6 +103,49 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) {
               .Help("Keys (tensor blocks) held by this shard")
               .Register(r)
               .Add({});
+  records = &prometheus::BuildCounter()
+                 .Name("pacer_shard_replication_records_total")
+                 .Help(
+                     "Records this primary sent its range's backups: the steps applied since "
+                     "the previous one, after aggregation (--replicas)")
+                 .Register(r)
+                 .Add({});
+  seeds = &prometheus::BuildCounter()
+               .Name("pacer_shard_replication_seeds_total")
+               .Help("Whole copies of its range this primary sent to a backup new to the set")
+               .Register(r)
+               .Add({});
+  backups = &prometheus::BuildGauge()
+                 .Name("pacer_shard_replication_backups")
+                 .Help("Backups of this shard's range, as the monitor set them (--replicas)")
+                 .Register(r)
+                 .Add({});
+  lag = &prometheus::BuildGauge()
+             .Name("pacer_shard_replication_lag_records")
+             .Help(
+                 "Records this primary sent that not every backup has acknowledged yet: the "
+                 "pushes in them are received, not yet durable")
+             .Register(r)
+             .Add({});
+  replicas = &prometheus::BuildGauge()
+                  .Name("pacer_shard_replicas")
+                  .Help("Other shards' ranges this shard holds a replica of (as a backup)")
+                  .Register(r)
+                  .Add({});
+  checks = &prometheus::BuildCounter()
+                .Name("pacer_shard_replica_checks_total")
+                .Help(
+                    "CRC-32 comparisons of a block range of a replica with its primary's, "
+                    "made by this backup")
+                .Register(r)
+                .Add({});
+  mismatches = &prometheus::BuildCounter()
+                    .Name("pacer_shard_replica_mismatches_total")
+                    .Help(
+                        "Replica checks whose CRC-32 differed from the primary's: the replica "
+                        "no longer holds the same parameters or optimizer state")
+                    .Register(r)
+                    .Add({});
   live = &prometheus::BuildGauge()
               .Name("pacer_shard_live_workers")
               .Help("Live workers in the shard's current membership")

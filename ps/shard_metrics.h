@@ -35,6 +35,14 @@ struct ShardMetrics {
   prometheus::Gauge* keys = nullptr;
   prometheus::Gauge* live = nullptr;
   prometheus::Gauge* parked = nullptr;
+  // Replication (--replicas): as a primary, and as a backup.
+  prometheus::Counter* records = nullptr;
+  prometheus::Counter* seeds = nullptr;
+  prometheus::Gauge* backups = nullptr;
+  prometheus::Gauge* lag = nullptr;
+  prometheus::Gauge* replicas = nullptr;
+  prometheus::Counter* checks = nullptr;
+  prometheus::Counter* mismatches = nullptr;
 };
 
 // A shard's checkpoint series (pacer_shard_checkpoint_*, --data-dir only),

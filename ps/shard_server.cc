@@ -101,6 +101,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       sopts.registry = s->registry_;
       s->core_ = std::make_unique<ShardCore>(sopts, clock);
       s->core_->Configure(job, s->id_);
+      s->job_ = job;
+      if (r.job) s->shard_lease_ = std::chrono::milliseconds(r.job->shard_lease_ms);
       if (snapshot) {
         if (absl::Status st = s->core_->Restore(*snapshot); !st.ok()) return st;
         s->restored_ = true;
@@ -194,15 +196,29 @@ void ShardServer::MaybeCheckpoint(bool final) {
 void ShardServer::HeartbeatLoop() {
   const Clock* clock = transport_->clock();
   RuntimeFaults runtime_faults(options_.faults);
+  ReplicaConfig last_replication;  // the last set heard of
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     msg::Heartbeat hb;
     hb.role = wire::Role::Shard;
     hb.clock = static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load()));
     hb.checkpoint_age_seconds = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
-    auto reply = monitor_->Call(hb, clock->Now() + options_.request_timeout);
+    {
+      std::lock_guard<std::mutex> lock(lr_mu_);
+      hb.replicas = report_replicas_;
+      hb.serving = report_serving_;
+    }
+    const TimePoint sent = clock->Now();
+    auto reply = monitor_->Call(hb, sent + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
+      // The lease runs from when this heartbeat left: the monitor's, from
+      // when it arrived, ends later.
+      lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
+      if (!r.promote.empty()) {
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        pending_promote_ = r.promote;
+      }
       if (r.state == wire::JobState::Stopped) {
         spdlog::info("shard {}: job stopped", id_);
         job_stopped_ = true;
@@ -215,10 +231,26 @@ void ShardServer::HeartbeatLoop() {
           pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
         }
       }
+      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing};
+      const auto same = [](const std::vector<msg::ShardInfo>& a,
+                           const std::vector<msg::ShardInfo>& b) {
+        return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                          [](const msg::ShardInfo& x, const msg::ShardInfo& y) {
+                            return x.id == y.id && x.address == y.address &&
+                                   x.public_key == y.public_key && x.epoch == y.epoch;
+                          });
+      };
+      if (config.epoch != last_replication.epoch || !same(config.backups, last_replication.backups) ||
+          !same(config.backing, last_replication.backing)) {
+        last_replication = config;
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        pending_replication_ = std::move(config);
+      }
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
-    // Sleep in short steps so that shutdown is prompt.
-    while (!serving_ended_ && clock->Now() < next) {
+    // Sleep in short steps so that shutdown is prompt; a promotion reports
+    // its new address at once.
+    while (!serving_ended_ && clock->Now() < next && !heartbeat_now_.exchange(false)) {
       clock->SleepUntil(std::min(next, clock->Now() + std::chrono::milliseconds(20)));
     }
   }
@@ -243,37 +275,229 @@ std::string ShardServer::NotReadyReason() const {
   return "";
 }
 
+void ShardServer::ApplyReplication(const ReplicaConfig& config,
+                                   std::vector<ShardCore::Outgoing>* out) {
+  std::map<uint32_t, BackupSocket> sockets;
+  std::vector<uint32_t> backups;
+  for (const msg::ShardInfo& b : config.backups) {
+    auto it = backup_sockets_.find(b.id);
+    if (it != backup_sockets_.end() && it->second.address == b.address) {
+      sockets[b.id] = std::move(it->second);
+    } else {
+      // Under CURVE the backup is authenticated by its server key, and
+      // knows this shard by its own (the sender-key binding).
+      if (!b.public_key.empty()) transport_->SetServerKey(b.address, b.public_key);
+      auto socket = transport_->Connect(b.address);
+      if (!socket.ok()) {
+        spdlog::warn("shard {}: cannot connect to backup {} at {}: {}", id_, b.id, b.address,
+                     ErrorText(socket.status()));
+        continue;
+      }
+      sockets[b.id] = {b.address, std::move(*socket)};
+    }
+    backups.push_back(b.id);
+  }
+  backup_sockets_ = std::move(sockets);
+  std::map<uint32_t, ShardCore::BackedRange> backing;
+  for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
+  core_->SetBacking(std::move(backing));
+  core_->SetReplicaSet(config.epoch, std::move(backups), out);
+}
+
+void ShardServer::Promote(const std::vector<msg::ShardInfo>& ranges) {
+  for (const msg::ShardInfo& r : ranges) {
+    if (std::any_of(hosted_.begin(), hosted_.end(),
+                    [&](const Hosted& h) { return h.range == r.id && h.epoch == r.epoch; })) {
+      continue;  // serving it already
+    }
+    std::optional<ShardSnapshot> snapshot = core_->ReplicaSnapshot(r.id);
+    if (!snapshot) {
+      spdlog::error("shard {}: told to serve shard {}'s range (epoch {}) but holds no replica of it",
+                    id_, r.id, r.epoch);
+      continue;
+    }
+    // The range keeps its id (the workers' and the monitor's name for it)
+    // and gets a socket of its own here, so its messages reach its core.
+    std::string listen = options_.listen;
+    if (const size_t colon = listen.rfind(':'); colon != std::string::npos) {
+      listen = listen.substr(0, colon) + ":0";
+    }
+    auto router = transport_->Bind(listen);
+    if (!router.ok()) {
+      spdlog::error("shard {}: cannot bind a socket for shard {}'s range: {}", id_, r.id,
+                    ErrorText(router.status()));
+      continue;
+    }
+    ShardOptions sopts = options_.shard;
+    sopts.registry = nullptr;  // its own (not exported yet)
+    auto core = std::make_unique<ShardCore>(sopts, transport_->clock());
+    core->Configure(job_, r.id);
+    if (absl::Status st = core->Restore(*snapshot); !st.ok()) {
+      spdlog::error("shard {}: cannot serve shard {}'s range from its replica: {}", id_, r.id,
+                    ErrorText(st));
+      continue;
+    }
+    Hosted h;
+    h.range = r.id;
+    h.epoch = r.epoch;
+    h.core = std::move(core);
+    h.router = std::move(*router);
+    h.address = h.router->address();
+    if (!options_.advertise.empty()) {
+      // The advertised host, this socket's port.
+      const std::string& adv = options_.advertise;
+      const size_t a = adv.rfind(':'), b = h.address.rfind(':');
+      if (a != std::string::npos && b != std::string::npos) {
+        h.address = adv.substr(0, a) + h.address.substr(b);
+      }
+    }
+    spdlog::warn("shard {}: promoted: serves shard {}'s range at {} (epoch {}) from its replica "
+                 "at applied clock {}",
+                 id_, r.id, h.address, r.epoch, snapshot->applied_clock);
+    hosted_.push_back(std::move(h));
+    heartbeat_now_ = true;
+  }
+}
+
+void ShardServer::UpdateReports() {
+  std::vector<msg::ShardInfo> replicas, serving;
+  for (const auto& [range, epoch] : core_->replica_epochs()) {
+    msg::ShardInfo r;
+    r.id = range;
+    r.epoch = epoch;
+    replicas.push_back(std::move(r));
+  }
+  for (const Hosted& h : hosted_) {
+    msg::ShardInfo r;
+    r.id = h.range;
+    r.epoch = h.epoch;
+    r.address = h.address;
+    serving.push_back(std::move(r));
+  }
+  std::lock_guard<std::mutex> lock(lr_mu_);
+  report_replicas_ = std::move(replicas);
+  report_serving_ = std::move(serving);
+}
+
 void ShardServer::Run() {
   const Clock* clock = transport_->clock();
   std::vector<ShardCore::Outgoing> out;
-  while (!shutdown_ && !job_stopped_) {
-    const TimePoint deadline =
-        std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
-    Frames frames;
-    auto got = transport_->Recv(router_.get(), &frames, deadline);
-    if (!got.ok()) {
-      spdlog::error("shard {}: receive failed: {}", id_, ErrorText(got.status()));
-      break;
+  // What the serving loop waits on: this shard's ROUTER, its connections to
+  // its backups (their replies), and the sockets of the ranges it serves
+  // since a promotion.
+  struct Source {
+    Socket* socket;
+    ShardCore* core;
+    Socket* reply_to;  // the ROUTER its replies go out on
+    bool dealer;       // a connection to a backup: no routing id
+  };
+  std::vector<Source> sources;
+  std::vector<Socket*> sockets;
+  TimePoint next_report{};
+  bool fenced = false;
+  const auto send = [&](ShardCore::Outgoing& o, Socket* router) {
+    if (o.to_shard != 0) {
+      auto b = backup_sockets_.find(o.to_shard);
+      if (b == backup_sockets_.end()) return;
+      absl::Status st = b->second.socket->Send(std::move(o.frames));
+      if (!st.ok()) SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
+      return;
     }
+    o.frames.insert(o.frames.begin(), o.peer);
+    absl::Status st = router->Send(std::move(o.frames));
+    if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
+  };
+  while (!shutdown_ && !job_stopped_) {
+    TimePoint deadline =
+        std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
+    for (const Hosted& h : hosted_) deadline = std::min(deadline, h.core->NextDeadline());
     {
-      // pacerctl set-lr, from the heartbeat thread: taken between messages.
+      // From the heartbeat thread, taken between messages: pacerctl set-lr,
+      // promotions (before the replica set, which no longer lists a range
+      // promoted here as backed up), and the replica set.
       std::lock_guard<std::mutex> lock(lr_mu_);
       if (pending_lr_) {
         core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
+        for (Hosted& h : hosted_) h.core->SetLrOverrides(pending_lr_->first, pending_lr_->second);
         pending_lr_.reset();
       }
+      if (pending_promote_) {
+        Promote(*pending_promote_);
+        pending_promote_.reset();
+      }
+      if (pending_replication_) {
+        ApplyReplication(*pending_replication_, &out);
+        pending_replication_.reset();
+      }
     }
-    // One message, then its replies. A message queued behind it is taken by
-    // the next Recv at once; asking for one here was a receive that usually
-    // found nothing, a system call of about 1.3 us per message.
-    if (*got) core_->Handle(std::move(frames), &out);
+    // Fencing: a primary with backups that has not heard from the monitor
+    // for its lease stops answering (the monitor may promote a backup).
+    const bool expired = clock->Now().time_since_epoch().count() > lease_until_ns_.load();
+    if (expired != fenced) {
+      fenced = expired;
+      core_->SetFenced(fenced);
+      if (fenced && core_->replicated()) {
+        spdlog::warn("shard {}: no word from the monitor for its shard lease ({:.2f} s): stops "
+                     "answering pushes and pulls until it hears again",
+                     id_, ToSeconds(shard_lease_));
+      }
+    }
+    if (backup_sockets_.empty() && hosted_.empty()) {
+      // One message, then its replies. A message queued behind it is taken
+      // by the next Recv at once; asking for one here was a receive that
+      // usually found nothing, a system call of about 1.3 us per message.
+      Frames frames;
+      auto got = transport_->Recv(router_.get(), &frames, deadline);
+      if (!got.ok()) {
+        spdlog::error("shard {}: receive failed: {}", id_, ErrorText(got.status()));
+        break;
+      }
+      if (*got) core_->Handle(std::move(frames), &out);
+    } else {
+      sources.assign(1, {router_.get(), core_.get(), router_.get(), false});
+      for (auto& [shard, b] : backup_sockets_) {
+        sources.push_back({b.socket.get(), core_.get(), router_.get(), true});
+      }
+      for (Hosted& h : hosted_) sources.push_back({h.router.get(), h.core.get(), h.router.get(), false});
+      sockets.clear();
+      for (const Source& src : sources) sockets.push_back(src.socket);
+      auto ready = transport_->Poll(sockets, deadline);
+      if (!ready.ok()) {
+        spdlog::error("shard {}: poll failed: {}", id_, ErrorText(ready.status()));
+        break;
+      }
+      std::vector<ShardCore::Outgoing> hosted_out;
+      for (size_t i : *ready) {
+        const Source& src = sources[i];
+        Frames frames;
+        auto got = src.socket->TryRecv(&frames);
+        if (!got.ok() || !*got) continue;
+        if (src.dealer) frames.insert(frames.begin(), Frame());  // no routing id
+        if (src.core == core_.get()) {
+          core_->Handle(std::move(frames), &out);
+        } else {
+          src.core->Handle(std::move(frames), &hosted_out);
+          for (auto& o : hosted_out) send(o, src.reply_to);
+          hosted_out.clear();
+        }
+      }
+    }
     core_->Tick(&out);
-    for (auto& o : out) {
-      o.frames.insert(o.frames.begin(), o.peer);
-      absl::Status st = router_->Send(std::move(o.frames));
-      if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
-    }
+    for (auto& o : out) send(o, router_.get());
     out.clear();
+    for (Hosted& h : hosted_) {
+      h.core->Tick(&out);
+      for (auto& o : out) send(o, h.router.get());
+      out.clear();
+      if (h.core->stop_requested() && !h.stopped) {
+        h.stopped = true;
+        spdlog::info("shard {}: stop received for shard {}'s range", id_, h.range);
+      }
+    }
+    if (clock->Now() >= next_report) {
+      UpdateReports();
+      next_report = clock->Now() + std::chrono::milliseconds(50);
+    }
     applied_clock_ = core_->applied_clock();
     holds_values_ = core_->initialized();
     holds_keys_ = core_->has_keys();
@@ -288,10 +512,29 @@ void ShardServer::Run() {
                "updates applied {}, stale {}, dropped {}",
                id_, core_->steps(), core_->applied_clock(), core_->incomplete_steps(),
                core_->updates_applied(), core_->stale_pushes(), core_->dropped_pushes());
+  if (core_->replication_epoch() != 0 || core_->replica_checks() > 0) {
+    std::string held;
+    for (const auto& [range, rec] : core_->replica_records()) {
+      held += (held.empty() ? "" : ", ") + std::string("shard ") + std::to_string(range) +
+              "'s through record " + std::to_string(rec);
+    }
+    spdlog::info("shard {}: replication: range epoch {}, records {}, durable through record {}; "
+                 "replicas held: {}; replica checks {}, mismatches {}",
+                 id_, core_->replication_epoch(), core_->replication_record(),
+                 core_->durable_record(), held.empty() ? "none" : held, core_->replica_checks(),
+                 core_->replica_mismatches());
+  }
   if (core_->restored()) {
     spdlog::info("shard {}: since its restore: {} acknowledged push(es) lost, {} clock(s) closed "
                  "with none of their pushes",
                  id_, core_->lost_updates(), core_->skipped_clocks());
+  }
+  for (const Hosted& h : hosted_) {
+    spdlog::info("shard {}: served shard {}'s range since its promotion (epoch {}): steps {}, "
+                 "applied through clock {}, updates applied {}; {} acknowledged push(es) lost, {} "
+                 "clock(s) closed with none of their pushes",
+                 id_, h.range, h.epoch, h.core->steps(), h.core->applied_clock(),
+                 h.core->updates_applied(), h.core->lost_updates(), h.core->skipped_clocks());
   }
   serving_ended_ = true;
   done_ = true;

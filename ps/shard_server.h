@@ -4,6 +4,8 @@
 #define PACER_PS_SHARD_SERVER_H_
 
 #include <atomic>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -140,8 +142,52 @@ class ShardServer {
 
   // pacerctl set-lr's overrides (version, by group) from a heartbeat reply,
   // until the serving thread hands them to core_.
-  std::mutex lr_mu_;  // guards pending_lr_
+  std::mutex lr_mu_;  // guards pending_lr_ and pending_replication_
   std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> pending_lr_;
+
+  // Replication (--replicas on the monitor): the replica set from the last
+  // heartbeat reply that changed it, until the serving thread takes it.
+  struct ReplicaConfig {
+    uint64_t epoch = 0;
+    std::vector<msg::ShardInfo> backups;
+    std::vector<msg::ShardInfo> backing;
+  };
+  std::optional<ReplicaConfig> pending_replication_;
+  // The serving thread's: connects to new backups, lets go of old ones, and
+  // hands the set to core_.
+  void ApplyReplication(const ReplicaConfig& config, std::vector<ShardCore::Outgoing>* out);
+  // Its connections to its range's backups, by shard id.
+  struct BackupSocket {
+    std::string address;
+    std::unique_ptr<Socket> socket;
+  };
+  std::map<uint32_t, BackupSocket> backup_sockets_;
+
+  // Failover: ranges this shard serves since the monitor promoted its
+  // replica of them, each with a core and a socket of its own (the range
+  // keeps its id; the map gives the workers the new address).
+  struct Hosted {
+    uint32_t range = 0;
+    uint64_t epoch = 0;
+    std::unique_ptr<ShardCore> core;
+    std::unique_ptr<Socket> router;
+    std::string address;  // as advertised
+    bool stopped = false;
+  };
+  std::vector<Hosted> hosted_;  // serving thread
+  std::optional<std::vector<msg::ShardInfo>> pending_promote_;  // guarded by lr_mu_
+  void Promote(const std::vector<msg::ShardInfo>& ranges);
+  // What the heartbeats report (replicas held, ranges served), guarded by
+  // lr_mu_, refreshed by the serving thread.
+  void UpdateReports();
+  std::vector<msg::ShardInfo> report_replicas_;
+  std::vector<msg::ShardInfo> report_serving_;
+  std::atomic<bool> heartbeat_now_{false};
+  ShardJob job_;  // from registration
+  // The shard lease (the monitor's --shard-lease): fenced past
+  // lease_until_ns_ (the transport clock's nanoseconds).
+  Duration shard_lease_ = std::chrono::seconds(1);
+  std::atomic<int64_t> lease_until_ns_{std::numeric_limits<int64_t>::max()};
 };
 
 }  // namespace pacer

@@ -169,6 +169,19 @@ std::span<const float> ParamTable::State(size_t slot, uint64_t key) const {
   return {state_[slot].data() + s->offset, s->length};
 }
 
+uint32_t ParamTable::Crc(uint64_t begin, uint64_t end) const {
+  uint32_t crc = 0;
+  const auto first = slots_.lower_bound(begin);
+  const auto last = slots_.lower_bound(end);
+  for (size_t slot = 0; slot <= state_.size(); ++slot) {
+    const float* base = slot == 0 ? params_.data() : state_[slot - 1].data();
+    for (auto it = first; it != last; ++it) {
+      crc = Crc32(crc, base + it->second.offset, it->second.length * sizeof(float));
+    }
+  }
+  return crc;
+}
+
 void ParamTable::Write(const GradientView& values) {
   float* w = params_.Mutable();
   const float* src = values.values.data();

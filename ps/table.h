@@ -138,6 +138,10 @@ class ParamTable {
   std::span<const float> Param(uint64_t key) const;
   // State slot `slot` of `key` (tests).
   std::span<const float> State(size_t slot, uint64_t key) const;
+  // The CRC-32 (Crc32) of the parameters, then of each state slot, of the
+  // keys in [begin, end), each key's values in key order: what a replica
+  // compares with its primary's. Step counts are not in it.
+  uint32_t Crc(uint64_t begin, uint64_t end) const;
 
   // Sets the parameters of `grad.keys` to `grad.values` (rank 0's init).
   void Write(const GradientView& values);

@@ -164,6 +164,9 @@ class FakeShard {
   // How many pull replies get one payload bit flipped after they are
   // encoded (damaged on the way, as by the `corrupt` fault).
   int damage_pull_replies = 0;
+  // >= 0: push replies say the pushes are durable through this many seqs
+  // before theirs (replication); -1: they say nothing.
+  int64_t durable_behind = -1;
 
   void Start(int expected) {
     thread_ = std::thread([this, expected] { Serve(expected); });
@@ -270,7 +273,11 @@ class FakeShard {
         if (forget_parts_after >= 0 && static_cast<int>(requests_.size()) == forget_parts_after) {
           held_parts_.clear();
         }
-        return EncodeBody(env, fbb, wire::CreatePushReply(fbb, r.clock, complete));
+        const uint64_t durable =
+            durable_behind < 0 || r.seq <= static_cast<uint64_t>(durable_behind)
+                ? 0
+                : r.seq - static_cast<uint64_t>(durable_behind);
+        return EncodeBody(env, fbb, wire::CreatePushReply(fbb, r.clock, complete, durable));
       }
       default:
         return EncodeBody(env, fbb, wire::CreateAck(fbb));
@@ -630,6 +637,75 @@ TEST(PsClientDeadlineTest, SilentShardGivesDeadlineExceeded) {
   silent.Join();
   ASSERT_FALSE(applied.ok());
   EXPECT_EQ(applied.status().code(), absl::StatusCode::kDeadlineExceeded) << applied.status();
+}
+
+}  // namespace
+}  // namespace pacer
+
+namespace pacer {
+namespace {
+
+// Replication: with backups in the map, a push is kept until a reply says
+// it is durable; after a failover (the range at a new owner, a higher
+// epoch) the kept ones go to the new owner first, with their seqs.
+TEST_F(PsClientTest, KeptPushesGoAgainToTheNewOwnerAfterAFailover) {
+  a_.durable_behind = 1;  // each reply: durable through the seq before
+  b_.durable_behind = 0;  // durable at once
+  a_.Start(3);
+  b_.Start(3);
+  std::vector<wire::KeyLen> keys = {{10, 3}, {2, 1}, {1, 2}};
+  ShardMapInfo map = Map({{"mem://a", {0, 10}}, {"mem://b", {10, kMax}}});
+  map.shards[0].backups = {7};
+  map.shards[0].epoch = 1;
+  map.shards[1].backups = {8};
+  map.shards[1].epoch = 1;
+  auto made = PsClient::Create(transport_.get(), Options(), map, keys);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PsClient& client = **made;
+  for (uint64_t c = 0; c < 3; ++c) {
+    for (size_t i = 0; i < 6; ++i) client.grads()[i] = static_cast<float>(10 * c + i);
+    ASSERT_TRUE(client.Push(c, 8).ok());
+  }
+  a_.Join();
+  b_.Join();
+  // Shard a said seqs 1 and 2 are durable; seq 3 is kept (a's 3 values).
+  EXPECT_EQ(client.held_pushes(), 1u);
+  EXPECT_EQ(client.held_values(), 3u);
+
+  // a dies; its backup c takes the range at epoch 2.
+  FakeShard c(transport_.get(), "mem://c", {});
+  c.durable_behind = 0;
+  c.Start(2);
+  b_.Start(1);
+  map.version = 4;
+  map.shards[0].address = "mem://c";
+  map.shards[0].epoch = 2;
+  ASSERT_TRUE(client.SetMap(map).ok());
+  for (size_t i = 0; i < 6; ++i) client.grads()[i] = 100.0f + static_cast<float>(i);
+  ASSERT_TRUE(client.Push(3, 8).ok());
+  c.Join();
+  b_.Join();
+  ASSERT_EQ(c.requests().size(), 2u);
+  EXPECT_EQ(c.requests()[0].seq, 3u);  // the kept push, as it was
+  EXPECT_EQ(c.requests()[0].clock, 2u);
+  EXPECT_EQ(c.requests()[0].floats, (std::vector<float>{20.0f, 21.0f, 22.0f}));
+  EXPECT_EQ(c.requests()[1].seq, 4u);  // then the new one
+  EXPECT_EQ(c.requests()[1].floats, (std::vector<float>{100.0f, 101.0f, 102.0f}));
+  ASSERT_EQ(b_.requests().size(), 4u);  // b's range did not move: nothing again
+  EXPECT_EQ(b_.requests()[3].seq, 4u);
+  EXPECT_EQ(client.resent_pushes(), 1u);
+  EXPECT_EQ(client.held_pushes(), 0u);  // c said durable at once
+}
+
+TEST_F(PsClientTest, WithoutBackupsNothingIsKept) {
+  a_.Start(1);
+  b_.Start(1);
+  auto client = MakeClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Push(0, 8).ok());
+  a_.Join();
+  b_.Join();
+  EXPECT_EQ(client->held_pushes(), 0u);
 }
 
 }  // namespace

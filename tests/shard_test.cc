@@ -80,6 +80,7 @@ class ShardTest : public ::testing::Test {
     job.backup_workers = backup_workers;
     job.staleness_aware_lr = staleness_aware_lr;
     shard_->Configure(job, kShardId);
+    job_ = job;
 
     ExpectAck(Declare(kKeys));
     ExpectAck(Membership(1, workers));
@@ -259,6 +260,7 @@ class ShardTest : public ::testing::Test {
   static std::string KeyOf(uint32_t sender) { return std::string("K").append(std::to_string(sender)); }
 
   FakeClock clock_;
+  ShardJob job_;  // as Start configured the shard
   std::unique_ptr<ShardCore> shard_;
   uint64_t next_request_ = 0;
   bool curve_ = false;        // messages carry their sender's key
@@ -1497,6 +1499,233 @@ TEST_F(ShardTest, OptimizerStateMovesWithTheKeysAndAnIdleShardTakesTheGroups) {
   EXPECT_EQ(idle.table().State(1, 2)[0], shard_->table().State(1, 2)[0]);
   EXPECT_NE(idle.table().State(1, 2)[0], 0.0f) << "v after a step";
   EXPECT_EQ(idle.Param(2)[0], shard_->Param(2)[0]);
+}
+
+}  // namespace
+}  // namespace pacer
+
+// ---------------------------------------------------------------------------
+// Replication (issue 23): a primary (shard_) and one backup, with the
+// records and their acknowledgements carried between them by the test.
+
+namespace pacer {
+namespace {
+
+constexpr uint32_t kBackupId = 60;
+
+class ReplicationTest : public ShardTest {
+ protected:
+  // The primary as Start makes it, a backup of the same job, and the set.
+  void StartReplicated(wire::Mode mode, uint64_t epoch = 1) {
+    Start(mode);
+    backup_ = std::make_unique<ShardCore>(ShardOptions{}, &clock_);
+    ShardJob job = job_;
+    if (backup_momentum_) job.optimizer.defaults.momentum = *backup_momentum_;
+    backup_->Configure(job, kBackupId);
+    backup_->SetBacking({{kShardId, {epoch, ""}}});
+    std::vector<ShardCore::Outgoing> out;
+    shard_->SetReplicaSet(epoch, {kBackupId}, &out);
+    EXPECT_TRUE(Route(std::move(out)).empty());
+    ASSERT_NE(backup_->replica_table(kShardId), nullptr);
+  }
+
+  // Carries the primary's records to the backup and the acknowledgements
+  // back (unless hold_acks_: then they wait in held_), and returns what is
+  // left: the primary's replies to workers. drop_records_ records are lost.
+  std::vector<ShardCore::Outgoing> Route(std::vector<ShardCore::Outgoing> out) {
+    std::vector<ShardCore::Outgoing> rest;
+    while (!out.empty()) {
+      std::vector<ShardCore::Outgoing> next;
+      for (ShardCore::Outgoing& o : out) {
+        if (o.to_shard == 0) {
+          rest.push_back(std::move(o));
+          continue;
+        }
+        EXPECT_EQ(o.to_shard, kBackupId);
+        ++records_sent_;
+        if (drop_records_ > 0) {
+          --drop_records_;
+          continue;
+        }
+        o.frames.insert(o.frames.begin(), PeerFrame(kShardId));
+        std::vector<ShardCore::Outgoing> acks;
+        backup_->Handle(std::move(o.frames), &acks);
+        for (ShardCore::Outgoing& a : acks) {
+          a.frames.insert(a.frames.begin(), Frame());  // the primary's DEALER: no routing id
+          if (hold_acks_) {
+            held_.push_back(std::move(a.frames));
+          } else {
+            shard_->Handle(std::move(a.frames), &next);
+          }
+        }
+      }
+      out = std::move(next);
+    }
+    return rest;
+  }
+  std::vector<ShardCore::Outgoing> Deliver() {
+    std::vector<ShardCore::Outgoing> out;
+    for (Frames& f : held_) shard_->Handle(std::move(f), &out);
+    held_.clear();
+    return Route(std::move(out));
+  }
+  std::vector<ShardCore::Outgoing> Tick() {
+    std::vector<ShardCore::Outgoing> out;
+    shard_->Tick(&out);
+    return Route(std::move(out));
+  }
+  std::vector<ShardCore::Outgoing> RPush(uint32_t sender, uint64_t clock, uint32_t batch,
+                                         const std::vector<float>& grads, uint64_t seq) {
+    return Route(PushSeq(sender, clock, batch, grads, seq));
+  }
+  static uint64_t DurableOf(const ShardCore::Outgoing& o) {
+    Decoded d = MustDecode(o);
+    if (d.type() == wire::Body::PushReply) return d.As<wire::PushReply>()->durable_seq();
+    if (d.type() == wire::Body::PullReply) return d.As<wire::PullReply>()->durable_seq();
+    ADD_FAILURE() << "not a push or pull reply: " << wire::EnumNameBody(d.type());
+    return 0;
+  }
+  // The backup's replica against the primary's table: parameters, optimizer
+  // state and each key's steps, bit for bit.
+  void ExpectSameAsPrimary() {
+    const ParamTable* replica = backup_->replica_table(kShardId);
+    ASSERT_NE(replica, nullptr);
+    EXPECT_TRUE(replica->Snapshot() == shard_->table().Snapshot());
+    for (const auto& [key, slot] : shard_->table().slots()) {
+      ASSERT_NE(replica->Find(key), nullptr);
+      EXPECT_EQ(replica->Find(key)->steps, slot.steps) << "key " << key;
+    }
+  }
+  // Gradients that differ per clock and worker.
+  static std::vector<float> Grad(uint64_t clock, uint32_t worker) {
+    const float c = static_cast<float>(clock) + 1.0f, w = static_cast<float>(worker);
+    return {0.1f * c - 0.01f * w, -0.2f * c + 0.03f * w, 0.05f * c * w};
+  }
+
+  std::unique_ptr<ShardCore> backup_;
+  std::optional<float> backup_momentum_;  // the backup's, when not the primary's
+  bool hold_acks_ = false;
+  std::vector<Frames> held_;
+  int drop_records_ = 0;
+  uint64_t records_sent_ = 0;
+};
+
+TEST_F(ReplicationTest, BackupHoldsTheSameParametersStateAndMarksAfterEveryStep) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
+    for (wire::Mode mode : {wire::Mode::Bsp, wire::Mode::Ssp}) {
+      SCOPED_TRACE(std::string(OptimizerName(kind)) + " " + wire::EnumNameMode(mode));
+      kind_ = kind;
+      records_sent_ = 0;
+      StartReplicated(mode);
+      uint64_t seq = 0;
+      for (uint64_t c = 0; c < 20; ++c) {
+        ++seq;
+        RPush(kWorkerA, c, 1, Grad(c, kWorkerA), seq);
+        RPush(kWorkerB, c, 3, Grad(c, kWorkerB), seq);
+        ASSERT_EQ(shard_->applied_clock(), static_cast<int64_t>(c));
+        ExpectSameAsPrimary();
+      }
+      // One record per applied step, after aggregation (and the seed).
+      EXPECT_EQ(shard_->replication_record(), 20u);
+      EXPECT_EQ(records_sent_, 21u);
+      EXPECT_EQ(backup_->replica_record(kShardId), 20u);
+      const std::map<uint32_t, uint64_t> marks = {{kWorkerA, 20}, {kWorkerB, 20}};
+      EXPECT_EQ(backup_->replica_marks(kShardId), marks);
+      EXPECT_GE(backup_->replica_checks(), 1u);
+      EXPECT_EQ(backup_->replica_mismatches(), 0u);
+    }
+  }
+}
+
+TEST_F(ReplicationTest, AspGroupsPushesIntoBatchedRecords) {
+  kind_ = OptimizerKind::kAdam;
+  StartReplicated(wire::Mode::Asp);
+  records_sent_ = 0;
+  for (uint64_t i = 1; i <= 5; ++i) RPush(kWorkerA, i - 1, 1, Grad(i, kWorkerA), i);
+  EXPECT_EQ(records_sent_, 0u);  // held for more
+  clock_.Advance(ShardCore::kReplicaBatchDelay);
+  Tick();
+  EXPECT_EQ(records_sent_, 1u);
+  ExpectSameAsPrimary();
+  for (uint64_t i = 6; i < 6 + ShardCore::kReplicaBatchSteps; ++i) {
+    RPush(kWorkerB, i, 3, Grad(i, kWorkerB), i);
+  }
+  EXPECT_EQ(records_sent_, 2u);  // a full batch goes at once
+  ExpectSameAsPrimary();
+  EXPECT_EQ(backup_->replica_marks(kShardId).at(kWorkerB), 5 + ShardCore::kReplicaBatchSteps);
+}
+
+TEST_F(ReplicationTest, APushIsDurableOnceTheBackupAcknowledgedTheStepThatHoldsIt) {
+  StartReplicated(wire::Mode::Bsp);
+  hold_acks_ = true;
+  auto out = RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  EXPECT_EQ(DurableOf(out.at(0)), 0u);
+  out = RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);  // closes clock 0: the record goes out
+  EXPECT_EQ(DurableOf(out.at(0)), 0u);
+  out = Route(Pull(kWorkerA, 1));
+  EXPECT_EQ(DurableOf(out.at(0)), 0u);  // received and applied, not yet durable
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 0u);
+  Deliver();  // the backup's acknowledgement
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u);
+  EXPECT_EQ(shard_->durable_seq(kWorkerB), 1u);
+  out = Route(Pull(kWorkerB, 1));
+  EXPECT_EQ(DurableOf(out.at(0)), 1u);
+  out = RPush(kWorkerA, 1, 1, Grad(1, kWorkerA), 2);
+  EXPECT_EQ(DurableOf(out.at(0)), 1u);  // through seq 1; seq 2 waits for its step
+}
+
+TEST_F(ReplicationTest, WithNoBackupEveryAppliedPushCountsAsDurable) {
+  Start(wire::Mode::Bsp);
+  PushSeq(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 0u);  // received, not applied
+  PushSeq(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u);
+}
+
+TEST_F(ReplicationTest, ALostRecordIsFollowedByASeedAndTheReplicaCatchesUp) {
+  kind_ = OptimizerKind::kAdam;
+  StartReplicated(wire::Mode::Bsp);
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  drop_records_ = 1;
+  RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);  // record 1 is lost
+  EXPECT_EQ(backup_->replica_record(kShardId), 0u);
+  RPush(kWorkerA, 1, 1, Grad(1, kWorkerA), 2);
+  RPush(kWorkerB, 1, 3, Grad(1, kWorkerB), 2);  // record 2: the backup asks for a seed
+  EXPECT_EQ(backup_->replica_record(kShardId), 0u);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 0u);  // nothing durable past the gap
+  Tick();                                         // the seed
+  EXPECT_EQ(backup_->replica_record(kShardId), 2u);
+  ExpectSameAsPrimary();
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 2u);
+}
+
+TEST_F(ReplicationTest, RecordsOfALowerEpochOrOfARangeNotBackedUpAreRefused) {
+  StartReplicated(wire::Mode::Bsp, /*epoch=*/1);
+  backup_->SetBacking({{kShardId, {2, ""}}});  // the monitor moved the range on
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);
+  EXPECT_EQ(backup_->replica_record(kShardId), 0u);
+  EXPECT_EQ(backup_->rejected(wire::ErrorCode::Stale), 1.0);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 0u);
+  backup_->SetBacking({});
+  EXPECT_EQ(backup_->replica_table(kShardId), nullptr);  // dropped with the range
+  clock_.Advance(std::chrono::seconds(1));
+  Tick();  // the primary seeds again: refused, the range is not this shard's to back up
+  EXPECT_EQ(backup_->replica_table(kShardId), nullptr);
+  EXPECT_EQ(backup_->rejected(wire::ErrorCode::NotReady), 1.0);
+}
+
+TEST_F(ReplicationTest, AReplicaThatDivergesIsReportedByTheBlockCheck) {
+  // A backup whose job has another momentum (a misconfiguration) applies
+  // the same records to other effect: the CRC of the checked block differs.
+  backup_momentum_ = 0.5f;
+  StartReplicated(wire::Mode::Bsp);
+  for (uint64_t c = 0; c < ShardCore::kReplicaCheckEvery; ++c) {
+    RPush(kWorkerA, c, 1, Grad(c, kWorkerA), c + 1);
+    RPush(kWorkerB, c, 3, Grad(c, kWorkerB), c + 1);
+  }
+  EXPECT_EQ(backup_->replica_checks(), 1u);
+  EXPECT_EQ(backup_->replica_mismatches(), 1u);
 }
 
 }  // namespace

@@ -590,8 +590,8 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   r.partition_count = 2;
   r.workers.push_back({5, 1, 64, 2, 3, 10, 12, 6, true, false, "tok", "KEY"});
   r.workers.push_back({6, 2, 32, 0, 0, 0, 11, 7, false, true, "", ""});
-  r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, "", {2}, 5, "node-a"});
-  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2", {}, 0, ""});
+  r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, "", {2}, 5, "node-a", 3, "tcp://127.0.0.1:9"});
+  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2", {}, 0, "", 0, ""});
   r.partitions.push_back({0, 1, 640, 5, 0});
   r.partitions.push_back({1, 0, 0, 6, 5});
   r.seconds_running = 12.5;
@@ -631,6 +631,9 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   EXPECT_EQ(back->shards[0].backups, std::vector<uint32_t>{2});
   EXPECT_EQ(back->shards[0].epoch, 5u);
   EXPECT_EQ(back->shards[0].node, "node-a");
+  EXPECT_EQ(back->shards[0].host, 3u);
+  EXPECT_EQ(back->shards[0].served_at, "tcp://127.0.0.1:9");
+  EXPECT_EQ(back->shards[1].host, 0u);
   EXPECT_TRUE(back->shards[1].backups.empty());
   ASSERT_EQ(back->partitions.size(), 2u);
   EXPECT_EQ(back->partitions[0].offset, 640u);
@@ -697,6 +700,62 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   EXPECT_EQ(e.code, wire::ErrorCode::NotReady);
   EXPECT_EQ(e.reason, "busy");
   EXPECT_EQ(decode(EncodeMessage(env, msg::Ack{})).type(), wire::Body::Ack);
+
+  // Replication: a record with two steps and marks, a seed, the reply, and
+  // the durable seq on push and pull replies.
+  msg::Replicate rec;
+  rec.range = 4;
+  rec.epoch = 7;
+  rec.record = 12;
+  rec.steps.push_back({{}, 0.25f, {0.1f, 0.2f}, 3});
+  rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {0.3f, 0.4f}, 1});
+  rec.marks = {{5, 30}, {6, 31}};
+  rec.applied_clock = 40;
+  rec.step_count = 41;
+  rec.check_begin = 7;
+  rec.check_end = 9;
+  rec.check = 0xdeadbeef;
+  const msg::Replicate rb = msg::Read<msg::Replicate>(
+      decode(EncodeMessage(env, rec, Frame::Copy(values.data(), 4 * sizeof(float)))));
+  EXPECT_EQ(rb.range, 4u);
+  EXPECT_EQ(rb.epoch, 7u);
+  EXPECT_EQ(rb.record, 12u);
+  EXPECT_FALSE(rb.seed.has_value());
+  ASSERT_EQ(rb.steps.size(), 2u);
+  EXPECT_TRUE(rb.steps[0].keys.empty());
+  EXPECT_EQ(rb.steps[0].grad_scale, 0.25f);
+  EXPECT_EQ(rb.steps[0].values, 3u);
+  EXPECT_EQ(rb.steps[1].keys.at(0).key(), 8u);
+  EXPECT_EQ(rb.steps[1].lr, (std::vector<float>{0.3f, 0.4f}));
+  EXPECT_EQ(rb.marks, rec.marks);
+  EXPECT_EQ(rb.applied_clock, 40);
+  EXPECT_EQ(rb.step_count, 41u);
+  EXPECT_EQ(rb.check_begin, 7u);
+  EXPECT_EQ(rb.check_end, 9u);
+  EXPECT_EQ(rb.check, 0xdeadbeefu);
+  msg::Replicate seed;
+  seed.seed = move;
+  const msg::Replicate sb = msg::Read<msg::Replicate>(decode(EncodeMessage(env, seed, payload)));
+  ASSERT_TRUE(sb.seed.has_value());
+  EXPECT_EQ(sb.seed->keys.size(), 2u);
+  EXPECT_EQ(sb.seed->steps, 12u);
+  const msg::ReplicateReply rr = msg::Read<msg::ReplicateReply>(
+      decode(EncodeMessage(env, msg::ReplicateReply{4, 12, true})));
+  EXPECT_EQ(rr.range, 4u);
+  EXPECT_EQ(rr.record, 12u);
+  EXPECT_TRUE(rr.need_seed);
+  EXPECT_EQ(msg::Read<msg::PushReply>(decode(EncodeMessage(env, msg::PushReply{3, true, 17})))
+                .durable_seq,
+            17u);
+  msg::PullReply pr;
+  pr.durable_seq = 18;
+  EXPECT_EQ(msg::Read<msg::PullReply>(decode(EncodeMessage(env, pr))).durable_seq, 18u);
+  // A record's payload must be whole floats.
+  Decoded d;
+  DecodeError err;
+  EXPECT_FALSE(Decode(EncodeMessage(env, rec, Frame::Copy(values.data(), 5)), JobOptions(), &d,
+                      &err));
+  EXPECT_EQ(err.code, wire::ErrorCode::BadLength);
 }
 
 
@@ -745,6 +804,21 @@ TEST(MessagesTest, AbsentOptionalFieldsStayAbsent) {
   EXPECT_FALSE(r.assignment.has_value());
   EXPECT_EQ(r.faults, "drop:p=0.1");
   EXPECT_EQ(r.faults_version, 4u);
+  EXPECT_EQ(r.replica_epoch, 0u);
+  EXPECT_TRUE(r.replica_backups.empty());
+  EXPECT_TRUE(r.backing.empty());
+  msg::HeartbeatReply replicated = shard_reply;
+  replicated.replica_epoch = 6;
+  replicated.replica_backups = {{2, "tcp://127.0.0.1:8", 0, 0, "KEY2", {}, 6}};
+  replicated.backing = {{3, "tcp://127.0.0.1:7", 0, 0, "KEY3", {}, 5}};
+  const auto rep = msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, replicated)));
+  EXPECT_EQ(rep.replica_epoch, 6u);
+  ASSERT_EQ(rep.replica_backups.size(), 1u);
+  EXPECT_EQ(rep.replica_backups[0].address, "tcp://127.0.0.1:8");
+  EXPECT_EQ(rep.replica_backups[0].public_key, "KEY2");
+  ASSERT_EQ(rep.backing.size(), 1u);
+  EXPECT_EQ(rep.backing[0].id, 3u);
+  EXPECT_EQ(rep.backing[0].epoch, 5u);
   msg::HeartbeatReply worker_reply = shard_reply;
   worker_reply.shard_map = msg::ShardMap{3, {{1, "tcp://127.0.0.1:9", 0, 10, "", {2, 3}, 4}}};
   worker_reply.assignment = msg::Assignment{32, 1, 2};

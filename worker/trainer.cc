@@ -270,6 +270,13 @@ struct WorkerMetrics {
                  .Help("The clock (iteration) this worker runs next")
                  .Register(r)
                  .Add(l);
+    not_durable = &prometheus::BuildGauge()
+                       .Name("pacer_worker_pushes_not_durable")
+                       .Help(
+                           "Pushes kept until their range's backups hold them (monitor "
+                           "--replicas), to send again to a new primary after a failover")
+                       .Register(r)
+                       .Add(l);
     loss = &prometheus::BuildGauge()
                 .Name("pacer_training_loss")
                 .Help("Training loss (cross-entropy, moving average over iterations)")
@@ -278,7 +285,7 @@ struct WorkerMetrics {
   }
   prometheus::Histogram *compute, *communication, *overlap, *wait, *staleness;
   prometheus::Counter *iterations, *samples;
-  prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss;
+  prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss, *not_durable;
 };
 
 struct Trainer::Impl {
@@ -1114,6 +1121,7 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
     metrics->samples->Increment(static_cast<double>(this_batch));
     metrics->clock->Set(static_cast<double>(clock + 1));
     metrics->loss->Set(loss_ewma);
+    metrics->not_durable->Set(static_cast<double>(client->held_pushes()));
   }
   result.compute_seconds += compute_seconds;
   result.communication_seconds += communication;

@@ -188,7 +188,7 @@ flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, 
                                m.target_accuracy, m.seed, m.eval_interval_seconds,
                                m.heartbeat_interval_ms, m.backup_workers, m.policy,
                                m.staleness_aware_lr, m.eval_interval_clocks,
-                               WireKind(m.optimizer), settings);
+                               WireKind(m.optimizer), settings, m.shard_lease_ms);
 }
 JobConfig FromWire(const wire::JobConfig& t) {
   JobConfig m;
@@ -206,27 +206,41 @@ JobConfig FromWire(const wire::JobConfig& t) {
   m.policy = t.policy();
   m.staleness_aware_lr = t.staleness_aware_lr();
   m.eval_interval_clocks = t.eval_interval_clocks();
+  m.shard_lease_ms = t.shard_lease_ms();
   return m;
 }
 
-flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardMap& m) {
+namespace {
+std::vector<flatbuffers::Offset<wire::ShardInfo>> BuildShardInfos(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<ShardInfo>& shards) {
   std::vector<flatbuffers::Offset<wire::ShardInfo>> infos;
-  for (const ShardInfo& s : m.shards) {
+  for (const ShardInfo& s : shards) {
     infos.push_back(wire::CreateShardInfoDirect(fbb, s.id, s.address.c_str(), s.key_begin,
                                                 s.key_end, OrNull(s.public_key),
                                                 s.backups.empty() ? nullptr : &s.backups, s.epoch));
   }
+  return infos;
+}
+std::vector<ShardInfo> ShardInfosOf(
+    const flatbuffers::Vector<flatbuffers::Offset<wire::ShardInfo>>* v) {
+  std::vector<ShardInfo> shards;
+  if (v == nullptr) return shards;
+  for (const wire::ShardInfo* s : *v) {
+    shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(),
+                      Str(s->public_key()), Scalars(s->backups()), s->epoch()});
+  }
+  return shards;
+}
+}  // namespace
+
+flatbuffers::Offset<wire::ShardMap> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardMap& m) {
+  auto infos = BuildShardInfos(fbb, m.shards);
   return wire::CreateShardMapDirect(fbb, m.version, &infos);
 }
 ShardMap FromWire(const wire::ShardMap& t) {
   ShardMap m;
   m.version = t.version();
-  if (t.shards() != nullptr) {
-    for (const wire::ShardInfo* s : *t.shards()) {
-      m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(),
-                          Str(s->public_key()), Scalars(s->backups()), s->epoch()});
-    }
-  }
+  m.shards = ShardInfosOf(t.shards());
   return m;
 }
 
@@ -263,6 +277,10 @@ RegisterReply FromWire(const wire::RegisterReply& t) {
 
 flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, const Heartbeat& m) {
   auto positions = fbb.CreateVectorOfStructs(m.positions);
+  auto replicas_infos = BuildShardInfos(fbb, m.replicas);
+  auto replicas = replicas_infos.empty() ? 0 : fbb.CreateVector(replicas_infos);
+  auto serving_infos = BuildShardInfos(fbb, m.serving);
+  auto serving = serving_infos.empty() ? 0 : fbb.CreateVector(serving_infos);
   wire::HeartbeatBuilder b(fbb);
   b.add_role(m.role);
   b.add_clock(m.clock);
@@ -283,6 +301,8 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   b.add_batch_compute(m.batch_compute);
   b.add_compute_min_seconds(m.compute_min_seconds);
   b.add_compute_max_seconds(m.compute_max_seconds);
+  if (!replicas.IsNull()) b.add_replicas(replicas);
+  if (!serving.IsNull()) b.add_serving(serving);
   return b.Finish();
 }
 Heartbeat FromWire(const wire::Heartbeat& t) {
@@ -306,6 +326,8 @@ Heartbeat FromWire(const wire::Heartbeat& t) {
   m.batch_compute = t.batch_compute();
   m.compute_min_seconds = t.compute_min_seconds();
   m.compute_max_seconds = t.compute_max_seconds();
+  m.replicas = ShardInfosOf(t.replicas());
+  m.serving = ShardInfosOf(t.serving());
   return m;
 }
 
@@ -319,10 +341,17 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
   auto partitions = fbb.CreateVectorOfStructs(m.partitions);
   auto faults = fbb.CreateString(m.faults);
   auto overrides = m.lr_overrides.empty() ? 0 : fbb.CreateVectorOfStructs(m.lr_overrides);
+  auto backups_infos = BuildShardInfos(fbb, m.replica_backups);
+  auto backups = backups_infos.empty() ? 0 : fbb.CreateVector(backups_infos);
+  auto backing_infos = BuildShardInfos(fbb, m.backing);
+  auto backing = backing_infos.empty() ? 0 : fbb.CreateVector(backing_infos);
+  auto promote_infos = BuildShardInfos(fbb, m.promote);
+  auto promote = promote_infos.empty() ? 0 : fbb.CreateVector(promote_infos);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
-                                    overrides, m.lr_overrides_version);
+                                    overrides, m.lr_overrides_version, m.replica_epoch, backups,
+                                    backing, promote);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -341,6 +370,10 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.faults_version = t.faults_version();
   m.lr_overrides = Structs(t.lr_overrides());
   m.lr_overrides_version = t.lr_overrides_version();
+  m.replica_epoch = t.replica_epoch();
+  m.replica_backups = ShardInfosOf(t.replica_backups());
+  m.backing = ShardInfosOf(t.backing());
+  m.promote = ShardInfosOf(t.promote());
   return m;
 }
 
@@ -419,9 +452,11 @@ Push FromWire(const wire::Push& t) {
 
 flatbuffers::Offset<wire::PushReply> Build(flatbuffers::FlatBufferBuilder& fbb,
                                            const PushReply& m) {
-  return wire::CreatePushReply(fbb, m.clock, m.complete);
+  return wire::CreatePushReply(fbb, m.clock, m.complete, m.durable_seq);
 }
-PushReply FromWire(const wire::PushReply& t) { return {t.clock(), t.complete()}; }
+PushReply FromWire(const wire::PushReply& t) {
+  return {t.clock(), t.complete(), t.durable_seq()};
+}
 
 flatbuffers::Offset<wire::Pull> Build(flatbuffers::FlatBufferBuilder& fbb, const Pull& m) {
   return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest, m.with_state);
@@ -435,12 +470,57 @@ flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb,
   auto keys = KeysOf(fbb, m.keys);
   auto key_steps = m.key_steps.empty() ? 0 : fbb.CreateVector(m.key_steps);
   return wire::CreatePullReply(fbb, m.clock, m.applied_clock, keys, m.waited_seconds, m.steps,
-                               WireKind(m.optimizer), m.state_slots, key_steps);
+                               WireKind(m.optimizer), m.state_slots, key_steps, m.durable_seq);
 }
 PullReply FromWire(const wire::PullReply& t) {
   return {t.clock(),           t.applied_clock(),         Keys(t.keys()),
           t.waited_seconds(),  t.steps(),                 KindOf(t.optimizer()),
-          t.state_slots(),     Scalars(t.key_steps())};
+          t.state_slots(),     Scalars(t.key_steps()),    t.durable_seq()};
+}
+
+flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                           const Replicate& m) {
+  flatbuffers::Offset<wire::MoveData> seed;
+  if (m.seed) seed = Build(fbb, *m.seed);
+  std::vector<flatbuffers::Offset<wire::ReplicaStep>> steps;
+  for (const ReplicaStep& s : m.steps) {
+    steps.push_back(wire::CreateReplicaStep(fbb, KeysOf(fbb, s.keys), s.grad_scale,
+                                            fbb.CreateVector(s.lr), s.values));
+  }
+  std::vector<wire::WorkerSeq> marks;
+  for (const auto& [worker, seq] : m.marks) marks.emplace_back(worker, seq);
+  return wire::CreateReplicate(fbb, m.range, m.epoch, m.record, seed, fbb.CreateVector(steps),
+                               fbb.CreateVectorOfStructs(marks), m.applied_clock, m.step_count,
+                               m.check_begin, m.check_end, m.check);
+}
+Replicate FromWire(const wire::Replicate& t) {
+  Replicate m;
+  m.range = t.range();
+  m.epoch = t.epoch();
+  m.record = t.record();
+  if (t.seed() != nullptr) m.seed = FromWire(*t.seed());
+  if (t.steps() != nullptr) {
+    for (const wire::ReplicaStep* s : *t.steps()) {
+      m.steps.push_back({Keys(s->keys()), s->grad_scale(), Scalars(s->lr()), s->values()});
+    }
+  }
+  if (t.marks() != nullptr) {
+    for (const wire::WorkerSeq* w : *t.marks()) m.marks.emplace_back(w->worker(), w->seq());
+  }
+  m.applied_clock = t.applied_clock();
+  m.step_count = t.step_count();
+  m.check_begin = t.check_begin();
+  m.check_end = t.check_end();
+  m.check = t.check();
+  return m;
+}
+
+flatbuffers::Offset<wire::ReplicateReply> Build(flatbuffers::FlatBufferBuilder& fbb,
+                                                const ReplicateReply& m) {
+  return wire::CreateReplicateReply(fbb, m.range, m.record, m.need_seed);
+}
+ReplicateReply FromWire(const wire::ReplicateReply& t) {
+  return {t.range(), t.record(), t.need_seed()};
 }
 
 flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb,
@@ -567,7 +647,7 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
     shards.push_back(wire::CreateMonitorShardDirect(
         fbb, s.id, s.address.c_str(), s.incarnation, s.key_begin, s.key_end, s.applied_clock,
         s.restarts, s.drained, OrNull(s.public_key), s.backups.empty() ? nullptr : &s.backups,
-        s.epoch, OrNull(s.node)));
+        s.epoch, OrNull(s.node), s.host, OrNull(s.served_at)));
   }
   auto model = fbb.CreateVectorOfStructs(r.model);
   auto reason = fbb.CreateString(r.stop_reason);
@@ -693,6 +773,8 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
       s.backups = Scalars(ms->backups());
       s.epoch = ms->epoch();
       s.node = Str(ms->node());
+      s.host = ms->host();
+      s.served_at = Str(ms->served_at());
       r.shards.push_back(std::move(s));
     }
   }

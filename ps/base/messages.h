@@ -100,6 +100,7 @@ struct JobConfig {
   wire::Policy policy = wire::Policy::Fixed;
   bool staleness_aware_lr = true;
   uint32_t eval_interval_clocks = 0;
+  uint32_t shard_lease_ms = 1000;  // --shard-lease
 };
 
 struct ShardInfo {
@@ -165,6 +166,11 @@ struct Heartbeat {
   uint64_t samples = 0;
   double compute_seconds = 0, batch_squares = 0, batch_compute = 0;
   double compute_min_seconds = 0, compute_max_seconds = 0;
+  // A shard, with --replicas: the replicas it holds (id: the range's
+  // primary, epoch), and the ranges it serves since a promotion (id: the
+  // range, address, epoch).
+  std::vector<ShardInfo> replicas;
+  std::vector<ShardInfo> serving;
 };
 
 struct HeartbeatReply {
@@ -183,6 +189,13 @@ struct HeartbeatReply {
   // To shards: pacerctl set-lr's overrides, by group index.
   std::vector<wire::GroupLr> lr_overrides;
   uint64_t lr_overrides_version = 0;
+  // To shards, with --replicas: its range's epoch and backups (id, address,
+  // key), and the ranges it backs up (id: their primary; epoch).
+  uint64_t replica_epoch = 0;
+  std::vector<ShardInfo> replica_backups;
+  std::vector<ShardInfo> backing;
+  // To a backup: serve these ranges (id: the range; epoch: its new one).
+  std::vector<ShardInfo> promote;
 };
 
 // --- the monitor to the shards
@@ -229,6 +242,9 @@ struct PushReply {
   using Wire = wire::PushReply;
   uint64_t clock = 0;
   bool complete = true;
+  // --replicas: the sender's pushes through this seq are on every in-sync
+  // backup (0: none yet, or the range has none).
+  uint64_t durable_seq = 0;
 };
 
 struct Pull {
@@ -251,6 +267,42 @@ struct PullReply {
   OptimizerKind optimizer = OptimizerKind::kSgd;
   uint32_t state_slots = 0;
   std::vector<uint64_t> key_steps;
+  uint64_t durable_seq = 0;  // as in PushReply
+};
+
+// Replication (--replicas): a range's primary to a backup. A seed (the
+// range's keys as a move carries them; values in the payload), or the
+// steps applied since the previous record, their gradients end to end in
+// the payload; then the primary's applied clock, step count and the
+// workers' last applied push seqs that changed (marks). check_end >
+// check_begin: the CRC-32 (Crc32) of the parameters, then each state slot,
+// of the keys in [check_begin, check_end) after the record.
+struct ReplicaStep {
+  std::vector<wire::KeyLen> keys;  // empty: every key, values at their offsets
+  float grad_scale = 1.0f;
+  std::vector<float> lr;           // per group, scale included
+  uint64_t values = 0;             // floats of the payload it takes
+};
+struct Replicate {
+  using Wire = wire::Replicate;
+  uint32_t range = 0;  // the primary's shard id
+  uint64_t epoch = 0;
+  uint64_t record = 0;
+  std::optional<MoveData> seed;
+  std::vector<ReplicaStep> steps;
+  std::vector<std::pair<uint32_t, uint64_t>> marks;  // worker, last applied seq
+  int64_t applied_clock = -1;
+  uint64_t step_count = 0;
+  uint64_t check_begin = 0, check_end = 0;
+  uint32_t check = 0;
+};
+// The backup holds `range` through `record`; need_seed: it has no replica
+// of it, or misses records before this one.
+struct ReplicateReply {
+  using Wire = wire::ReplicateReply;
+  uint32_t range = 0;
+  uint64_t record = 0;
+  bool need_seed = false;
 };
 
 struct AccuracyReport {
@@ -366,6 +418,8 @@ flatbuffers::Offset<wire::RemoveWorker> Build(flatbuffers::FlatBufferBuilder& fb
 flatbuffers::Offset<wire::ShardControl> Build(flatbuffers::FlatBufferBuilder& fbb, const ShardControl& m);
 flatbuffers::Offset<wire::FaultControl> Build(flatbuffers::FlatBufferBuilder& fbb, const FaultControl& m);
 flatbuffers::Offset<wire::FaultControlReply> Build(flatbuffers::FlatBufferBuilder& fbb, const FaultControlReply& m);
+flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb, const Replicate& m);
+flatbuffers::Offset<wire::ReplicateReply> Build(flatbuffers::FlatBufferBuilder& fbb, const ReplicateReply& m);
 JobConfig FromWire(const wire::JobConfig& t);
 ShardMap FromWire(const wire::ShardMap& t);
 Assignment FromWire(const wire::Assignment& t);
@@ -387,6 +441,8 @@ RemoveWorker FromWire(const wire::RemoveWorker& t);
 ShardControl FromWire(const wire::ShardControl& t);
 FaultControl FromWire(const wire::FaultControl& t);
 FaultControlReply FromWire(const wire::FaultControlReply& t);
+Replicate FromWire(const wire::Replicate& t);
+ReplicateReply FromWire(const wire::ReplicateReply& t);
 
 // The body of `d` as an M; `d.type()` must be M's (check it first).
 template <class M>
@@ -424,6 +480,8 @@ struct MonitorRecord {
     std::vector<uint32_t> backups;  // the shards that back its range
     uint64_t epoch = 0;             // its range's epoch
     std::string node;
+    uint32_t host = 0;              // after a failover: the shard serving its range
+    std::string served_at;          // and at which address
   };
   // A data partition: its read position, owner and previous owner (worker
   // ids; 0: none).

@@ -296,6 +296,11 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
       carries_values = true;
       copies = 1 + uint64_t{msg->body_as_MoveData()->state_slots()};
       break;
+    case wire::Body::Replicate:
+      // A seed or steps of a replica: their sizes are checked against the
+      // replica's keys where it is applied (ShardCore::OnReplicate).
+      carries_values = true;
+      break;
     default:
       break;
   }
@@ -305,7 +310,16 @@ bool Decode(const Frames& frames, const DecodeOptions& options, Decoded* out, De
                     std::to_string(kMaxStateSlots),
                 env);
   }
-  if (carries_values) {
+  if (carries_values && env.type == wire::Body::Replicate) {
+    if (payload.size() % sizeof(float) != 0) {
+      return Fail(err, wire::ErrorCode::BadLength,
+                  "a payload of " + std::to_string(payload.size()) + " bytes is no whole floats",
+                  env);
+    }
+    if (reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) != 0) {
+      payload = Frame::Copy(payload.data(), payload.size());
+    }
+  } else if (carries_values) {
     std::optional<uint64_t> want = PayloadBytesFor(keys);
     if (want) *want *= copies;
     if (!want || *want != payload.size()) {
