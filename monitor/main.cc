@@ -317,9 +317,9 @@ int main(int argc, char** argv) {
                  opts.min_shards, opts.min_workers);
   }
   if (opts.replicas > 0) {
-    spdlog::warn("--replicas {}: a range fails over to a backup once, with no new copy made "
-                 "for it after; see the README (Replicas) for what is and is not guaranteed",
-                 opts.replicas);
+    spdlog::info("--replicas {}: each key range is copied to {} backup(s) and fails over to one "
+                 "after --shard-lease; see the README (Replicas) for what is guaranteed",
+                 opts.replicas, opts.replicas);
   }
   while (!(*server)->done()) {
     if (stop_signal) {

@@ -439,10 +439,16 @@ bool MonitorCore::AssignReplicas() {
   auto usable = [&](size_t i) { return !shards_[i].down && !shards_[i].drained; };
   std::map<uint32_t, size_t> index;
   for (size_t i = 0; i < shards_.size(); ++i) index[shards_[i].id] = i;
+  // The shard that serves range i (itself, or after a failover its host).
+  auto primary = [&](size_t i) {
+    if (shards_[i].host == 0) return i;
+    auto it = index.find(shards_[i].host);
+    return it == index.end() ? i : it->second;
+  };
   // Ranges each shard holds or backs: new backups go to the least loaded.
   std::vector<size_t> load(shards_.size(), 0);
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (has_range(i)) ++load[i];
+    if (has_range(i)) ++load[primary(i)];
     for (uint32_t b : shards_[i].backups) {
       if (auto it = index.find(b); it != index.end()) ++load[it->second];
     }
@@ -451,13 +457,13 @@ bool MonitorCore::AssignReplicas() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     std::vector<uint32_t>& set = shards_[i].backups;
     const std::vector<uint32_t> before = set;
-    // A promoted range (served by another shard) gets no new backup yet.
-    const size_t want = has_range(i) && shards_[i].host == 0 ? options_.replicas : 0;
+    const size_t want = has_range(i) ? options_.replicas : 0;
+    const size_t p = primary(i);
     // A backup goes when it is down, drained or gone, or the range needs
     // fewer (a smaller --replicas, or the range moved away).
     std::erase_if(set, [&](uint32_t b) {
       auto it = index.find(b);
-      const bool drop = it == index.end() || it->second == i || !usable(it->second);
+      const bool drop = it == index.end() || it->second == p || !usable(it->second);
       if (drop && it != index.end()) --load[it->second];
       return drop;
     });
@@ -469,9 +475,9 @@ bool MonitorCore::AssignReplicas() {
       std::optional<size_t> best;
       std::tuple<bool, size_t, size_t> best_key{};
       for (size_t j = 0; j < shards_.size(); ++j) {
-        if (j == i || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) continue;
+        if (j == p || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) continue;
         const std::string host = HostOf(j);
-        bool shared = host == HostOf(i);
+        bool shared = host == HostOf(p);
         for (uint32_t b : set) shared = shared || host == HostOf(index.at(b));
         const std::tuple<bool, size_t, size_t> key{shared, load[j], j};
         if (!best || key < best_key) {
@@ -700,7 +706,12 @@ bool MonitorCore::FailOver() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     ShardState& s = shards_[i];
     if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || s.drained) continue;
-    if (s.host != 0 || !s.down) continue;  // served (a promoted range waits for a second copy)
+    // Its primary: the shard itself, or after a failover the one hosting it.
+    const auto host = s.host == 0 ? shards_.end()
+                                  : std::find_if(shards_.begin(), shards_.end(),
+                                                 [&](const ShardState& x) { return x.id == s.host; });
+    const bool primary_down = s.host == 0 ? s.down : (host == shards_.end() || host->down);
+    if (!primary_down) continue;
     // A live backup that reported a replica of this epoch takes over.
     for (uint32_t b : s.backups) {
       auto it = std::find_if(shards_.begin(), shards_.end(),
@@ -711,15 +722,18 @@ bool MonitorCore::FailOver() {
       s.host = b;
       s.served_at.clear();
       s.epoch = ++epoch_;
-      s.backups.clear();  // the promoted replica has no copy beside it yet
+      // The promoted replica is the primary now; AssignReplicas gives the
+      // range a new backup, seeded from it while training goes on.
+      s.backups.clear();
       s.failed_over_at = now;
       ++failovers_;
       metrics_.failovers->Increment();
       dirty_ = true;
       changed = true;
-      spdlog::warn("failover: shard {} silent for {:.2f} s (--shard-lease {:.2f} s); its keys [{}, "
-                   "{}) go to its backup, shard {}, at epoch {}",
-                   s.id, ToSeconds(now - s.last_seen), ToSeconds(options_.shard_lease),
+      const ShardState& gone = host == shards_.end() ? s : *host;
+      spdlog::warn("failover: shard {} silent for {:.2f} s (--shard-lease {:.2f} s); shard {}'s keys "
+                   "[{}, {}) go to its backup, shard {}, at epoch {}",
+                   gone.id, ToSeconds(now - gone.last_seen), ToSeconds(options_.shard_lease), s.id,
                    ranges_[i].first, ranges_[i].second, b, s.epoch);
       break;
     }
@@ -730,17 +744,6 @@ bool MonitorCore::FailOver() {
 
 void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   if (options_.replicas == 0 || !map_built_ || i >= ranges_.size()) return;
-  for (size_t j = 0; j < shards_.size(); ++j) {
-    if (shards_[j].host == shards_[i].id) {
-      msg::ShardInfo r;
-      r.id = shards_[j].id;
-      r.epoch = shards_[j].epoch;
-      r.key_begin = ranges_[j].first;
-      r.key_end = ranges_[j].second;
-      reply->promote.push_back(std::move(r));
-    }
-  }
-  if (shards_[i].host != 0) return;  // its range is served elsewhere
   const auto holds = [&](size_t j) { return ranges_[j].first != ranges_[j].second; };
   const auto info = [&](size_t j) {
     msg::ShardInfo s;
@@ -750,18 +753,39 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
     s.epoch = shards_[j].epoch;
     return s;
   };
-  if (holds(i)) {
-    reply->replica_epoch = shards_[i].epoch;
-    for (uint32_t b : shards_[i].backups) {
-      for (size_t j = 0; j < shards_.size(); ++j) {
-        if (shards_[j].id == b) reply->replica_backups.push_back(info(j));
+  const auto add_backups = [&](const std::vector<uint32_t>& ids, std::vector<msg::ShardInfo>* to) {
+    for (uint32_t b : ids) {
+      for (size_t k = 0; k < shards_.size(); ++k) {
+        if (shards_[k].id == b) to->push_back(info(k));
       }
     }
-  }
+  };
+  // The ranges it serves since a failover, with their backups.
   for (size_t j = 0; j < shards_.size(); ++j) {
-    if (j == i || !holds(j) || shards_[j].host != 0) continue;
+    if (shards_[j].host != shards_[i].id || !holds(j)) continue;
+    msg::ShardInfo r;
+    r.id = shards_[j].id;
+    r.epoch = shards_[j].epoch;
+    r.key_begin = ranges_[j].first;
+    r.key_end = ranges_[j].second;
+    r.backups = shards_[j].backups;
+    reply->promote.push_back(std::move(r));
+    add_backups(shards_[j].backups, &reply->promote_backups);
+  }
+  // Its own range, unless that is served elsewhere now.
+  if (holds(i) && shards_[i].host == 0) {
+    reply->replica_epoch = shards_[i].epoch;
+    add_backups(shards_[i].backups, &reply->replica_backups);
+  }
+  // The ranges it backs up, each with its primary's key.
+  for (size_t j = 0; j < shards_.size(); ++j) {
+    if (j == i || !holds(j)) continue;
     const auto& b = shards_[j].backups;
-    if (std::find(b.begin(), b.end(), shards_[i].id) != b.end()) reply->backing.push_back(info(j));
+    if (std::find(b.begin(), b.end(), shards_[i].id) != b.end()) {
+      msg::ShardInfo r = info(j);
+      r.public_key = shard_key(j);  // after a failover, the host's
+      reply->backing.push_back(std::move(r));
+    }
   }
 }
 

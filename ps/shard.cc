@@ -471,6 +471,11 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   updates_applied_ = s.updates_applied;
   metrics_.model_updates->Set(static_cast<double>(updates_applied_));
   restored_marks_ = s.workers;
+  // Its dedup state goes with the seed of a backup (a promoted replica's
+  // new backup must not apply a retried push again).
+  for (const auto& [worker, mark] : s.workers) {
+    if (mark.seq > 0) applied_marks_[worker] = std::max(applied_marks_[worker], mark.seq);
+  }
   map_version_ = s.map_version;
   restored_ = true;
   initialized_ = true;
@@ -1100,11 +1105,6 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
     }
   }
   metrics_.parked->Set(static_cast<double>(parked_.size()));
-  // Replication: asp's batch once it waited long enough, and seeds due.
-  if (now >= repl_first_ + kReplicaBatchDelay) FlushReplication(out);
-  for (auto& [id, link] : backups_) {
-    if (!link.seeded && initialized_ && now >= link.retry_at) SendSeed(id, out);
-  }
 }
 
 void ShardCore::Tick(std::vector<Outgoing>* out) {
@@ -1149,7 +1149,9 @@ void ShardCore::Tick(std::vector<Outgoing>* out) {
   }
   metrics_.parked->Set(static_cast<double>(parked_.size()));
   // Replication: asp's batch once it waited long enough, and seeds due.
-  if (now >= repl_first_ + kReplicaBatchDelay) FlushReplication(out);
+  if (repl_first_ != TimePoint::max() && now - repl_first_ >= kReplicaBatchDelay) {
+    FlushReplication(out);
+  }
   for (auto& [id, link] : backups_) {
     if (!link.seeded && initialized_ && now >= link.retry_at) SendSeed(id, out);
   }

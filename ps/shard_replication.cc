@@ -216,7 +216,8 @@ void ShardCore::SendSeed(uint32_t backup, std::vector<Outgoing>* out) {
   auto link = backups_.find(backup);
   if (link == backups_.end() || !initialized_) return;
   FlushReplication(out);  // the seed stands for the state after the last record
-  auto slice = std::make_shared<TableSlice>(table_->Extract(0, std::numeric_limits<uint64_t>::max()));
+  auto slice =
+      std::make_shared<TableSlice>(table_->Extract(0, std::numeric_limits<uint64_t>::max()));
   msg::Replicate rec;
   rec.range = shard_id_;
   rec.epoch = repl_epoch_;

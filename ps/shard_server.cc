@@ -197,6 +197,7 @@ void ShardServer::HeartbeatLoop() {
   const Clock* clock = transport_->clock();
   RuntimeFaults runtime_faults(options_.faults);
   ReplicaConfig last_replication;  // the last set heard of
+  PromoteConfig last_promote;      // the last ranges to serve heard of
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     msg::Heartbeat hb;
@@ -215,9 +216,21 @@ void ShardServer::HeartbeatLoop() {
       // when it arrived, ends later.
       lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-      if (!r.promote.empty()) {
+      PromoteConfig promote{r.promote, r.promote_backups};
+      const auto same_infos = [](const std::vector<msg::ShardInfo>& a,
+                                 const std::vector<msg::ShardInfo>& b) {
+        return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                          [](const msg::ShardInfo& x, const msg::ShardInfo& y) {
+                            return x.id == y.id && x.address == y.address &&
+                                   x.public_key == y.public_key && x.epoch == y.epoch &&
+                                   x.backups == y.backups;
+                          });
+      };
+      if (!promote.ranges.empty() && (!same_infos(promote.ranges, last_promote.ranges) ||
+                                      !same_infos(promote.backups, last_promote.backups))) {
+        last_promote = promote;
         std::lock_guard<std::mutex> lock(lr_mu_);
-        pending_promote_ = r.promote;
+        pending_promote_ = std::move(promote);
       }
       if (r.state == wire::JobState::Stopped) {
         spdlog::info("shard {}: job stopped", id_);
@@ -240,7 +253,8 @@ void ShardServer::HeartbeatLoop() {
                                    x.public_key == y.public_key && x.epoch == y.epoch;
                           });
       };
-      if (config.epoch != last_replication.epoch || !same(config.backups, last_replication.backups) ||
+      if (config.epoch != last_replication.epoch ||
+          !same(config.backups, last_replication.backups) ||
           !same(config.backing, last_replication.backing)) {
         last_replication = config;
         std::lock_guard<std::mutex> lock(lr_mu_);
@@ -275,36 +289,63 @@ std::string ShardServer::NotReadyReason() const {
   return "";
 }
 
-void ShardServer::ApplyReplication(const ReplicaConfig& config,
-                                   std::vector<ShardCore::Outgoing>* out) {
-  std::map<uint32_t, BackupSocket> sockets;
-  std::vector<uint32_t> backups;
-  for (const msg::ShardInfo& b : config.backups) {
-    auto it = backup_sockets_.find(b.id);
-    if (it != backup_sockets_.end() && it->second.address == b.address) {
-      sockets[b.id] = std::move(it->second);
+std::vector<uint32_t> ShardServer::ConnectBackups(const std::vector<msg::ShardInfo>& infos,
+                                                 const std::vector<uint32_t>& ids,
+                                                 std::map<uint32_t, BackupSocket>* sockets) {
+  std::map<uint32_t, BackupSocket> kept;
+  std::vector<uint32_t> connected;
+  for (uint32_t id : ids) {
+    auto b = std::find_if(infos.begin(), infos.end(),
+                          [&](const msg::ShardInfo& x) { return x.id == id; });
+    if (b == infos.end()) continue;
+    auto it = sockets->find(b->id);
+    if (it != sockets->end() && it->second.address == b->address) {
+      kept[b->id] = std::move(it->second);
     } else {
       // Under CURVE the backup is authenticated by its server key, and
       // knows this shard by its own (the sender-key binding).
-      if (!b.public_key.empty()) transport_->SetServerKey(b.address, b.public_key);
-      auto socket = transport_->Connect(b.address);
+      if (!b->public_key.empty()) transport_->SetServerKey(b->address, b->public_key);
+      auto socket = transport_->Connect(b->address);
       if (!socket.ok()) {
-        spdlog::warn("shard {}: cannot connect to backup {} at {}: {}", id_, b.id, b.address,
+        spdlog::warn("shard {}: cannot connect to backup {} at {}: {}", id_, b->id, b->address,
                      ErrorText(socket.status()));
         continue;
       }
-      sockets[b.id] = {b.address, std::move(*socket)};
+      kept[b->id] = {b->address, std::move(*socket)};
     }
-    backups.push_back(b.id);
+    connected.push_back(b->id);
   }
-  backup_sockets_ = std::move(sockets);
+  *sockets = std::move(kept);
+  return connected;
+}
+
+void ShardServer::ApplyReplication(const ReplicaConfig& config,
+                                   std::vector<ShardCore::Outgoing>* out) {
+  std::vector<uint32_t> ids;
+  for (const msg::ShardInfo& b : config.backups) ids.push_back(b.id);
+  std::vector<uint32_t> backups = ConnectBackups(config.backups, ids, &backup_sockets_);
   std::map<uint32_t, ShardCore::BackedRange> backing;
   for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
   core_->SetBacking(std::move(backing));
   core_->SetReplicaSet(config.epoch, std::move(backups), out);
 }
 
-void ShardServer::Promote(const std::vector<msg::ShardInfo>& ranges) {
+void ShardServer::Send(ShardCore::Outgoing& o, Socket* router,
+                       std::map<uint32_t, BackupSocket>& backups) {
+  if (o.to_shard != 0) {
+    auto b = backups.find(o.to_shard);
+    if (b == backups.end()) return;
+    absl::Status st = b->second.socket->Send(std::move(o.frames));
+    if (!st.ok()) SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
+    return;
+  }
+  o.frames.insert(o.frames.begin(), o.peer);
+  absl::Status st = router->Send(std::move(o.frames));
+  if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
+}
+
+void ShardServer::Promote(const PromoteConfig& config) {
+  const std::vector<msg::ShardInfo>& ranges = config.ranges;
   for (const msg::ShardInfo& r : ranges) {
     if (std::any_of(hosted_.begin(), hosted_.end(),
                     [&](const Hosted& h) { return h.range == r.id && h.epoch == r.epoch; })) {
@@ -312,7 +353,8 @@ void ShardServer::Promote(const std::vector<msg::ShardInfo>& ranges) {
     }
     std::optional<ShardSnapshot> snapshot = core_->ReplicaSnapshot(r.id);
     if (!snapshot) {
-      spdlog::error("shard {}: told to serve shard {}'s range (epoch {}) but holds no replica of it",
+      spdlog::error("shard {}: told to serve shard {}'s range (epoch {}) but holds no replica "
+                    "of it",
                     id_, r.id, r.epoch);
       continue;
     }
@@ -357,6 +399,17 @@ void ShardServer::Promote(const std::vector<msg::ShardInfo>& ranges) {
     hosted_.push_back(std::move(h));
     heartbeat_now_ = true;
   }
+  // Each served range's backups: connected, and a seed for each new one.
+  std::vector<ShardCore::Outgoing> out;
+  for (const msg::ShardInfo& r : ranges) {
+    for (Hosted& h : hosted_) {
+      if (h.range != r.id || h.epoch != r.epoch) continue;
+      std::vector<uint32_t> backups = ConnectBackups(config.backups, r.backups, &h.backups);
+      h.core->SetReplicaSet(r.epoch, std::move(backups), &out);
+      for (auto& o : out) Send(o, h.router.get(), h.backups);
+      out.clear();
+    }
+  }
 }
 
 void ShardServer::UpdateReports() {
@@ -388,25 +441,13 @@ void ShardServer::Run() {
   struct Source {
     Socket* socket;
     ShardCore* core;
-    Socket* reply_to;  // the ROUTER its replies go out on
+    Hosted* hosted;    // the range served since a promotion (null: this shard's own)
     bool dealer;       // a connection to a backup: no routing id
   };
   std::vector<Source> sources;
   std::vector<Socket*> sockets;
   TimePoint next_report{};
   bool fenced = false;
-  const auto send = [&](ShardCore::Outgoing& o, Socket* router) {
-    if (o.to_shard != 0) {
-      auto b = backup_sockets_.find(o.to_shard);
-      if (b == backup_sockets_.end()) return;
-      absl::Status st = b->second.socket->Send(std::move(o.frames));
-      if (!st.ok()) SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
-      return;
-    }
-    o.frames.insert(o.frames.begin(), o.peer);
-    absl::Status st = router->Send(std::move(o.frames));
-    if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
-  };
   while (!shutdown_ && !job_stopped_) {
     TimePoint deadline =
         std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
@@ -436,6 +477,7 @@ void ShardServer::Run() {
     if (expired != fenced) {
       fenced = expired;
       core_->SetFenced(fenced);
+      for (Hosted& h : hosted_) h.core->SetFenced(fenced);
       if (fenced && core_->replicated()) {
         spdlog::warn("shard {}: no word from the monitor for its shard lease ({:.2f} s): stops "
                      "answering pushes and pulls until it hears again",
@@ -454,11 +496,14 @@ void ShardServer::Run() {
       }
       if (*got) core_->Handle(std::move(frames), &out);
     } else {
-      sources.assign(1, {router_.get(), core_.get(), router_.get(), false});
+      sources.assign(1, {router_.get(), core_.get(), nullptr, false});
       for (auto& [shard, b] : backup_sockets_) {
-        sources.push_back({b.socket.get(), core_.get(), router_.get(), true});
+        sources.push_back({b.socket.get(), core_.get(), nullptr, true});
       }
-      for (Hosted& h : hosted_) sources.push_back({h.router.get(), h.core.get(), h.router.get(), false});
+      for (Hosted& h : hosted_) {
+        sources.push_back({h.router.get(), h.core.get(), &h, false});
+        for (auto& [shard, b] : h.backups) sources.push_back({b.socket.get(), h.core.get(), &h, true});
+      }
       sockets.clear();
       for (const Source& src : sources) sockets.push_back(src.socket);
       auto ready = transport_->Poll(sockets, deadline);
@@ -477,17 +522,17 @@ void ShardServer::Run() {
           core_->Handle(std::move(frames), &out);
         } else {
           src.core->Handle(std::move(frames), &hosted_out);
-          for (auto& o : hosted_out) send(o, src.reply_to);
+          for (auto& o : hosted_out) Send(o, src.hosted->router.get(), src.hosted->backups);
           hosted_out.clear();
         }
       }
     }
     core_->Tick(&out);
-    for (auto& o : out) send(o, router_.get());
+    for (auto& o : out) Send(o, router_.get(), backup_sockets_);
     out.clear();
     for (Hosted& h : hosted_) {
       h.core->Tick(&out);
-      for (auto& o : out) send(o, h.router.get());
+      for (auto& o : out) Send(o, h.router.get(), h.backups);
       out.clear();
       if (h.core->stop_requested() && !h.stopped) {
         h.stopped = true;

@@ -173,10 +173,27 @@ class ShardServer {
     std::unique_ptr<Socket> router;
     std::string address;  // as advertised
     bool stopped = false;
+    std::map<uint32_t, BackupSocket> backups;  // its range's backups
+  };
+  // The list from the last heartbeat reply that changed it: the ranges to
+  // serve (each with its backups' ids) and those backups.
+  struct PromoteConfig {
+    std::vector<msg::ShardInfo> ranges;
+    std::vector<msg::ShardInfo> backups;
   };
   std::vector<Hosted> hosted_;  // serving thread
-  std::optional<std::vector<msg::ShardInfo>> pending_promote_;  // guarded by lr_mu_
-  void Promote(const std::vector<msg::ShardInfo>& ranges);
+  std::optional<PromoteConfig> pending_promote_;  // guarded by lr_mu_
+  // Serves the ranges new to the list from their replicas, and sets every
+  // served range's backups.
+  void Promote(const PromoteConfig& config);
+  // Connects to the backups named by `ids` (addresses and keys from
+  // `infos`), keeping connections that stay; returns the ids connected.
+  std::vector<uint32_t> ConnectBackups(const std::vector<msg::ShardInfo>& infos,
+                                       const std::vector<uint32_t>& ids,
+                                       std::map<uint32_t, BackupSocket>* sockets);
+  // One of a core's outgoing messages: a reply on `router`, or a record to
+  // one of `backups`.
+  void Send(ShardCore::Outgoing& o, Socket* router, std::map<uint32_t, BackupSocket>& backups);
   // What the heartbeats report (replicas held, ranges served), guarded by
   // lr_mu_, refreshed by the serving thread.
   void UpdateReports();

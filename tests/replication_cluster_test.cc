@@ -7,7 +7,11 @@
 // range, and not one acknowledged push is lost.
 #include <signal.h>
 
+#include <chrono>
+#include <ctime>
+#include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -17,6 +21,23 @@ namespace pacer::test {
 namespace {
 
 using std::chrono::seconds;
+
+// The local time of day in seconds, as the processes' log lines give it
+// ("2026-12-04T20:53:22.939 ...": spdlog's local time).
+double LocalSecondsOfDay(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  localtime_r(&tt, &tm);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()) % 1000;
+  return tm.tm_hour * 3600.0 + tm.tm_min * 60.0 + tm.tm_sec +
+         static_cast<double>(ms.count()) / 1000;
+}
+double LogSecondsOfDay(const std::string& stamp) {
+  // YYYY-MM-DDTHH:MM:SS.mmm
+  return std::stod(stamp.substr(11, 2)) * 3600 + std::stod(stamp.substr(14, 2)) * 60 +
+         std::stod(stamp.substr(17));
+}
 
 struct ShardReplication {
   uint64_t epoch = 0, records = 0, durable = 0, checks = 0, mismatches = 0;
@@ -119,6 +140,7 @@ void KillAPrimary(const std::string& mode) {
   }
   ASSERT_GE(applied(0), 40) << c.Logs();
   ASSERT_EQ(replicas(), 3) << c.Logs();
+  const double killed_at = LocalSecondsOfDay(std::chrono::system_clock::now());
   c.shards[0]->Signal(SIGKILL);
   ASSERT_TRUE(c.shards[0]->Wait(seconds(5)).has_value());
   ASSERT_TRUE(c.monitor->Wait(seconds(120)).has_value()) << c.Logs();
@@ -141,6 +163,85 @@ void KillAPrimary(const std::string& mode) {
     }
   }
   EXPECT_EQ(promoted, 1u) << c.Logs();
+  // How long the range was out: from the kill to the first push a worker
+  // sent the new owner again (logged with the time of day, as the kill).
+  std::optional<double> resent;
+  for (auto& w : c.workers) {
+    auto rc = w->Wait(seconds(20));
+    ASSERT_TRUE(rc.has_value());
+    EXPECT_EQ(*rc, 0) << w->Stderr();
+    const std::string werr = w->Stderr();
+    const std::regex line(
+        "([0-9-]+T[0-9:.]+) info \\[worker\\] sending [0-9]+ push\\(es\\) not yet durable");
+    for (std::sregex_iterator it(werr.begin(), werr.end(), line), end; it != end; ++it) {
+      const double t = LogSecondsOfDay((*it)[1]);
+      if (!resent || t < *resent) resent = t;
+    }
+  }
+  if (resent) {
+    std::cout << mode << ": from the kill to the first push sent again to the new owner: "
+              << *resent - killed_at << " s\n";
+    ::testing::Test::RecordProperty("kill_to_resend_ms",
+                                    static_cast<int>((*resent - killed_at) * 1000));
+  }
+}
+
+// After a failover the promoted range gets a new backup, seeded while
+// training goes on; then the shard serving it dies too, and the third
+// shard serves every range, still with no acknowledged push lost.
+TEST(ReplicationClusterTest, ASecondFailoverAfterTheNewBackupIsSeeded) {
+  ClusterSpec spec;
+  spec.shards = 3;
+  spec.workers = 2;
+  spec.monitor_flags = {"--mode", "bsp", "--replicas", "1", "--shard-lease", "1",
+                        "--global-batch", "128", "--time-cap", "15", "--eval-interval", "1",
+                        "--seed", "7"};
+  spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  auto replicas = [&](size_t shard) {
+    return MetricValue(FetchMetrics(c.shard_metrics[shard]), "pacer_shard_replicas").value_or(0);
+  };
+  auto wait_for = [&](auto done, seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] { return replicas(0) + replicas(1) + replicas(2) == 3; }, seconds(30)))
+      << c.Logs();
+  c.shards[0]->Signal(SIGKILL);
+  ASSERT_TRUE(c.shards[0]->Wait(seconds(5)).has_value());
+  // The two left hold three replicas again: the promoted range's new one.
+  ASSERT_TRUE(wait_for([&] { return replicas(1) + replicas(2) == 3; }, seconds(20))) << c.Logs();
+  const size_t second = replicas(1) == 1 ? 1 : 2;  // the one that backs up a single range
+  const size_t last = 3 - second;
+  c.shards[second]->Signal(SIGKILL);
+  ASSERT_TRUE(c.shards[second]->Wait(seconds(5)).has_value());
+  ASSERT_TRUE(c.monitor->Wait(seconds(60)).has_value()) << c.Logs();
+  const std::string err = c.monitor->Stderr();
+  size_t failovers = 0;
+  for (size_t at = err.find("failover: shard"); at != std::string::npos;
+       at = err.find("failover: shard", at + 1)) {
+    ++failovers;
+  }
+  EXPECT_EQ(failovers, 3u) << c.Logs();  // one range, then the two the second shard served
+  ASSERT_TRUE(c.shards[last]->Wait(seconds(20)).has_value()) << c.Logs();
+  const std::string serr = c.shards[last]->Stderr();
+  const std::regex served("served shard ([0-9]+)'s range since its promotion \\(epoch [0-9]+\\): "
+                          "steps ([0-9]+), applied through clock (-?[0-9]+), updates applied "
+                          "([0-9]+); ([0-9]+) acknowledged push\\(es\\) lost");
+  size_t promoted = 0;
+  for (std::sregex_iterator it(serr.begin(), serr.end(), served), end; it != end; ++it) {
+    ++promoted;
+    EXPECT_EQ(std::stol((*it)[5]), 0) << c.Logs();
+  }
+  EXPECT_EQ(promoted, 2u) << c.Logs();
+  std::smatch m;
+  const std::string out = c.monitor->Stdout();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("final test accuracy: ([0-9.]+)"))) << c.Logs();
+  EXPECT_GE(std::stod(m[1]), 0.75) << c.Logs();
   for (auto& w : c.workers) {
     auto rc = w->Wait(seconds(20));
     ASSERT_TRUE(rc.has_value());

@@ -1715,6 +1715,30 @@ TEST_F(ReplicationTest, RecordsOfALowerEpochOrOfARangeNotBackedUpAreRefused) {
   EXPECT_EQ(backup_->rejected(wire::ErrorCode::NotReady), 1.0);
 }
 
+// A shard restored from a snapshot (a checkpoint, or a promoted replica)
+// seeds a new backup with its dedup state, so that a push retried after
+// the next failover is not applied twice there.
+TEST_F(ReplicationTest, ARestoredShardSeedsItsBackupWithItsDedupMarks) {
+  Start(wire::Mode::Bsp);
+  for (uint64_t c = 0; c < 2; ++c) {
+    PushSeq(kWorkerA, c, 1, Grad(c, kWorkerA), c + 1);
+    PushSeq(kWorkerB, c, 3, Grad(c, kWorkerB), c + 1);
+  }
+  const ShardSnapshot snap = shard_->Snapshot();
+  shard_ = std::make_unique<ShardCore>(ShardOptions{}, &clock_);
+  shard_->Configure(job_, kShardId);
+  ASSERT_TRUE(shard_->Restore(snap).ok());
+  backup_ = std::make_unique<ShardCore>(ShardOptions{}, &clock_);
+  backup_->Configure(job_, kBackupId);
+  backup_->SetBacking({{kShardId, {1, ""}}});
+  std::vector<ShardCore::Outgoing> out;
+  shard_->SetReplicaSet(1, {kBackupId}, &out);
+  Route(std::move(out));
+  const std::map<uint32_t, uint64_t> marks = {{kWorkerA, 2}, {kWorkerB, 2}};
+  EXPECT_EQ(backup_->replica_marks(kShardId), marks);
+  ExpectSameAsPrimary();
+}
+
 TEST_F(ReplicationTest, AReplicaThatDivergesIsReportedByTheBlockCheck) {
   // A backup whose job has another momentum (a misconfiguration) applies
   // the same records to other effect: the CRC of the checked block differs.

@@ -347,11 +347,14 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
   auto backing = backing_infos.empty() ? 0 : fbb.CreateVector(backing_infos);
   auto promote_infos = BuildShardInfos(fbb, m.promote);
   auto promote = promote_infos.empty() ? 0 : fbb.CreateVector(promote_infos);
+  auto promote_backups_infos = BuildShardInfos(fbb, m.promote_backups);
+  auto promote_backups =
+      promote_backups_infos.empty() ? 0 : fbb.CreateVector(promote_backups_infos);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
-                                    backing, promote);
+                                    backing, promote, promote_backups);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -374,6 +377,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.replica_backups = ShardInfosOf(t.replica_backups());
   m.backing = ShardInfosOf(t.backing());
   m.promote = ShardInfosOf(t.promote());
+  m.promote_backups = ShardInfosOf(t.promote_backups());
   return m;
 }
 

@@ -194,8 +194,10 @@ struct HeartbeatReply {
   uint64_t replica_epoch = 0;
   std::vector<ShardInfo> replica_backups;
   std::vector<ShardInfo> backing;
-  // To a backup: serve these ranges (id: the range; epoch: its new one).
+  // To a backup: serve these ranges (id: the range; epoch: its new one;
+  // backups: theirs, whose addresses and keys promote_backups gives).
   std::vector<ShardInfo> promote;
+  std::vector<ShardInfo> promote_backups;
 };
 
 // --- the monitor to the shards
