@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/base/messages.h"
 #include "ps/table.h"
 
 namespace rocksdb {
@@ -65,6 +66,11 @@ struct ShardSnapshot {
   // these (no copy on the shard's thread).
   TableSnapshot table;
   std::map<uint32_t, WorkerMark> workers;
+  // The range's ledger (ShardCore::ledger()): what a replica hands to the
+  // core it is promoted to. Not stored in checkpoints: a shard restored from
+  // one keeps a ledger from its restore on.
+  std::vector<msg::SeqSpan> ledger;
+  uint64_t ledger_doubles = 0;
   // Read from a format-2 checkpoint (migrated; not stored).
   bool migrated = false;
   // Compares the values, not the buffers' addresses.

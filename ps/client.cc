@@ -394,7 +394,11 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
       continue;
     }
     if (owner->address != it->second.address && !it->second.pushes.empty()) {
-      it->second.resend = true;
+      if (options_.resend_held) {
+        it->second.resend = true;
+      } else {
+        it->second.pushes.clear();  // --unsafe-disable resend-held
+      }
     }
     // A range that lost its backups (a failover) keeps what it holds: the
     // new owner says when it is durable (at once with no backup).
@@ -415,6 +419,14 @@ size_t PsClient::held_values() const {
     for (const HeldPush& p : r.pushes) n += p.values ? p.values->size() : 0;
   }
   return n;
+}
+
+uint64_t PsClient::durable_through() const {
+  uint64_t through = push_seq_;
+  for (const auto& [begin, r] : held_) {
+    if (!r.pushes.empty()) through = std::min(through, r.pushes.front().seq - 1);
+  }
+  return through;
 }
 
 void PsClient::Durable(size_t shard, uint64_t seq) {
@@ -656,6 +668,11 @@ absl::StatusOr<int64_t> PsClient::Pull(uint64_t clock, bool latest) {
 }
 
 absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
+  // After a failover the kept pushes go before the pull too: a pull that
+  // reached the range's new owner first would tell it this worker had
+  // passed the clock of a push it has not got yet, and the clock would
+  // close without it (regression: replica-kill-open-clock).
+  if (absl::Status s = ResendHeld(); !s.ok()) return s;
   pull_applied_ = std::numeric_limits<int64_t>::max();
   pull_steps_ = std::numeric_limits<uint64_t>::max();
   last_wait_seconds_ = 0;

@@ -72,6 +72,10 @@ struct ClientOptions {
   // this worker yet) is asked again after this long, doubling up to
   // resend_after, until request_timeout.
   Duration retry_backoff = std::chrono::milliseconds(50);
+  // Pushes kept until durable go again to a range's new owner. false only
+  // to show a chaos invariant failing (pacer-worker --unsafe-disable
+  // resend-held): they are dropped instead.
+  bool resend_held = true;
   // When set and above the client's map version, a waiting request gives up
   // (Aborted, "shard map changed") within ~50 ms, so that the caller can
   // SetMap and retry.
@@ -178,6 +182,10 @@ class PsClient {
   size_t held_values() const;
   // Pushes sent again to a new owner so far.
   uint64_t resent_pushes() const { return resent_pushes_; }
+  // Every acknowledged push through this seq is durable on every range: a
+  // range without backups holds it once it is acknowledged, one with
+  // backups once a reply said so (0: none yet).
+  uint64_t durable_through() const;
 
  private:
   PsClient() = default;

@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
                  "Directory for this shard's checkpoints (RocksDB, in DIR/checkpoint; created if "
                  "missing). A shard restarted with the same directory reloads its latest snapshot "
                  "and takes its key range back. Empty: no checkpoints");
+  app.add_option("--ledger", opts.ledger,
+                 "When the shard leaves, write to this file each range it serves or backs up "
+                 "(role, epoch, last record, a CRC-32 of its parameters and optimizer state) with "
+                 "every (worker, push seq) it applied: for audits such as pacer-chaos's");
   app.add_option("--checkpoint-interval", checkpoint_interval_s,
                  "Seconds between checkpoints (0: only by --checkpoint-updates and at exit)")
       ->capture_default_str()->check(pacer::NonNegative());
@@ -84,7 +88,10 @@ int main(int argc, char** argv) {
       {{"dedup", "a duplicate or retried push is applied again"},
        {"crc-check", "what arrives is not checked (the XXH3 message checks), so corrupted gradients are applied"},
        {"checkpoints", "no checkpoint after the first on time or count, so a crash loses "
-                       "everything acknowledged since"}});
+                       "everything acknowledged since"},
+       {"durable-wait", "with backups, a push is called durable as soon as it is applied, "
+                        "before any backup holds it, so a primary's death loses pushes workers "
+                        "were told are durable"}});
   std::string* lvl = &log_level;
   pacer::AddLogLevelFlag(app, lvl);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
   pacer::TuneAllocatorForLargeBuffers();
   opts.shard.dedup = !unsafe.Off("dedup");
   opts.shard.verify_crc = !unsafe.Off("crc-check");
+  opts.shard.wait_durable = !unsafe.Off("durable-wait");
   opts.periodic_checkpoints = !unsafe.Off("checkpoints");
   opts.shard.apply_updates = !no_apply;
   opts.shard.check_crc = !no_crc;

@@ -72,6 +72,12 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                           " has not heard from the monitor for its shard lease",
                       out);
   }
+  if (leaving_ && d.type() == wire::Body::Push) {
+    // Its last record went to its backups (Leave): what it applied now
+    // would be in the primary and in no backup.
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                      "shard " + std::to_string(shard_id_) + " is leaving", out);
+  }
   switch (d.type()) {
     case wire::Body::DeclareModel: return OnDeclare(peer, d, out);
     case wire::Body::Membership: return OnMembership(peer, d, out);
@@ -441,6 +447,8 @@ ShardSnapshot ShardCore::Snapshot() const {
   // Restored workers the monitor has not named again yet keep their marks:
   // a checkpoint taken before the membership arrives must not lose them.
   for (const auto& [id, mark] : restored_marks_) s.workers.emplace(id, mark);
+  s.ledger = ledger_.Spans();  // applied pushes only: those of open clocks are not in it
+  s.ledger_doubles = ledger_.doubles();
   // Pushes waiting in open clocks are not in the parameters: a worker's
   // mark is the push before its first one still open.
   for (const auto& [clock, oc] : open_) {
@@ -476,6 +484,7 @@ absl::Status ShardCore::Restore(const ShardSnapshot& s) {
   for (const auto& [worker, mark] : s.workers) {
     if (mark.seq > 0) applied_marks_[worker] = std::max(applied_marks_[worker], mark.seq);
   }
+  ledger_.Assign(s.ledger, s.ledger_doubles);
   map_version_ = s.map_version;
   restored_ = true;
   initialized_ = true;
@@ -1033,6 +1042,7 @@ void ShardCore::AnswerStatePull(const Frame& peer, const Envelope& to,
 }
 
 void ShardCore::Advance(std::vector<Outgoing>* out) {
+  if (leaving_) return;  // no step after the last record (Leave)
   if (job_.mode != wire::Mode::Asp) {
     // Backup mode closes a clock once all but k live workers pushed it.
     const size_t k = job_.mode == wire::Mode::Backup ? job_.backup_workers : 0;
@@ -1082,7 +1092,6 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
         }
       }
       for (const auto& [worker, seq] : oc.seqs) NoteApplied(worker, seq);
-      FlushReplication(out);  // one record per step, after aggregation
       if (oc.pushed.size() != from_live) {
         ++incomplete_steps_;  // includes pushes from workers that have since left
         metrics_.incomplete->Increment();
@@ -1091,6 +1100,9 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       metrics_.steps->Increment();
       applied_clock_ = static_cast<int64_t>(it->first);
       metrics_.clock->Set(static_cast<double>(applied_clock_));
+      // One record per step, after aggregation, with the clock and step
+      // count it leaves (a promoted replica resumes from them).
+      FlushReplication(out);
       if (!oc.acc.empty()) spare_acc_.push_back(std::move(oc.acc));
       open_.erase(it);
     }

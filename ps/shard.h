@@ -25,6 +25,7 @@
 #include "ps/table.h"
 #include "ps/base/messages.h"
 #include "ps/base/server_core.h"
+#include "ps/applied_ledger.h"
 #include "ps/shard_metrics.h"
 #include "ps/base/wire.h"
 
@@ -44,6 +45,11 @@ struct ShardOptions {
   // invariant failing (--unsafe-disable dedup): a duplicate or retried push
   // is applied again.
   bool dedup = true;
+  // With backups, a push is durable once every backup holds it. false only
+  // to show a chaos invariant failing (--unsafe-disable durable-wait): a
+  // push is called durable as soon as it is applied, so a primary's death
+  // loses pushes the workers were told are durable.
+  bool wait_durable = true;
   // Apply pushes to the parameters. false only for transport benchmarks:
   // pushes are accepted, verified and acknowledged, and nothing changes.
   bool apply_updates = true;
@@ -212,6 +218,29 @@ class ShardCore {
   // pushes, pulls and inits NotReady.
   void SetFenced(bool fenced) { fenced_ = fenced; }
   bool replicated() const { return !backups_.empty(); }
+  // The shard is leaving (its job stopped, or SIGTERM). With backups: the
+  // steps not yet in a record go out in one marked last, which tells each
+  // backup that nothing follows, and from then on the core applies no step
+  // (pushes are answered NotReady; pulls are still answered), so that the
+  // primary and its backups leave with the same state.
+  void Leave(std::vector<Outgoing>* out);
+  // Every replica held got its primary's last record.
+  bool replicas_final() const;
+
+  // The ledger: every (worker, seq) this range applied, kept by the
+  // primary and by each replica (records carry them; seeds carry the
+  // whole ledger), and the range's state as one CRC-32 (parameters, then
+  // each state slot) to compare a replica with its primary.
+  const AppliedLedger& ledger() const { return ledger_; }
+  uint32_t state_crc() const;
+  struct ReplicaView {
+    uint64_t epoch = 0, record = 0;
+    bool last = false;  // its primary's last record came
+    uint32_t crc = 0;
+    const AppliedLedger* ledger = nullptr;
+  };
+  // The replicas held, by range.
+  std::map<uint32_t, ReplicaView> replica_views() const;
   uint64_t replica_checks() const { return replica_checks_; }
   uint64_t replica_mismatches() const { return replica_mismatches_; }
   // Records made in asp hold the steps of this many pushes at most, and
@@ -382,6 +411,9 @@ class ShardCore {
   void ReplicateStep(const StepRecord& step, std::shared_ptr<std::vector<float>> lent);
   void NoteApplied(uint32_t worker, uint64_t seq);
   void FlushReplication(std::vector<Outgoing>* out);
+  // The next record, of what was applied since the last (FlushReplication,
+  // Leave).
+  void SendRecord(bool last, std::vector<Outgoing>* out);
   void SendSeed(uint32_t backup, std::vector<Outgoing>* out);
   // After an acknowledgement or a change of the set: what is durable now.
   void UpdateDurable();
@@ -476,6 +508,8 @@ class ShardCore {
   TimePoint repl_first_ = TimePoint::max();    // the oldest step not in a record
   std::deque<UnackedRecord> unacked_;
   std::map<uint32_t, uint64_t> durable_;       // worker -> durable through seq
+  AppliedLedger ledger_;                       // every push applied
+  std::vector<std::pair<uint32_t, uint64_t>> repl_applied_;  // applied since the last record
   uint64_t check_cursor_ = 0;                  // first key of the next check window
   std::vector<std::shared_ptr<std::vector<float>>> lent_acc_;  // accumulators in records
 
@@ -487,12 +521,15 @@ class ShardCore {
     int64_t applied_clock = -1;
     uint64_t steps = 0;
     std::map<uint32_t, uint64_t> marks;
+    AppliedLedger ledger;
+    bool last = false;  // the primary's last record came
   };
   std::map<uint32_t, BackedRange> backing_;
   std::map<uint32_t, Replica> replicas_;
   uint64_t replica_checks_ = 0;
   uint64_t replica_mismatches_ = 0;
   bool fenced_ = false;  // SetFenced
+  bool leaving_ = false;  // Leave
 };
 
 }  // namespace pacer

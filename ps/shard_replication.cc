@@ -53,6 +53,7 @@ void ShardCore::SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups,
     repl_values_.clear();
     repl_lent_.reset();
     repl_marks_.clear();
+    repl_applied_.clear();
     repl_first_ = TimePoint::max();
     unacked_.clear();
   }
@@ -116,10 +117,15 @@ std::map<uint32_t, uint64_t> ShardCore::replica_marks(uint32_t range) const {
 
 void ShardCore::NoteApplied(uint32_t worker, uint64_t seq) {
   if (seq == 0) return;
+  ledger_.Add(worker, seq);
+  if (!backups_.empty()) {
+    repl_applied_.emplace_back(worker, seq);
+    repl_first_ = std::min(repl_first_, clock_->Now());
+  }
   uint64_t& mark = applied_marks_[worker];
   if (seq <= mark) return;
   mark = seq;
-  if (backups_.empty()) {
+  if (backups_.empty() || !options_.wait_durable) {
     durable_[worker] = seq;  // nothing to wait for (--replicas 0, or no backup left)
     return;
   }
@@ -176,13 +182,48 @@ std::pair<uint64_t, uint64_t> ShardCore::NextCheckWindow() {
 }
 
 void ShardCore::FlushReplication(std::vector<Outgoing>* out) {
-  if (backups_.empty() || (repl_steps_.empty() && repl_marks_.empty())) return;
+  if (backups_.empty() || (repl_steps_.empty() && repl_marks_.empty() && repl_applied_.empty())) {
+    return;
+  }
+  SendRecord(false, out);
+}
+
+void ShardCore::Leave(std::vector<Outgoing>* out) {
+  if (backups_.empty()) return;
+  SendRecord(true, out);
+  leaving_ = true;
+}
+
+bool ShardCore::replicas_final() const {
+  for (const auto& [range, r] : replicas_) {
+    if (r.table && !r.last) return false;
+  }
+  return true;
+}
+
+uint32_t ShardCore::state_crc() const {
+  return table_->Crc(0, std::numeric_limits<uint64_t>::max());
+}
+
+std::map<uint32_t, ShardCore::ReplicaView> ShardCore::replica_views() const {
+  std::map<uint32_t, ReplicaView> views;
+  for (const auto& [range, r] : replicas_) {
+    if (!r.table) continue;
+    views[range] = {r.epoch, r.record, r.last, r.table->Crc(0, std::numeric_limits<uint64_t>::max()),
+                    &r.ledger};
+  }
+  return views;
+}
+
+void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   msg::Replicate rec;
   rec.range = shard_id_;
   rec.epoch = repl_epoch_;
   rec.record = ++record_;
   rec.steps = std::move(repl_steps_);
   rec.marks.assign(repl_marks_.begin(), repl_marks_.end());
+  rec.applied = std::move(repl_applied_);
+  rec.last = last;
   rec.applied_clock = applied_clock_;
   rec.step_count = steps_;
   if (record_ % kReplicaCheckEvery == 0) {
@@ -208,6 +249,7 @@ void ShardCore::FlushReplication(std::vector<Outgoing>* out) {
   repl_steps_.clear();
   repl_values_.clear();
   repl_marks_.clear();
+  repl_applied_.clear();
   repl_first_ = TimePoint::max();
   UpdateDurable();
 }
@@ -224,6 +266,8 @@ void ShardCore::SendSeed(uint32_t backup, std::vector<Outgoing>* out) {
   rec.record = record_;
   rec.seed = MoveDataOf(*table_, *slice, applied_clock_, steps_);
   rec.marks.assign(applied_marks_.begin(), applied_marks_.end());
+  rec.ledger = ledger_.Spans();
+  rec.doubles = ledger_.doubles();
   rec.applied_clock = applied_clock_;
   rec.step_count = steps_;
   Frame payload;
@@ -345,6 +389,8 @@ void ShardCore::OnReplicate(const Frame& peer, const Decoded& d, std::vector<Out
     r.record = m.record;
     r.marks.clear();
     r.marks.insert(m.marks.begin(), m.marks.end());
+    r.ledger.Assign(m.ledger, m.doubles);
+    r.last = m.last;
     r.applied_clock = m.applied_clock;
     r.steps = m.step_count;
     metrics_.replicas->Set(static_cast<double>(replicas_.size()));
@@ -407,6 +453,8 @@ void ShardCore::OnReplicate(const Frame& peer, const Decoded& d, std::vector<Out
   for (const StepRecord& step : steps) table.Step(step);
   r.record = m.record;
   for (const auto& [worker, seq] : m.marks) r.marks[worker] = std::max(r.marks[worker], seq);
+  for (const auto& [worker, seq] : m.applied) r.ledger.Add(worker, seq);
+  r.last = m.last;
   r.applied_clock = m.applied_clock;
   r.steps = m.step_count;
   if (m.check_end > m.check_begin) {
@@ -449,6 +497,8 @@ std::optional<ShardSnapshot> ShardCore::ReplicaSnapshot(uint32_t range) const {
   // Each worker pushed at least through the applied clock; its pushes past
   // it come again from the worker (kept until durable).
   for (const auto& [worker, seq] : r.marks) s.workers[worker] = {r.applied_clock, seq};
+  s.ledger = r.ledger.Spans();
+  s.ledger_doubles = r.ledger.doubles();
   return s;
 }
 

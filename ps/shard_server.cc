@@ -1,5 +1,8 @@
 #include "ps/shard_server.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -448,7 +451,24 @@ void ShardServer::Run() {
   std::vector<Socket*> sockets;
   TimePoint next_report{};
   bool fenced = false;
-  while (!shutdown_ && !job_stopped_) {
+  // Leaving (the job stopped, or SIGTERM): the last records go out, and the
+  // shard stays until its backups hold them and its replicas got their
+  // primaries' last records, or kLeaveWait passed.
+  std::optional<TimePoint> leave_by;
+  while (true) {
+    if (!leave_by && (shutdown_ || job_stopped_ || core_->stop_requested())) {
+      if (core_->stop_requested()) spdlog::info("shard {}: stop received", id_);
+      core_->Leave(&out);
+      for (auto& o : out) Send(o, router_.get(), backup_sockets_);
+      out.clear();
+      for (Hosted& h : hosted_) {
+        h.core->Leave(&out);
+        for (auto& o : out) Send(o, h.router.get(), h.backups);
+        out.clear();
+      }
+      leave_by = clock->Now() + kLeaveWait;
+    }
+    if (leave_by && (clock->Now() >= *leave_by || ReplicationSettled())) break;
     TimePoint deadline =
         std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
     for (const Hosted& h : hosted_) deadline = std::min(deadline, h.core->NextDeadline());
@@ -547,10 +567,6 @@ void ShardServer::Run() {
     holds_values_ = core_->initialized();
     holds_keys_ = core_->has_keys();
     MaybeCheckpoint(false);
-    if (core_->stop_requested()) {
-      spdlog::info("shard {}: stop received", id_);
-      break;
-    }
   }
   MaybeCheckpoint(true);
   spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "
@@ -581,8 +597,58 @@ void ShardServer::Run() {
                  id_, h.range, h.epoch, h.core->steps(), h.core->applied_clock(),
                  h.core->updates_applied(), h.core->lost_updates(), h.core->skipped_clocks());
   }
+  if (!options_.ledger.empty()) WriteLedger();
   serving_ended_ = true;
   done_ = true;
+}
+
+bool ShardServer::ReplicationSettled() const {
+  if (core_->durable_record() < core_->replication_record() || !core_->replicas_final()) {
+    return false;
+  }
+  for (const Hosted& h : hosted_) {
+    if (h.core->durable_record() < h.core->replication_record()) return false;
+  }
+  return true;
+}
+
+void ShardServer::WriteLedger() const {
+  // Written whole to a temporary name, then renamed: a reader sees all or
+  // nothing.
+  const std::string tmp = options_.ledger + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    spdlog::error("shard {}: cannot write the ledger to {}: {}", id_, tmp, std::strerror(errno));
+    return;
+  }
+  const auto range = [&](uint32_t id, const char* role, uint64_t epoch, uint64_t record,
+                         bool last, uint32_t crc, const AppliedLedger& ledger) {
+    std::fprintf(f, "range %u role %s epoch %lu record %lu last %d crc %08x pushes %lu doubles %lu\n%s",
+                 id, role, static_cast<unsigned long>(epoch), static_cast<unsigned long>(record),
+                 last ? 1 : 0, crc, static_cast<unsigned long>(ledger.size()),
+                 static_cast<unsigned long>(ledger.doubles()), ledger.Text().c_str());
+  };
+  std::fprintf(f, "# pacer-server ledger: shard %u; one block per range it served or backed up\n",
+               id_);
+  if (core_->initialized() && core_->has_keys()) {
+    range(id_, "primary", core_->replication_epoch(), core_->replication_record(), true,
+          core_->state_crc(), core_->ledger());
+  }
+  for (const Hosted& h : hosted_) {
+    range(h.range, "primary", h.epoch, h.core->replication_record(), true, h.core->state_crc(),
+          h.core->ledger());
+  }
+  for (const auto& [id, v] : core_->replica_views()) {
+    range(id, "backup", v.epoch, v.record, v.last, v.crc, *v.ledger);
+  }
+  const bool ok = std::fflush(f) == 0 && std::ferror(f) == 0;
+  std::fclose(f);
+  if (!ok || std::rename(tmp.c_str(), options_.ledger.c_str()) != 0) {
+    spdlog::error("shard {}: cannot write the ledger to {}: {}", id_, options_.ledger,
+                  std::strerror(errno));
+    return;
+  }
+  spdlog::info("shard {}: ledger written to {}", id_, options_.ledger);
 }
 
 }  // namespace pacer

@@ -61,6 +61,12 @@ struct ShardServerOptions {
   // takes no more (but for key moves and at exit), so a crash loses
   // everything acknowledged since.
   bool periodic_checkpoints = true;
+  // When it leaves, the shard writes to this file (--ledger; empty: none),
+  // for each range it serves or holds a replica of: its role, epoch, last
+  // record, a CRC-32 of its parameters and optimizer state, and its ledger,
+  // every (worker, seq) applied (ShardCore::ledger()). For audits: the
+  // chaos runner checks the workers' journals of durable pushes against it.
+  std::string ledger;
   // When set and true, Start stops trying to register and returns
   // Cancelled (SIGTERM before the monitor answered).
   const std::atomic<bool>* cancel = nullptr;
@@ -111,6 +117,13 @@ class ShardServer {
   // Hands a snapshot to the writer when one is due (or `final`: one last
   // snapshot, given up after stop_timeout).
   void MaybeCheckpoint(bool final);
+  // Leaving: how long the shard waits for its last records to be held by
+  // its backups and for its replicas' last records.
+  static constexpr Duration kLeaveWait = std::chrono::seconds(3);
+  // Whether both have happened.
+  bool ReplicationSettled() const;
+  // Writes options_.ledger (serving thread, after the loop).
+  void WriteLedger() const;
 
   Transport* transport_ = nullptr;
   ShardServerOptions options_;

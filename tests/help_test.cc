@@ -256,6 +256,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"ShardOptions.check_crc", "--no-crc"},
     {"ShardOptions.verify_crc", "--unsafe-disable"},
     {"ShardOptions.dedup", "--unsafe-disable"},
+    {"ShardOptions.wait_durable", "--unsafe-disable"},
     {"ShardOptions.apply_updates", "--no-apply"},
     {"ShardOptions.monitor_key", "--allowed-keys"},  // the key named 'monitor'
     {"MonitorOptions.optimizer_settings", "--lr"},  // and the other optimizer flags
@@ -279,6 +280,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"TrainerOptions.resend", "--unsafe-disable"},
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
     {"TrainerOptions.interrupt_on_stop", "--unsafe-disable"},
+    {"TrainerOptions.resend_held", "--unsafe-disable"},
 };
 
 const std::map<std::string, std::string> kNoFlag = {

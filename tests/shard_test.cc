@@ -65,7 +65,7 @@ class ShardTest : public ::testing::Test {
   void Start(wire::Mode mode,
              const std::vector<WorkerSpec>& workers = {{kWorkerA, 0, 1}, {kWorkerB, 1, 3}},
              uint32_t backup_workers = 0, bool staleness_aware_lr = true) {
-    ShardOptions opts;
+    ShardOptions opts = options_;
     opts.pull_timeout = std::chrono::seconds(5);
     opts.monitor_key = monitor_key_;
     shard_ = std::make_unique<ShardCore>(opts, &clock_);
@@ -267,6 +267,7 @@ class ShardTest : public ::testing::Test {
   std::string monitor_key_;   // ShardOptions::monitor_key
   float momentum_ = kMomentum;
   OptimizerKind kind_ = OptimizerKind::kSgd;
+  ShardOptions options_;  // Start's, but for the pull timeout and monitor key
   // The declaration's group per key and groups (empty: none).
   std::vector<uint32_t> groups_;
   std::vector<GroupSettings> param_groups_;
@@ -1624,6 +1625,12 @@ TEST_F(ReplicationTest, BackupHoldsTheSameParametersStateAndMarksAfterEveryStep)
         RPush(kWorkerB, c, 3, Grad(c, kWorkerB), seq);
         ASSERT_EQ(shard_->applied_clock(), static_cast<int64_t>(c));
         ExpectSameAsPrimary();
+        // A promoted replica resumes from the primary's clock and step count
+        // (regression: records carried those of the step before).
+        const auto replica = backup_->ReplicaSnapshot(kShardId);
+        ASSERT_TRUE(replica.has_value());
+        EXPECT_EQ(replica->applied_clock, shard_->applied_clock());
+        EXPECT_EQ(replica->steps, shard_->steps());
       }
       // One record per applied step, after aggregation (and the seed).
       EXPECT_EQ(shard_->replication_record(), 20u);
@@ -1750,6 +1757,98 @@ TEST_F(ReplicationTest, AReplicaThatDivergesIsReportedByTheBlockCheck) {
   }
   EXPECT_EQ(backup_->replica_checks(), 1u);
   EXPECT_EQ(backup_->replica_mismatches(), 1u);
+}
+
+// The ledger (every (worker, seq) applied) travels in records and seeds,
+// and a core restored from the replica (a promotion) starts with it.
+TEST_F(ReplicationTest, TheLedgerReachesTheBackupAndAPromotedCore) {
+  StartReplicated(wire::Mode::Bsp);
+  for (uint64_t c = 0; c < 3; ++c) {
+    RPush(kWorkerA, c, 1, Grad(c, kWorkerA), c + 1);
+    RPush(kWorkerB, c, 3, Grad(c, kWorkerB), c + 1);
+  }
+  EXPECT_EQ(shard_->ledger().size(), 6u);
+  auto views = backup_->replica_views();
+  ASSERT_EQ(views.count(kShardId), 1u);
+  EXPECT_EQ(views[kShardId].ledger->Spans(), shard_->ledger().Spans());
+  EXPECT_EQ(views[kShardId].crc, shard_->state_crc());
+  EXPECT_FALSE(views[kShardId].last);
+  // A lost record: the seed that follows carries the whole ledger.
+  drop_records_ = 1;
+  RPush(kWorkerA, 3, 1, Grad(3, kWorkerA), 4);
+  RPush(kWorkerB, 3, 3, Grad(3, kWorkerB), 4);
+  RPush(kWorkerA, 4, 1, Grad(4, kWorkerA), 5);
+  RPush(kWorkerB, 4, 3, Grad(4, kWorkerB), 5);
+  Tick();
+  views = backup_->replica_views();
+  EXPECT_EQ(views[kShardId].ledger->Spans(), shard_->ledger().Spans());
+  EXPECT_EQ(views[kShardId].ledger->size(), 10u);
+  // The primary leaves: its last record marks the replica final.
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Leave(&out);
+  Route(std::move(out));
+  EXPECT_TRUE(backup_->replicas_final());
+  EXPECT_EQ(backup_->replica_views()[kShardId].record, shard_->replication_record());
+  // Promoted: a core restored from the replica holds the same ledger.
+  auto snap = backup_->ReplicaSnapshot(kShardId);
+  ASSERT_TRUE(snap.has_value());
+  ShardCore promoted(ShardOptions{}, &clock_);
+  promoted.Configure(job_, kShardId);
+  ASSERT_TRUE(promoted.Restore(*snap).ok());
+  EXPECT_EQ(promoted.ledger().Spans(), shard_->ledger().Spans());
+  EXPECT_EQ(promoted.state_crc(), shard_->state_crc());
+}
+
+// With dedup off, a retried push is applied again: the ledger counts it,
+// on the primary and (through the record) on the backup.
+TEST_F(ReplicationTest, APushAppliedTwiceIsCountedInTheLedger) {
+  options_.dedup = false;
+  StartReplicated(wire::Mode::Asp);
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);  // the same (worker, seq) again
+  Tick();
+  clock_.Advance(ShardCore::kReplicaBatchDelay);
+  Tick();
+  EXPECT_EQ(shard_->ledger().doubles(), 1u);
+  EXPECT_EQ(backup_->replica_views()[kShardId].ledger->doubles(), 1u);
+}
+
+TEST_F(ReplicationTest, WithDurableWaitOffAPushIsCalledDurableBeforeTheBackupHoldsIt) {
+  options_.wait_durable = false;
+  StartReplicated(wire::Mode::Bsp);
+  hold_acks_ = true;  // the backup's acknowledgements never come
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u);
+  EXPECT_EQ(shard_->durable_record(), 0u);
+}
+
+TEST(AppliedLedgerTest, KeepsSpansCountsDoublesAndReadsSpansBack) {
+  AppliedLedger l;
+  for (uint64_t s : {1, 2, 3, 5, 7, 6, 9}) EXPECT_TRUE(l.Add(4, s));
+  EXPECT_TRUE(l.Add(2, 1));
+  EXPECT_FALSE(l.Add(4, 2));
+  EXPECT_FALSE(l.Add(4, 7));
+  EXPECT_TRUE(l.Add(4, 0));  // no seq: not recorded
+  EXPECT_EQ(l.doubles(), 2u);
+  EXPECT_EQ(l.size(), 8u);
+  EXPECT_TRUE(l.Contains(4, 6));
+  EXPECT_FALSE(l.Contains(4, 4));
+  EXPECT_FALSE(l.Contains(4, 8));
+  EXPECT_FALSE(l.Contains(3, 1));
+  EXPECT_EQ(l.Text(), "worker 2: 1\nworker 4: 1-3 5-7 9\n");
+  const std::vector<SeqSpan> want = {{2, 1, 1}, {4, 1, 3}, {4, 5, 7}, {4, 9, 9}};
+  EXPECT_EQ(l.Spans(), want);
+  EXPECT_TRUE(l.Add(4, 4));  // joins 1-3 and 5-7
+  EXPECT_EQ(l.Spans().size(), 3u);
+  // Spans from a peer: overlapping, touching, out of order, empty, and one
+  // so long that walking it seq by seq would never end.
+  AppliedLedger m;
+  m.Assign({{1, 5, 9}, {1, 1, 4}, {1, 8, 12}, {1, 0, 3}, {1, 9, 2}, {2, 1, UINT64_MAX}}, 3);
+  const std::vector<SeqSpan> merged = {{1, 1, 12}, {2, 1, UINT64_MAX}};
+  EXPECT_EQ(m.Spans(), merged);
+  EXPECT_EQ(m.doubles(), 3u);
+  EXPECT_TRUE(m.Contains(2, uint64_t{1} << 62));
 }
 
 }  // namespace

@@ -715,6 +715,8 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   rec.check_begin = 7;
   rec.check_end = 9;
   rec.check = 0xdeadbeef;
+  rec.applied = {{5, 30}, {6, 31}, {5, 29}};
+  rec.last = true;
   const msg::Replicate rb = msg::Read<msg::Replicate>(
       decode(EncodeMessage(env, rec, Frame::Copy(values.data(), 4 * sizeof(float)))));
   EXPECT_EQ(rb.range, 4u);
@@ -733,10 +735,17 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   EXPECT_EQ(rb.check_begin, 7u);
   EXPECT_EQ(rb.check_end, 9u);
   EXPECT_EQ(rb.check, 0xdeadbeefu);
+  EXPECT_EQ(rb.applied, rec.applied);
+  EXPECT_TRUE(rb.last);
   msg::Replicate seed;
   seed.seed = move;
+  seed.ledger = {{5, 1, 30}, {6, 2, 31}};
+  seed.doubles = 3;
   const msg::Replicate sb = msg::Read<msg::Replicate>(decode(EncodeMessage(env, seed, payload)));
   ASSERT_TRUE(sb.seed.has_value());
+  EXPECT_EQ(sb.ledger, seed.ledger);
+  EXPECT_EQ(sb.doubles, 3u);
+  EXPECT_FALSE(sb.last);
   EXPECT_EQ(sb.seed->keys.size(), 2u);
   EXPECT_EQ(sb.seed->steps, 12u);
   const msg::ReplicateReply rr = msg::Read<msg::ReplicateReply>(

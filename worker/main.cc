@@ -108,7 +108,9 @@ int main(int argc, char** argv) {
   app.add_option("--ack-log", opts.ack_log,
                  "Append one line per acknowledged push to this file, the moment the client "
                  "reports it, flushed at once: Unix time, push sequence number, clock, samples "
-                 "in the batch (the chaos runner's record of what the cluster acknowledged)");
+                 "in the batch (the chaos runner's record of what the cluster acknowledged); with "
+                 "replicas also 'durable TIME SEQ' once every push acknowledged through SEQ is "
+                 "durable");
   app.add_option("--step-log", opts.step_log,
                  "Append one line per iteration to this file: seconds since training started, "
                  "clock, batch, compute, communication and wait seconds");
@@ -194,6 +196,7 @@ int main(int argc, char** argv) {
   pacer::SetupLogging("worker", log_level);
   pacer::WarnUnsafe(unsafe);
   opts.resend = !unsafe.Off("retry");
+  opts.resend_held = !unsafe.Off("resend-held");
   opts.interrupt_on_stop = !unsafe.Off("stop-interrupt");
   pacer::TuneAllocatorForLargeBuffers();
   std::unique_ptr<pacer::worker::CpuContention> contention_threads;

@@ -353,6 +353,7 @@ struct Trainer::Impl {
   std::optional<WorkerMetrics> metrics;
   LogFile sample_log{nullptr, &std::fclose}, step_log{nullptr, &std::fclose},
       ack_log{nullptr, &std::fclose};
+  uint64_t logged_durable = 0;  // the last "durable" line of ack_log
 
   // The data: partitions of the training set, each read in a shuffled order
   // per epoch that depends only on (seed, partition, epoch), so whoever owns
@@ -770,6 +771,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   copts.rpc = w.Rpc();
   copts.request_timeout = o.request_timeout;
   if (!o.resend) copts.resend_after = std::chrono::hours(24 * 365);  // never
+  copts.resend_held = o.resend_held;
   copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
   copts.latest_map_version = &w.map_version;
   // The parameters and gradient live where the model copies them fastest
@@ -1080,9 +1082,15 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   const size_t this_batch = plan.samples.size();
   if (std::FILE* f = ack_log.get()) {
     // The moment the client reported the acknowledgement.
-    std::fprintf(f, "%.3f %lu %lu %zu\n", UnixSeconds(),
-                 static_cast<unsigned long>(client->push_seq()), static_cast<unsigned long>(clock),
-                 this_batch);
+    const double now = UnixSeconds();
+    std::fprintf(f, "%.3f %lu %lu %zu\n", now, static_cast<unsigned long>(client->push_seq()),
+                 static_cast<unsigned long>(clock), this_batch);
+    // With backups, durability comes later than the ack (on later replies):
+    // "durable TIME SEQ" once every push acknowledged through SEQ is.
+    if (const uint64_t durable = client->durable_through(); durable > logged_durable) {
+      std::fprintf(f, "durable %.3f %lu\n", now, static_cast<unsigned long>(durable));
+      logged_durable = durable;
+    }
     std::fflush(f);
   }
   if (reader != nullptr) {

@@ -57,7 +57,11 @@ inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = 
      "--request-timeout and fails"},
     {"stop-interrupt",
      "requests in flight are not given up when the job stops, so a worker "
-     "blocked on a dead shard stays until --request-timeout"}};
+     "blocked on a dead shard stays until --request-timeout"},
+    {"resend-held",
+     "with replicas, pushes not yet durable are dropped instead of sent again "
+     "to a range's new owner after a failover, so what the dead primary had "
+     "not replicated is lost"}};
 
 struct TrainerOptions {
   // The monitor's address (--monitor). Required.
@@ -90,9 +94,13 @@ struct TrainerOptions {
   // invariant failing: `resend` sends an unanswered push or pull again
   // (off: it waits out request_timeout, then the worker fails);
   // `interrupt_on_stop` gives up requests in flight when the job stops (off:
-  // a worker blocked on a dead shard stays until request_timeout).
+  // a worker blocked on a dead shard stays until request_timeout);
+  // `resend_held` sends the pushes kept until durable again to a range's
+  // new owner after a failover (off: they are dropped, and what the dead
+  // primary had not replicated is lost).
   bool resend = true;
   bool interrupt_on_stop = true;
+  bool resend_held = true;
 
   // This process's fault layer (ps/base/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.
@@ -108,7 +116,9 @@ struct TrainerOptions {
   // Appends one line per acknowledged push (--ack-log), written and flushed
   // the moment the client reports the acknowledgement: Unix time (ms), the
   // push's sequence number, its clock, and the samples in its batch (0: an
-  // empty push). The chaos runner's record of what was acknowledged.
+  // empty push). The chaos runner's record of what was acknowledged. With
+  // replicas, also "durable TIME SEQ" once every push acknowledged through
+  // SEQ is durable (the reply that says so may come with a later push).
   std::string ack_log;
   // Appends one line per iteration (--step-log): seconds since training
   // started, the clock, the batch, and its compute, communication and

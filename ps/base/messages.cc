@@ -493,9 +493,15 @@ flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb,
   }
   std::vector<wire::WorkerSeq> marks;
   for (const auto& [worker, seq] : m.marks) marks.emplace_back(worker, seq);
+  std::vector<wire::WorkerSeq> applied;
+  for (const auto& [worker, seq] : m.applied) applied.emplace_back(worker, seq);
+  std::vector<wire::SeqSpan> ledger;
+  for (const SeqSpan& s : m.ledger) ledger.emplace_back(s.worker, s.first, s.last);
   return wire::CreateReplicate(fbb, m.range, m.epoch, m.record, seed, fbb.CreateVector(steps),
                                fbb.CreateVectorOfStructs(marks), m.applied_clock, m.step_count,
-                               m.check_begin, m.check_end, m.check);
+                               m.check_begin, m.check_end, m.check,
+                               fbb.CreateVectorOfStructs(applied),
+                               fbb.CreateVectorOfStructs(ledger), m.doubles, m.last);
 }
 Replicate FromWire(const wire::Replicate& t) {
   Replicate m;
@@ -511,6 +517,14 @@ Replicate FromWire(const wire::Replicate& t) {
   if (t.marks() != nullptr) {
     for (const wire::WorkerSeq* w : *t.marks()) m.marks.emplace_back(w->worker(), w->seq());
   }
+  if (t.applied() != nullptr) {
+    for (const wire::WorkerSeq* w : *t.applied()) m.applied.emplace_back(w->worker(), w->seq());
+  }
+  if (t.ledger() != nullptr) {
+    for (const wire::SeqSpan* s : *t.ledger()) m.ledger.push_back({s->worker(), s->first(), s->last()});
+  }
+  m.doubles = t.doubles();
+  m.last = t.last();
   m.applied_clock = t.applied_clock();
   m.step_count = t.step_count();
   m.check_begin = t.check_begin();

@@ -285,6 +285,12 @@ struct ReplicaStep {
   std::vector<float> lr;           // per group, scale included
   uint64_t values = 0;             // floats of the payload it takes
 };
+// A run of one worker's push seqs, [first, last] (AppliedLedger).
+struct SeqSpan {
+  uint32_t worker = 0;
+  uint64_t first = 0, last = 0;
+  bool operator==(const SeqSpan&) const = default;
+};
 struct Replicate {
   using Wire = wire::Replicate;
   uint32_t range = 0;  // the primary's shard id
@@ -297,6 +303,10 @@ struct Replicate {
   uint64_t step_count = 0;
   uint64_t check_begin = 0, check_end = 0;
   uint32_t check = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> applied;  // worker, seq: each push applied
+  std::vector<SeqSpan> ledger;  // a seed: every push the range has applied
+  uint64_t doubles = 0;         // a seed: pushes the range applied more than once
+  bool last = false;            // the primary is leaving; nothing follows
 };
 // The backup holds `range` through `record`; need_seed: it has no replica
 // of it, or misses records before this one.

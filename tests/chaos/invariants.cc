@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <set>
 
 #include "spdlog/fmt/fmt.h"
 #include "tests/chaos/runner.h"
@@ -78,6 +79,9 @@ void Runner::CheckInvariants() {
     const std::vector<Ack> acks = Acks(i);
     all_acks_.insert(all_acks_.end(), acks.begin(), acks.end());
   }
+  ledgers_ = Ledgers();
+  const bool replicated = std::any_of(ledgers_.begin(), ledgers_.end(),
+                                      [](const LedgerBlock& b) { return b.epoch > 0; });
   const Invariants& inv = s_.invariants;
   if (inv.progress_within > 0) CheckProgress();
   if (inv.no_crash) CheckNoCrash();
@@ -86,6 +90,149 @@ void Runner::CheckInvariants() {
   if (inv.no_double_apply) CheckNoDoubleApply();
   if (inv.final_accuracy > 0) CheckFinalAccuracy();
   if (inv.faults_in_metrics) CheckFaultsInMetrics();
+  if (replicated && inv.durable_kept) CheckDurableKept();
+  if (replicated && inv.acked_kept) CheckAckedKept();
+  if (replicated && inv.replicas_identical) CheckReplicasIdentical();
+}
+
+namespace {
+// Of the ledgers, each range's final primary: the one of the highest epoch
+// (then record) among the shards that left by themselves.
+std::map<uint32_t, const LedgerBlock*> FinalPrimaries(
+    const std::vector<LedgerBlock>& blocks) {
+  std::map<uint32_t, const LedgerBlock*> final;
+  for (const auto& b : blocks) {
+    final.emplace(b.range, nullptr);
+    if (!b.primary) continue;
+    const LedgerBlock*& f = final[b.range];
+    if (f == nullptr || b.epoch > f->epoch || (b.epoch == f->epoch && b.record > f->record)) f = &b;
+  }
+  return final;
+}
+}  // namespace
+
+void Runner::CheckDurableKept() {
+  Verdict v{"durable_kept", "every durable push in its range's final primary", true, ""};
+  const auto final = FinalPrimaries(ledgers_);
+  for (const auto& [range, f] : final) {
+    if (f == nullptr) {
+      v.pass = false;
+      v.detail += fmt::format("range of shard {}: no replica of it left at the end; ", range);
+    }
+  }
+  uint64_t durable_total = 0, acked_total = 0;
+  for (size_t i = 0; i < workers_.size() && i < worker_ids_.size(); ++i) {
+    uint64_t through = 0;
+    const std::vector<Ack> acks = Acks(i, &through);
+    std::set<uint64_t> seqs;
+    for (const Ack& a : acks) {
+      if (a.seq <= through) seqs.insert(a.seq);
+    }
+    durable_total += seqs.size();
+    acked_total += acks.size();
+    for (const auto& [range, f] : final) {
+      if (f == nullptr) continue;
+      uint64_t missing = 0, first = 0;
+      for (uint64_t seq : seqs) {
+        if (!f->ledger.Contains(worker_ids_[i], seq)) {
+          if (missing++ == 0) first = seq;
+        }
+      }
+      if (missing > 0) {
+        v.pass = false;
+        v.detail += fmt::format(
+            "worker {} (id {}): {} push(es) journalled durable missing from the range of shard {} "
+            "(final primary on shard{}, epoch {}), the first seq {}; ",
+            i, worker_ids_[i], missing, range, f->shard, f->epoch, first);
+      }
+    }
+  }
+  if (v.pass) {
+    v.detail = fmt::format(
+        "{} push(es) journalled durable (of {} acknowledged) are each in the ledger of all {} "
+        "ranges' final primaries",
+        durable_total, acked_total, final.size());
+  }
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckAckedKept() {
+  Verdict v{"acked_kept", "every acknowledged push of a live worker in its range's final primary",
+            true, ""};
+  // A worker that lived keeps each push until it is durable and sends it
+  // again to a range's new owner: of its acknowledged pushes, every one up
+  // to the last its range applied must be there. Those after it were in
+  // clocks still open when the job stopped (acknowledged on receipt).
+  const auto final = FinalPrimaries(ledgers_);
+  uint64_t checked = 0, open_at_end = 0;
+  for (size_t i = 0; i < workers_.size() && i < worker_ids_.size(); ++i) {
+    if (workers_[i]->killed_on_purpose) continue;
+    const uint32_t id = worker_ids_[i];
+    std::set<uint64_t> seqs;
+    for (const Ack& a : Acks(i)) seqs.insert(a.seq);
+    for (const auto& [range, f] : final) {
+      if (f == nullptr || seqs.empty()) continue;
+      auto last = seqs.rbegin();
+      while (last != seqs.rend() && !f->ledger.Contains(id, *last)) ++last;
+      uint64_t missing = 0, first = 0;
+      for (uint64_t seq : seqs) {
+        if (last == seqs.rend() || seq > *last) {
+          ++open_at_end;
+          continue;
+        }
+        ++checked;
+        if (!f->ledger.Contains(id, seq) && missing++ == 0) first = seq;
+      }
+      if (missing > 0) {
+        v.pass = false;
+        v.detail += fmt::format(
+            "worker {} (id {}): {} acknowledged push(es) missing from the range of shard {} "
+            "(final primary on shard{}, epoch {}), the first seq {}; ",
+            i, id, missing, range, f->shard, f->epoch, first);
+      }
+    }
+  }
+  if (v.pass) {
+    v.detail = fmt::format(
+        "{} (worker, range) acknowledgements each in the range's final primary; {} after the "
+        "last its range applied (clocks open when the job stopped)",
+        checked, open_at_end);
+  }
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckReplicasIdentical() {
+  Verdict v{"replicas_identical", "backups identical to their primaries", true, ""};
+  const auto final = FinalPrimaries(ledgers_);
+  size_t compared = 0;
+  for (const auto& [range, f] : final) {
+    if (f == nullptr) continue;
+    bool any = false;
+    for (const LedgerBlock& b : ledgers_) {
+      if (b.primary || b.range != range || b.epoch != f->epoch) continue;
+      any = true;
+      ++compared;
+      if (b.record != f->record || b.crc != f->crc || b.ledger.Spans() != f->ledger.Spans()) {
+        v.pass = false;
+        v.detail += fmt::format(
+            "range of shard {}: the backup on shard{} holds record {} (CRC-32 {}, {} pushes{}), "
+            "the primary on shard{} record {} (CRC-32 {}, {} pushes); ",
+            range, b.shard, b.record, b.crc, b.pushes, b.last ? "" : ", no last record", f->shard,
+            f->record, f->crc, f->pushes);
+      }
+    }
+    if (!any) v.detail += fmt::format("range of shard {}: no backup at the end; ", range);
+  }
+  if (compared == 0) {
+    v.applicable = false;
+    v.detail += "no range had a backup at the end: nothing to compare";
+  } else if (v.pass) {
+    v.detail += fmt::format(
+        "{} backup(s) hold their primary's last record, CRC-32 of parameters and optimizer "
+        "state, and ledger",
+        compared);
+  }
+  verdicts_.push_back(v);
 }
 
 void Runner::CheckProgress() {
@@ -205,6 +352,14 @@ void Runner::CheckNoDoubleApply() {
     if (applied > acked + slack) v.pass = false;
     v.detail += fmt::format("{} applied {} pushes, {} acknowledged while it ran; ", p->name(),
                             applied, acked);
+  }
+  // Replicated jobs: the ledgers (every (worker, seq) applied, carried
+  // from primary to backup) count each push applied again.
+  for (const auto& [range, f] : FinalPrimaries(ledgers_)) {
+    if (f == nullptr) continue;
+    if (f->doubles > 0) v.pass = false;
+    v.detail += fmt::format("range of shard {}: {} of {} pushes in its final ledger applied twice; ",
+                            range, f->doubles, f->pushes);
   }
   v.detail += fmt::format(
       "{} (a shard may have applied up to {} more than were acknowledged: one push per worker "

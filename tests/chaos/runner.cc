@@ -315,7 +315,9 @@ bool Runner::StartShard(size_t i) {
                                 "--fault-seed",
                                 std::to_string(seed_ + 1 + i),
                                 "--register-timeout",
-                                "60"};
+                                "60",
+                                "--ledger",
+                                dir_ + "/shard" + std::to_string(i) + ".ledger"};
   a.insert(a.end(), s_.shard_args.begin(), s_.shard_args.end());
   const bool again = i < shards_.size() && shards_[i] != nullptr;
   procs_.push_back(Proc::Start(a, dir_, node + (again ? "-restarted" : ""), Ns(node)));
@@ -411,9 +413,41 @@ std::string Runner::FaultTarget(const std::string& t) {
   return t;
 }
 
-bool Runner::Do(const Action& a) {
+std::string Runner::Resolve(const std::string& t) {
+  if (t.rfind("backup:", 0) != 0) return t;
+  if (auto it = resolved_.find(t); it != resolved_.end()) return it->second;
+  const std::string shard = ResolveNow(t);
+  if (!shard.empty()) resolved_[t] = shard;
+  return shard;
+}
+
+std::string Runner::ResolveNow(const std::string& t) {
+  const size_t i = std::stoul(t.substr(7));
+  if (i >= shard_ids_.size()) return "";
+  std::string status;
+  Ctl({"status", "-o", "json"}, &status);
+  const auto j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  for (const auto& sh : j.value("shards", nlohmann::json::array())) {
+    if (sh.value("id", 0u) != shard_ids_[i]) continue;
+    for (const auto& b : sh.value("backups", nlohmann::json::array())) {
+      const auto at = std::find(shard_ids_.begin(), shard_ids_.end(), b.get<uint32_t>());
+      if (at != shard_ids_.end()) return "shard:" + std::to_string(at - shard_ids_.begin());
+    }
+  }
+  return "";  // the range has no backup now
+}
+
+bool Runner::Do(const Action& given) {
   const double now = UnixSeconds();
-  spdlog::info("t+{:.1f}s: {} {} {}", now - t0_, a.what, a.target, a.spec);
+  Action a = given;
+  a.target = Resolve(given.target);
+  if (a.target.empty() && !given.target.empty()) {
+    spdlog::error("t+{:.1f}s: {} {}: the range has no backup now", now - t0_, a.what, given.target);
+    return false;
+  }
+  spdlog::info("t+{:.1f}s: {} {}{} {}", now - t0_, a.what, a.target,
+               a.target == given.target ? "" : " (" + given.target + ")", a.spec);
   if (a.what == "kill" || a.what == "terminate") return DoKill(a, now);
   if (a.what == "restart") return DoRestart(a, now);
   if (a.what == "stop" || a.what == "cont") return DoStopOrCont(a, now);
@@ -433,7 +467,14 @@ bool Runner::DoKill(const Action& a, double now) {
   if (p == nullptr) return false;
   if (a.target.rfind("shard:", 0) == 0 && a.what == "kill") {
     shard_kills_.push_back({std::stoul(a.target.substr(6)), now});
-    expect_monitor_.push_back({"pacer_monitor_shard_restarts_total", "shard killed"});
+    // With replicas the monitor fails its range over to a backup (and counts
+    // a restart only if it comes back).
+    const auto r = std::find(s_.monitor_args.begin(), s_.monitor_args.end(), "--replicas");
+    const bool replicated = r != s_.monitor_args.end() && r + 1 != s_.monitor_args.end() &&
+                            *(r + 1) != "0";
+    expect_monitor_.push_back({replicated ? "pacer_monitor_failovers_total"
+                                          : "pacer_monitor_shard_restarts_total",
+                               "shard killed"});
   }
   if (a.target.rfind("worker:", 0) == 0 && a.what == "kill") {
     expect_monitor_.push_back({"pacer_monitor_workers_lost_total", "worker killed"});
@@ -609,15 +650,69 @@ bool Runner::DoClearFaults(double now) {
   return Ctl({"fault", "clear"}) == 0;
 }
 
-std::vector<Ack> Runner::Acks(size_t worker) const {
+std::vector<Ack> Runner::Acks(size_t worker, uint64_t* durable) const {
   std::vector<Ack> acks;
   std::ifstream in(journals_[worker]);
   for (std::string line; std::getline(in, line);) {
-    Ack a{};
     std::istringstream ls(line);
+    if (line.rfind("durable ", 0) == 0) {
+      std::string word;
+      double at = 0;
+      uint64_t seq = 0;
+      if (durable != nullptr && ls >> word >> at >> seq) *durable = std::max(*durable, seq);
+      continue;
+    }
+    Ack a{};
     if (ls >> a.at >> a.seq >> a.clock >> a.samples) acks.push_back(a);
   }
   return acks;
+}
+
+std::vector<LedgerBlock> Runner::Ledgers() const {
+  // Each shard's --ledger file (shardI.ledger), written as it left: a block
+  // per range, "range R role ROLE epoch E record N last L crc C pushes P
+  // doubles D", then "worker W: A-B C ..." lines.
+  std::vector<LedgerBlock> blocks;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::ifstream in(dir_ + "/shard" + std::to_string(i) + ".ledger");
+    std::map<uint32_t, std::vector<msg::SeqSpan>> spans;
+    const auto close = [&] {
+      if (blocks.empty() || blocks.back().shard != i) return;
+      std::vector<msg::SeqSpan> all;
+      for (auto& [w, v] : spans) all.insert(all.end(), v.begin(), v.end());
+      blocks.back().ledger.Assign(all, blocks.back().doubles);
+      spans.clear();
+    };
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream ls(line);
+      std::string word;
+      if (line.rfind("range ", 0) == 0) {
+        close();
+        LedgerBlock b;
+        b.shard = i;
+        std::string role, crc;
+        int last = 0;
+        ls >> word >> b.range >> word >> role >> word >> b.epoch >> word >> b.record >> word >>
+            last >> word >> crc >> word >> b.pushes >> word >> b.doubles;
+        b.primary = role == "primary";
+        b.last = last != 0;
+        b.crc = crc;
+        blocks.push_back(std::move(b));
+      } else if (line.rfind("worker ", 0) == 0 && !blocks.empty() && blocks.back().shard == i) {
+        uint32_t worker = 0;
+        char colon = 0;
+        ls >> word >> worker >> colon;
+        for (std::string span; ls >> span;) {
+          const size_t dash = span.find('-');
+          const uint64_t first = std::stoull(span.substr(0, dash));
+          const uint64_t last = dash == std::string::npos ? first : std::stoull(span.substr(dash + 1));
+          spans[worker].push_back({worker, first, last});
+        }
+      }
+    }
+    close();
+  }
+  return blocks;
 }
 
 }  // namespace pacer::chaos

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "ps/applied_ledger.h"
 #include "ps/base/clock.h"
 #include "tests/chaos/netns.h"
 #include "tests/chaos/scenario.h"
@@ -97,6 +98,18 @@ struct Ack {
   uint64_t samples;  // in its batch (0: an empty push, no training)
 };
 
+// One block of a shard's --ledger file (replicated jobs): a range it
+// served (primary) or held a replica of (backup) when it left.
+struct LedgerBlock {
+  size_t shard = 0;  // the file's shard index
+  uint32_t range = 0;
+  bool primary = false;
+  uint64_t epoch = 0, record = 0, pushes = 0, doubles = 0;
+  bool last = false;
+  std::string crc;
+  AppliedLedger ledger;
+};
+
 struct Verdict {
   std::string key;  // the invariant's key in the scenario (lost_bound, ...)
   std::string name;
@@ -168,7 +181,17 @@ class Runner {
   void Pause(Duration d) const { clock_->SleepUntil(clock_->Now() + d); }
   int Ctl(const std::vector<std::string>& args, std::string* out = nullptr);
   std::string FaultTarget(const std::string& t);
-  std::vector<Ack> Acks(size_t worker) const;
+  // "backup:I" as the "shard:J" that backs up shard I's range when an
+  // action first names it (pacerctl status; "" when none), the same shard
+  // for later actions; any other target as it is.
+  std::string Resolve(const std::string& t);
+  std::string ResolveNow(const std::string& t);
+  std::map<std::string, std::string> resolved_;
+  // Worker `worker`'s journal; with `durable`, also the highest seq its
+  // "durable" lines name (every acknowledged push through it is durable).
+  std::vector<Ack> Acks(size_t worker, uint64_t* durable = nullptr) const;
+  // The shards' --ledger files (replicated jobs).
+  std::vector<LedgerBlock> Ledgers() const;
 
   // --- the timeline's actions (runner.cc): false when it could not be done
   bool Do(const Action& a);
@@ -190,6 +213,11 @@ class Runner {
   void CheckNoHang();
   void CheckLostBound();
   void CheckNoDoubleApply();
+  // Replicated jobs (the shards' ledgers): every push journalled durable is
+  // in its range's final primary; each backup equals its primary.
+  void CheckDurableKept();
+  void CheckAckedKept();
+  void CheckReplicasIdentical();
   void CheckFinalAccuracy();
   void CheckFaultsInMetrics();
   // Prints the verdicts; true when the run passed.
@@ -232,6 +260,7 @@ class Runner {
   double end_of_run_ = 0;          // unix s: the model taken, the job stopping
   std::vector<std::string> hung_;  // still running 20 s after the job stopped
   std::vector<Ack> all_acks_;      // every worker's journal
+  std::vector<LedgerBlock> ledgers_;  // the shards' ledgers (replicated jobs)
   std::vector<Verdict> verdicts_;
 };
 

@@ -44,10 +44,14 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& where,
   return absl::OkStatus();
 }
 
-// "shard:I" / "worker:I" with I < count, or "monitor" when allowed.
+// "shard:I" / "worker:I" with I < count, "backup:I" (the shard backing up
+// shard I's range when the action runs) with I < shards, or "monitor"
+// when allowed.
 bool ValidProcess(const std::string& t, int shards, int workers, bool monitor_ok) {
   if (t == "monitor") return monitor_ok;
-  for (const auto& [role, n] : {std::pair<std::string, int>{"shard:", shards}, {"worker:", workers}}) {
+  for (const auto& [role, n] : {std::pair<std::string, int>{"shard:", shards},
+                                {"worker:", workers},
+                                {"backup:", shards}}) {
     if (t.rfind(role, 0) == 0 && t.size() > role.size() && t.size() <= role.size() + 6 &&
         t.find_first_not_of("0123456789", role.size()) == std::string::npos) {
       return std::stoi(t.substr(role.size())) < n;
@@ -177,7 +181,7 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
       if (process_actions.count(a.what)) {
         if (!ValidProcess(a.target, shards_ever, workers_ever, a.what != "terminate")) {
           return absl::InvalidArgumentError(where + ".target: '" + a.target +
-                                            "' is not shard:I, worker:I or monitor of this cluster");
+                                            "' is not shard:I, backup:I, worker:I or monitor of this cluster");
         }
       } else if (a.what == "add-worker") {
         ++workers_ever;
@@ -230,7 +234,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
   if (const YAML::Node inv = root["invariants"]) {
     if (auto st = CheckKeys(inv, "invariants",
                             {"progress_within", "final_accuracy", "no_crash", "no_hang",
-                             "lost_bound", "no_double_apply", "faults_in_metrics"});
+                             "lost_bound", "no_double_apply", "faults_in_metrics",
+                             "durable_kept", "acked_kept", "replicas_identical"});
         !st.ok()) {
       return st;
     }
@@ -245,7 +250,10 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                                    {"no_hang", &v.no_hang},
                                    {"lost_bound", &v.lost_bound},
                                    {"no_double_apply", &v.no_double_apply},
-                                   {"faults_in_metrics", &v.faults_in_metrics}}) {
+                                   {"faults_in_metrics", &v.faults_in_metrics},
+                                   {"durable_kept", &v.durable_kept},
+                                   {"acked_kept", &v.acked_kept},
+                                   {"replicas_identical", &v.replicas_identical}}) {
       if (inv[key]) {
         if (auto st = Read(inv[key], std::string("invariants.") + key, out); !st.ok()) return st;
       }
@@ -262,14 +270,17 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
         {"progress_within", true},          {"final_accuracy", v.final_accuracy > 0},
         {"no_crash", v.no_crash},           {"no_hang", v.no_hang},
         {"lost_bound", v.lost_bound},       {"no_double_apply", v.no_double_apply},
-        {"faults_in_metrics", v.faults_in_metrics}};
+        {"faults_in_metrics", v.faults_in_metrics}, {"durable_kept", v.durable_kept},
+        {"acked_kept", v.acked_kept},
+        {"replicas_identical", v.replicas_identical}};
     for (const auto& name : s.expect_fail) {
       auto it = checked.find(name);
       if (it == checked.end()) {
         return absl::InvalidArgumentError("expect_fail: '" + name +
                                           "' is not an invariant (progress_within, "
                                           "final_accuracy, no_crash, no_hang, lost_bound, "
-                                          "no_double_apply, faults_in_metrics)");
+                                          "no_double_apply, faults_in_metrics, durable_kept, "
+                                          "acked_kept, replicas_identical)");
       }
       if (!it->second) {
         return absl::InvalidArgumentError("expect_fail: '" + name + "' is not checked");

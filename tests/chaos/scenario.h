@@ -64,6 +64,10 @@ struct Invariants {
   bool lost_bound = true;       // lost updates within the documented bound
   bool no_double_apply = true;  // no push applied twice
   bool faults_in_metrics = true;  // every injected fault counted in the metrics
+  // Replicated jobs (--replicas), from the shards' --ledger files:
+  bool durable_kept = true;        // every push journalled durable is in its range's final primary
+  bool acked_kept = true;          // so is every acknowledged push of a worker not killed
+  bool replicas_identical = true;  // each backup holds its primary's record, state and ledger
 };
 
 struct Scenario {
