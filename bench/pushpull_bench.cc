@@ -5,6 +5,7 @@
 //   pacer-pushpull-bench [--sizes 1024,65536,1048576,16777216] [--seconds S]
 //                        [--optimizers sgd,adam] [--reps N] [--curve]
 //   pacer-pushpull-bench --aggregate [--sizes ...] [--window S] [--reps N] [--curve]
+//   pacer-pushpull-bench --replicas [--sizes 1048576] [--seconds S] [--reps N]
 //
 // For each size it starts, as child processes, a pacer-monitor (ASP, one
 // shard, one worker) and a pacer-server, applying updates once per
@@ -209,7 +210,7 @@ struct Worker {
 };
 
 bool ConnectWorker(const std::string& maddr, std::vector<pacer::wire::KeyLen> keys, bool crc,
-                   const Curve& curve, Worker* w) {
+                   const Curve& curve, Worker* w, bool want_backups = false) {
   pacer::TransportOptions topts;
   topts.io_threads = BenchIoThreads();
   if (curve.on()) {
@@ -237,7 +238,14 @@ bool ConnectWorker(const std::string& maddr, std::vector<pacer::wire::KeyLen> ke
     return false;
   }
   pacer::ShardMapInfo map;
-  for (int i = 0; i < 1000 && map.shards.empty(); ++i) {  // up to 20 s: all workers
+  // --replicas: until every range of the map has its backup.
+  const auto ready = [&] {
+    if (map.shards.empty()) return false;
+    if (!want_backups) return true;
+    return std::all_of(map.shards.begin(), map.shards.end(),
+                       [](const pacer::ShardEntry& e) { return !e.backups.empty(); });
+  };
+  for (int i = 0; i < 1000 && !ready(); ++i) {  // up to 20 s: all workers
     flatbuffers::FlatBufferBuilder f3;
     auto hb = (*ch)->Call(f3, pacer::wire::CreateHeartbeat(f3, pacer::wire::Role::Worker, 0, 0, false),
                           deadline());
@@ -293,6 +301,54 @@ double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std:
   shard->Signal(SIGTERM);
   monitor->Wait(std::chrono::seconds(5));
   shard->Wait(std::chrono::seconds(5));
+  return Median(samples);
+}
+
+// --replicas: push+pull in BSP against 2 shards, the model cut in two keys
+// across them, with pacer-monitor --replicas R (1: each shard also backs up
+// the other's range; every step goes to the backup as a record, and the
+// worker keeps each push until it is durable). The median seconds.
+double ReplicaRun(size_t floats, int replicas, double budget_s, const std::string& dir) {
+  static int run = 0;
+  const std::string tag = "r" + std::to_string(replicas) + "-" + std::to_string(++run);
+  std::vector<std::string> margs = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode",
+                                    "bsp", "--job-id", "7", "--log-level", "warn", "--lease", "60",
+                                    "--optimizer", "sgd", "--min-shards", "2", "--replicas",
+                                    std::to_string(replicas), "--shard-lease", "1"};
+  auto monitor = Process::Start(margs, dir, "monitor-" + tag);
+  auto maddr = monitor->WaitForLine("listening ", std::chrono::seconds(10));
+  if (!maddr) return -1;
+  std::vector<std::unique_ptr<Process>> shards;
+  for (int i = 0; i < 2; ++i) {
+    shards.push_back(Process::Start({PACER_SERVER_BIN, "--listen", "tcp://127.0.0.1:0", "--monitor",
+                                     *maddr, "--log-level", "warn"},
+                                    dir, "shard" + std::to_string(i) + "-" + tag));
+    if (!shards.back()->WaitForLine("listening ", std::chrono::seconds(10))) return -1;
+  }
+  Worker worker;
+  if (!ConnectWorker(*maddr, {pacer::wire::KeyLen(0, floats / 2), pacer::wire::KeyLen(1, floats - floats / 2)},
+                     true, Curve{}, &worker, replicas > 0)) {
+    return -1;
+  }
+  pacer::PsClient* client = worker.client.get();
+  std::fill(client->grads().begin(), client->grads().end(), 1e-6f);
+  const int iters = Iterations(floats, budget_s, false);
+  std::vector<double> samples;
+  for (int i = -2; i < iters; ++i) {
+    const uint64_t clock = static_cast<uint64_t>(i + 2);
+    auto t0 = Clock::now();
+    if (!client->Push(clock, 1).ok()) return -1;
+    if (!client->Pull(clock + 1).ok()) return -1;  // waits for the step of `clock`
+    if (i >= 0) samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  if (replicas > 0 && client->held_pushes() > 2) {
+    std::fprintf(stderr, "%s: %zu pushes still not durable at the end\n", tag.c_str(),
+                 client->held_pushes());
+  }
+  monitor->Signal(SIGTERM);
+  for (auto& sh : shards) sh->Signal(SIGTERM);
+  monitor->Wait(std::chrono::seconds(5));
+  for (auto& sh : shards) sh->Wait(std::chrono::seconds(10));
   return Median(samples);
 }
 
@@ -544,6 +600,10 @@ int main(int argc, char** argv) {
   std::string raw_key;
   app.add_option("--raw-key", raw_key, "Internal: the raw echo server's CURVE key file");
   bool aggregate = false;
+  bool replicas_mode = false;
+  app.add_flag("--replicas", replicas_mode,
+               "Push+pull in BSP against 2 shards with pacer-monitor --replicas 0 and 1 in "
+               "turn (--reps times), their medians and ratio");
   app.add_flag("--aggregate", aggregate,
                "Instead: 2 shards and 3 worker processes push and pull one model cut across "
                "the shards, against 2 raw echo servers and 3 clients run the same way; MB/s "
@@ -617,6 +677,32 @@ int main(int argc, char** argv) {
   }
   if (aggregate) {
     AggregateTable(self, floats_list, reps, window, dir.path(), curve);
+    return 0;
+  }
+  if (replicas_mode) {
+    // Reps alternate --replicas 0 and 1 so that the machine's slow spells
+    // hit both alike; the ratio of each rep against its own baseline.
+    std::printf("| floats | replicas 0 (median) | replicas 1 (median) | ratio (median) | ratio range |\n");
+    std::printf("|---|---|---|---|---|\n");
+    for (size_t floats : floats_list) {
+      std::vector<double> r0, r1, ratios;
+      for (int rep = 0; rep < reps; ++rep) {
+        r0.push_back(ReplicaRun(floats, 0, budget, dir.path()));
+        r1.push_back(ReplicaRun(floats, 1, budget, dir.path()));
+        if (r0.back() <= 0 || r1.back() <= 0) {
+          std::fprintf(stderr, "a run failed (logs in %s)\n", dir.path().c_str());
+          return 1;
+        }
+        ratios.push_back(r1.back() / r0.back());
+        std::fprintf(stderr, "floats %zu rep %d: replicas 0 %s, replicas 1 %s, ratio %.2f\n",
+                     floats, rep + 1, Human(r0.back()).c_str(), Human(r1.back()).c_str(),
+                     ratios.back());
+      }
+      std::printf("| %zu | %s | %s | %.2f | %.2f-%.2f |\n", floats, Human(Median(r0)).c_str(),
+                  Human(Median(r1)).c_str(), Median(ratios),
+                  *std::min_element(ratios.begin(), ratios.end()),
+                  *std::max_element(ratios.begin(), ratios.end()));
+    }
     return 0;
   }
   // Cases per size: raw, transport-only, one per optimizer, no checks.

@@ -286,16 +286,15 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
                           ", this is job " + std::to_string(options_.job_id),
                       out);
   }
-  auto it = std::find_if(shards_.begin(), shards_.end(),
-                         [&](const ShardState& s) { return s.id == r.shard_id; });
-  if (it == shards_.end()) {
+  const auto at = ShardIndex(r.shard_id);
+  if (!at) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
                       "this monitor has no shard " + std::to_string(r.shard_id) + " in job " +
                           std::to_string(options_.job_id) +
                           " (was the monitor restarted without its --data-dir?)",
                       out);
   }
-  ShardState& s = *it;
+  ShardState& s = shards_[*at];
   // Under CURVE a shard id stays with the key it first registered with:
   // another allowed key claiming it (and so its key range, at an address of
   // its choosing) is refused.
@@ -460,10 +459,16 @@ bool MonitorCore::AssignReplicas() {
     const size_t want = has_range(i) ? options_.replicas : 0;
     const size_t p = primary(i);
     // A backup goes when it is down, drained or gone, or the range needs
-    // fewer (a smaller --replicas, or the range moved away).
+    // fewer (a smaller --replicas, or the range moved away). Nor is a range
+    // backed up by the shard it is named after once it is served elsewhere
+    // (a failover, and that shard came back): a shard holds replicas of
+    // other ranges only (ShardCore::SetBacking), so it would hold none, and
+    // the range would have no copy to fail over to (found by the crash
+    // loop, bench/replication/crash_loop.sh).
     std::erase_if(set, [&](uint32_t b) {
       auto it = index.find(b);
-      const bool drop = it == index.end() || it->second == p || !usable(it->second);
+      const bool drop =
+          it == index.end() || it->second == p || it->second == i || !usable(it->second);
       if (drop && it != index.end()) --load[it->second];
       return drop;
     });
@@ -475,7 +480,9 @@ bool MonitorCore::AssignReplicas() {
       std::optional<size_t> best;
       std::tuple<bool, size_t, size_t> best_key{};
       for (size_t j = 0; j < shards_.size(); ++j) {
-        if (j == p || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) continue;
+        if (j == p || j == i || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) {
+          continue;
+        }
         const std::string host = HostOf(j);
         bool shared = host == HostOf(p);
         for (uint32_t b : set) shared = shared || host == HostOf(index.at(b));
@@ -644,9 +651,9 @@ void MonitorCore::OnHeartbeat(const Frame& peer, const Decoded& d, std::vector<O
 
 void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const msg::Heartbeat& hb,
                                    std::vector<Outgoing>* out) {
-  auto shard = std::find_if(shards_.begin(), shards_.end(),
-                            [&](const ShardState& s) { return s.id == env.sender; });
-  if (shard != shards_.end()) {
+  const auto at = ShardIndex(env.sender);
+  if (at) {
+    ShardState* shard = &shards_[*at];
     shard->last_seen = clock_->Now();
     // The heartbeat says max(0, applied clock).
     shard->applied_clock = std::max(shard->applied_clock, static_cast<int64_t>(hb.clock));
@@ -674,7 +681,7 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.faults_version = faults_.version();
   reply.lr_overrides = LrOverridesByIndex();
   reply.lr_overrides_version = lr_overrides_version_;
-  if (shard != shards_.end()) FillReplication(static_cast<size_t>(shard - shards_.begin()), &reply);
+  if (at) FillReplication(*at, &reply);
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
 }
 
@@ -707,16 +714,15 @@ bool MonitorCore::FailOver() {
     ShardState& s = shards_[i];
     if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || s.drained) continue;
     // Its primary: the shard itself, or after a failover the one hosting it.
-    const auto host = s.host == 0 ? shards_.end()
-                                  : std::find_if(shards_.begin(), shards_.end(),
-                                                 [&](const ShardState& x) { return x.id == s.host; });
-    const bool primary_down = s.host == 0 ? s.down : (host == shards_.end() || host->down);
+    const auto h = s.host == 0 ? std::nullopt : ShardIndex(s.host);
+    const ShardState* host = h ? &shards_[*h] : nullptr;
+    const bool primary_down = s.host == 0 ? s.down : (host == nullptr || host->down);
     if (!primary_down) continue;
     // A live backup that reported a replica of this epoch takes over.
     for (uint32_t b : s.backups) {
-      auto it = std::find_if(shards_.begin(), shards_.end(),
-                             [&](const ShardState& x) { return x.id == b; });
-      if (it == shards_.end() || it->down || it->drained) continue;
+      const auto bi = ShardIndex(b);
+      if (!bi || shards_[*bi].down || shards_[*bi].drained) continue;
+      const ShardState* it = &shards_[*bi];
       auto held = it->replicas.find(s.id);
       if (held == it->replicas.end() || held->second != s.epoch) continue;
       s.host = b;
@@ -730,7 +736,7 @@ bool MonitorCore::FailOver() {
       metrics_.failovers->Increment();
       dirty_ = true;
       changed = true;
-      const ShardState& gone = host == shards_.end() ? s : *host;
+      const ShardState& gone = host == nullptr ? s : *host;
       spdlog::warn("failover: shard {} silent for {:.2f} s (--shard-lease {:.2f} s); shard {}'s keys "
                    "[{}, {}) go to its backup, shard {}, at epoch {}",
                    gone.id, ToSeconds(now - gone.last_seen), ToSeconds(options_.shard_lease), s.id,
@@ -1071,10 +1077,9 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
       break;
   }
   if (move_) return refuse("a shard move is already in progress");
-  auto idx = std::find_if(shards_.begin(), shards_.end(),
-                          [&](const ShardState& s) { return s.id == c.shard_id; });
-  if (idx == shards_.end()) return refuse("no shard " + std::to_string(c.shard_id));
-  const size_t target = static_cast<size_t>(idx - shards_.begin());
+  const auto idx = ShardIndex(c.shard_id);
+  if (!idx) return refuse("no shard " + std::to_string(c.shard_id));
+  const size_t target = *idx;
   auto has_range = [&](size_t i) { return ranges_[i].first != ranges_[i].second; };
   auto bytes_of = [&](size_t i) {
     uint64_t b = 0;

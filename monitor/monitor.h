@@ -198,11 +198,16 @@ class MonitorCore {
   // The shard's CURVE public key (empty without transport security).
   const std::string& shard_key(size_t i) const {
     if (shards_[i].host != 0) {
-      for (const ShardState& s : shards_) {
-        if (s.id == shards_[i].host) return s.public_key;
-      }
+      if (const auto h = ShardIndex(shards_[i].host)) return shards_[*h].public_key;
     }
     return shards_[i].public_key;
+  }
+  // The index of shard `id` (nullopt: no such shard).
+  std::optional<size_t> ShardIndex(uint32_t id) const {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i].id == id) return i;
+    }
+    return std::nullopt;
   }
   // The shard serving shard i's range (its own id before any failover).
   uint32_t shard_host(size_t i) const { return shards_[i].host != 0 ? shards_[i].host : shards_[i].id; }

@@ -220,17 +220,8 @@ void ShardServer::HeartbeatLoop() {
       lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
       PromoteConfig promote{r.promote, r.promote_backups};
-      const auto same_infos = [](const std::vector<msg::ShardInfo>& a,
-                                 const std::vector<msg::ShardInfo>& b) {
-        return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                          [](const msg::ShardInfo& x, const msg::ShardInfo& y) {
-                            return x.id == y.id && x.address == y.address &&
-                                   x.public_key == y.public_key && x.epoch == y.epoch &&
-                                   x.backups == y.backups;
-                          });
-      };
-      if (!promote.ranges.empty() && (!same_infos(promote.ranges, last_promote.ranges) ||
-                                      !same_infos(promote.backups, last_promote.backups))) {
+      if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
+                                      promote.backups != last_promote.backups)) {
         last_promote = promote;
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_promote_ = std::move(promote);
@@ -248,17 +239,9 @@ void ShardServer::HeartbeatLoop() {
         }
       }
       ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing};
-      const auto same = [](const std::vector<msg::ShardInfo>& a,
-                           const std::vector<msg::ShardInfo>& b) {
-        return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                          [](const msg::ShardInfo& x, const msg::ShardInfo& y) {
-                            return x.id == y.id && x.address == y.address &&
-                                   x.public_key == y.public_key && x.epoch == y.epoch;
-                          });
-      };
       if (config.epoch != last_replication.epoch ||
-          !same(config.backups, last_replication.backups) ||
-          !same(config.backing, last_replication.backing)) {
+          config.backups != last_replication.backups ||
+          config.backing != last_replication.backing) {
         last_replication = config;
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_replication_ = std::move(config);

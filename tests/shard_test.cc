@@ -1823,6 +1823,27 @@ TEST_F(ReplicationTest, WithDurableWaitOffAPushIsCalledDurableBeforeTheBackupHol
   EXPECT_EQ(shard_->durable_record(), 0u);
 }
 
+// Fencing: a primary with backups past its shard lease (the server calls
+// SetFenced) answers pushes and pulls NotReady, so that nothing is
+// acknowledged while a backup may be promoted; a leaving one (Leave)
+// refuses pushes after its last record.
+TEST_F(ReplicationTest, AFencedOrLeavingPrimaryAcknowledgesNoPush) {
+  StartReplicated(wire::Mode::Asp);
+  shard_->SetFenced(true);
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1)), wire::ErrorCode::NotReady);
+  EXPECT_EQ(ErrorOf(Route(Pull(kWorkerA, 0))), wire::ErrorCode::NotReady);
+  EXPECT_EQ(shard_->ledger().size(), 0u);
+  shard_->SetFenced(false);
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1)), std::nullopt);
+  EXPECT_EQ(shard_->ledger().size(), 1u);
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Leave(&out);
+  Route(std::move(out));
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 1, 1, Grad(1, kWorkerA), 2)), wire::ErrorCode::NotReady);
+  EXPECT_EQ(shard_->ledger().size(), 1u);
+  EXPECT_TRUE(backup_->replicas_final());
+}
+
 TEST(AppliedLedgerTest, KeepsSpansCountsDoublesAndReadsSpansBack) {
   AppliedLedger l;
   for (uint64_t s : {1, 2, 3, 5, 7, 6, 9}) EXPECT_TRUE(l.Add(4, s));

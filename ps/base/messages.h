@@ -112,6 +112,7 @@ struct ShardInfo {
   // the range's epoch: it goes up whenever its primary or its keys change.
   std::vector<uint32_t> backups;
   uint64_t epoch = 0;
+  bool operator==(const ShardInfo&) const = default;
 };
 
 struct ShardMap {
