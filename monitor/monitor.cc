@@ -778,10 +778,15 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
     reply->promote.push_back(std::move(r));
     add_backups(shards_[j].backups, &reply->promote_backups);
   }
-  // Its own range, unless that is served elsewhere now.
+  // Its own range, unless that is served elsewhere now: then it is told
+  // so (a shard cut off from the monitor while its range failed over still
+  // holds it, and workers with an older map may still reach it).
   if (holds(i) && shards_[i].host == 0) {
     reply->replica_epoch = shards_[i].epoch;
     add_backups(shards_[i].backups, &reply->replica_backups);
+  } else if (holds(i)) {
+    reply->replica_epoch = shards_[i].epoch;
+    reply->deposed = true;
   }
   // The ranges it backs up, each with its primary's key.
   for (size_t j = 0; j < shards_.size(); ++j) {

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Transport* transport,
   // parameters (the handler in StartPull): one read of the payload.
   c->options_.rpc.defer_pull_reply_payload = true;
   c->map_ = map;
+  c->answered_epochs_.assign(map.shards.size(), 0);
   c->keys_ = std::move(keys);
   c->slices_ = std::move(*slices);
   size_t total = 0;
@@ -200,6 +201,7 @@ absl::Status PsClient::TakeReply(size_t r, absl::StatusOr<std::optional<Decoded>
     }
     const msg::PushReply pr = msg::Read<msg::PushReply>(d);
     Durable(i, pr.durable_seq);
+    if (i < answered_epochs_.size()) answered_epochs_[i] = pr.epoch;
     if (pr.complete) {
       round_.done[i] = true;
       return absl::OkStatus();
@@ -375,6 +377,7 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
     channels.push_back(std::move(ch));
   }
   map_ = map;
+  answered_epochs_.assign(map_.shards.size(), 0);
   slices_ = std::move(*slices);
   channels_ = std::move(channels);
   round_.active = false;
@@ -505,6 +508,7 @@ absl::Status PsClient::ResendHeld() {
         push.read_steps = p.read_steps;
         push.seq = p.seq;
         push.lrs = p.lrs;
+        push.epoch = map_.shards[i].epoch;
         Frame payload(p.values, p.values->data(), p.values->size() * sizeof(float));
         return ch.Send(push, p.values->empty() ? Frame() : payload);
       });
@@ -625,6 +629,7 @@ absl::Status PsClient::SendPart(size_t shard, size_t part) {
     push.part = static_cast<uint32_t>(part);
     push.parts = parts;
     push.lrs = push_lrs_;
+    push.epoch = map_.shards[shard].epoch;
     Frame payload(grads_, grads_.get() + p.offset, p.length * sizeof(float));
     return ch.Send(push, p.length ? payload : Frame());
   });
@@ -696,6 +701,7 @@ absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
       return ErrorStatus(wire::ErrorCode::BadCrc, "pull reply payload fails its block checks");
     }
     Durable(i, r.durable_seq);
+    if (i < answered_epochs_.size()) answered_epochs_[i] = r.epoch;
     pull_applied_ = std::min(pull_applied_, r.applied_clock);
     pull_steps_ = std::min(pull_steps_, r.steps);
     last_wait_seconds_ = std::max(last_wait_seconds_, static_cast<double>(r.waited_seconds));
@@ -705,7 +711,11 @@ absl::Status PsClient::StartPull(uint64_t clock, bool latest) {
     absl::Status s = SendInRound(i, [&](RpcChannel& ch) {
       const Slice& sl = slices_[i];
       const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(sl.first_key);
-      return ch.Send(msg::Pull{clock, {first, first + static_cast<std::ptrdiff_t>(sl.num_keys)}, latest});
+      return ch.Send(msg::Pull{clock,
+                               {first, first + static_cast<std::ptrdiff_t>(sl.num_keys)},
+                               latest,
+                               /*with_state=*/false,
+                               map_.shards[i].epoch});
     });
     if (!s.ok()) return s;
   }

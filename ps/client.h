@@ -186,6 +186,14 @@ class PsClient {
   // range without backups holds it once it is acknowledged, one with
   // backups once a reply said so (0: none yet).
   uint64_t durable_through() const;
+  // Epochs (monitor --replicas): each push and pull names its range's
+  // epoch in this client's map, and a shard whose range is at a higher one
+  // answers NotOwner (Push and Pull then return Aborted: take the newer
+  // map). The epoch each shard of the current map last answered with, in
+  // map order (0: none known, or no answer yet); for audits (the workers'
+  // --ack-log).
+  const std::vector<uint64_t>& answered_epochs() const { return answered_epochs_; }
+  const ShardMapInfo& map() const { return map_; }
 
  private:
   PsClient() = default;
@@ -288,6 +296,7 @@ class PsClient {
   };
   std::map<uint64_t, HeldRange> held_;
   uint64_t resent_pushes_ = 0;
+  std::vector<uint64_t> answered_epochs_;  // per shard of map_
   // A reply from shard i said its range is durable through `seq`.
   void Durable(size_t shard, uint64_t seq);
   // Keeps the push just acknowledged by every shard, for ranges with backups.

@@ -91,7 +91,10 @@ int main(int argc, char** argv) {
                        "everything acknowledged since"},
        {"durable-wait", "with backups, a push is called durable as soon as it is applied, "
                         "before any backup holds it, so a primary's death loses pushes workers "
-                        "were told are durable"}});
+                        "were told are durable"},
+       {"fencing", "with backups, a primary cut off from the monitor past its shard lease goes "
+                   "on acknowledging pushes, so after a failover two shards acknowledge the "
+                   "same range (split brain)"}});
   std::string* lvl = &log_level;
   pacer::AddLogLevelFlag(app, lvl);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   opts.shard.verify_crc = !unsafe.Off("crc-check");
   opts.shard.wait_durable = !unsafe.Off("durable-wait");
   opts.periodic_checkpoints = !unsafe.Off("checkpoints");
+  opts.fencing = !unsafe.Off("fencing");
   opts.shard.apply_updates = !no_apply;
   opts.shard.check_crc = !no_crc;
   opts.shard.pull_timeout = pacer::FromSeconds(pull_timeout_s);

@@ -72,6 +72,16 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                           " has not heard from the monitor for its shard lease",
                       out);
   }
+  if (deposed_epoch_ != 0 && (d.type() == wire::Body::Push || d.type() == wire::Body::Pull ||
+                              d.type() == wire::Body::Init)) {
+    // Another shard serves this range since a failover (this one was cut
+    // off, not dead): whoever still sends here has an older shard map.
+    return ReplyError(peer, d.env, wire::ErrorCode::NotOwner,
+                      "shard " + std::to_string(shard_id_) +
+                          "'s range is served by another shard since epoch " +
+                          std::to_string(deposed_epoch_) + " (a failover); take the new shard map",
+                      out);
+  }
   if (leaving_ && d.type() == wire::Body::Push) {
     // Its last record went to its backups (Leave): what it applied now
     // would be in the primary and in no backup.
@@ -523,6 +533,22 @@ void ShardCore::NotePassed(Member& member, int64_t clock) {
   member.pushed = clock;
 }
 
+bool ShardCore::StaleEpoch(const Frame& peer, const Envelope& env, uint64_t epoch,
+                           std::vector<Outgoing>* out) {
+  // 0 on either side: no epoch known (no --replicas, or not heard yet). A
+  // higher one than this shard's: the monitor moved the range's epoch on
+  // with this shard still its primary (the map's address is this one's);
+  // the shard hears of it with its next heartbeat.
+  if (epoch == 0 || repl_epoch_ == 0 || epoch >= repl_epoch_) return false;
+  metrics_.stale_epochs->Increment();
+  ReplyError(peer, env, wire::ErrorCode::NotOwner,
+             "shard " + std::to_string(shard_id_) + "'s range is at epoch " +
+                 std::to_string(repl_epoch_) + ", the sender's shard map at " +
+                 std::to_string(epoch) + "; take the new shard map",
+             out);
+  return true;
+}
+
 bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   std::string bound;  // none for ids that are not members: answered NotMember, or a tool's
   if (d.env.sender == 0) {
@@ -541,6 +567,7 @@ bool ShardCore::SenderMatchesKey(const Frame& peer, const Decoded& d, std::vecto
 void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Push m = msg::Read<msg::Push>(d);
   std::string why;
+  if (StaleEpoch(peer, d.env, m.epoch, out)) return;
   if (table_->empty() || !initialized_) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "parameters not initialised", out);
   }
@@ -577,7 +604,7 @@ void ShardCore::OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing
     // snapshot this shard restarted from): acknowledged, not applied.
     metrics_.duplicates->Increment();
     out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
-                                        msg::PushReply{m.clock, true, durable_seq(d.env.sender)})});
+                                        msg::PushReply{m.clock, true, durable_seq(d.env.sender), repl_epoch_})});
     return;
   }
   if (m.parts != 1 || m.part != 0) return OnPushPart(peer, d, m, mem, out);
@@ -655,7 +682,7 @@ void ShardCore::OnPushPart(const Frame& peer, const Decoded& d, const msg::Push&
   }
   if (st->received < st->parts) {
     out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(d.env),
-                                        msg::PushReply{m.clock, /*complete=*/false})});
+                                        msg::PushReply{m.clock, /*complete=*/false, 0, repl_epoch_})});
     return;
   }
   // The last part: the push, its keys in order, its values where the
@@ -733,7 +760,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   applied_clock_ = std::max<int64_t>(applied_clock_, static_cast<int64_t>(clock));
   metrics_.clock->Set(static_cast<double>(applied_clock_));
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env),
-                                      msg::PushReply{clock, true, durable_seq(env.sender)})});
+                                      msg::PushReply{clock, true, durable_seq(env.sender), repl_epoch_})});
   if (repl_steps_.size() >= kReplicaBatchSteps) FlushReplication(out);
   Advance(out);
 }
@@ -855,7 +882,7 @@ bool ShardCore::OnSyncPush(const Frame& peer, const Envelope& env, const PushArg
   RecordPush(member, clock);
   CountApplied();
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env),
-                                      msg::PushReply{clock, true, durable_seq(env.sender)})});
+                                      msg::PushReply{clock, true, durable_seq(env.sender), repl_epoch_})});
   Advance(out);
   return true;
 }
@@ -914,6 +941,7 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
 void ShardCore::OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::Pull m = msg::Read<msg::Pull>(d);
   std::string why;
+  if (StaleEpoch(peer, d.env, m.epoch, out)) return;
   if (table_->empty()) {
     return ReplyError(peer, d.env, wire::ErrorCode::NotReady, "model not declared yet", out);
   }
@@ -1007,6 +1035,7 @@ void ShardCore::AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock
   reply.waited_seconds = static_cast<float>(waited);
   reply.steps = steps_;
   reply.durable_seq = durable_seq(to.sender);
+  reply.epoch = repl_epoch_;
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(to), reply, std::move(payload),
                                       options_.check_crc)});
 }

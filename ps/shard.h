@@ -217,6 +217,13 @@ class ShardCore {
   // Fencing (the shard lease): while set, a shard with backups answers
   // pushes, pulls and inits NotReady.
   void SetFenced(bool fenced) { fenced_ = fenced; }
+  // The monitor gave this shard's own range to another shard at `epoch` (a
+  // failover while this one was cut off from it): from now on pushes,
+  // pulls and inits are answered NotOwner, so that a worker whose map is
+  // older than the failover moves on instead of being acknowledged here.
+  // The range's state stays for the ledger (pacer-server --ledger).
+  void Depose(uint64_t epoch) { deposed_epoch_ = epoch; }
+  uint64_t deposed_epoch() const { return deposed_epoch_; }
   bool replicated() const { return !backups_.empty(); }
   // The shard is leaving (its job stopped, or SIGTERM). With backups: the
   // steps not yet in a record go out in one marked last, which tells each
@@ -331,6 +338,11 @@ class ShardCore {
   // Under CURVE: whether the sender's id belongs to the key it came with
   // (else it is answered Refused and counted).
   bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  // Whether a push or pull names an older epoch of this shard's range than
+  // the shard's (its sender's shard map is out of date): answered NotOwner
+  // and counted (pacer_shard_stale_epoch_requests_total).
+  bool StaleEpoch(const Frame& peer, const Envelope& env, uint64_t epoch,
+                  std::vector<Outgoing>* out);
   void ReplyError(const Frame& peer, const Envelope& to, wire::ErrorCode code,
                   const std::string& reason, std::vector<Outgoing>* out);
   // Checks that every key is owned (else NotOwner), has the declared length
@@ -529,6 +541,7 @@ class ShardCore {
   uint64_t replica_checks_ = 0;
   uint64_t replica_mismatches_ = 0;
   bool fenced_ = false;  // SetFenced
+  uint64_t deposed_epoch_ = 0;  // Depose (0: not deposed)
   bool leaving_ = false;  // Leave
 };
 

@@ -146,6 +146,14 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) {
                         "no longer holds the same parameters or optimizer state")
                     .Register(r)
                     .Add({});
+  stale_epochs = &prometheus::BuildCounter()
+                      .Name("pacer_shard_stale_epoch_requests_total")
+                      .Help(
+                          "Pushes and pulls refused because they named an older epoch of this "
+                          "shard's range than its own (the sender's shard map predates a "
+                          "failover or a key move)")
+                      .Register(r)
+                      .Add({});
   live = &prometheus::BuildGauge()
               .Name("pacer_shard_live_workers")
               .Help("Live workers in the shard's current membership")

@@ -43,6 +43,7 @@ struct ShardMetrics {
   prometheus::Gauge* replicas = nullptr;
   prometheus::Counter* checks = nullptr;
   prometheus::Counter* mismatches = nullptr;
+  prometheus::Counter* stale_epochs = nullptr;
 };
 
 // A shard's checkpoint series (pacer_shard_checkpoint_*, --data-dir only),

@@ -238,10 +238,11 @@ void ShardServer::HeartbeatLoop() {
           pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
         }
       }
-      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing};
+      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing, r.deposed};
       if (config.epoch != last_replication.epoch ||
           config.backups != last_replication.backups ||
-          config.backing != last_replication.backing) {
+          config.backing != last_replication.backing ||
+          config.deposed != last_replication.deposed) {
         last_replication = config;
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_replication_ = std::move(config);
@@ -313,6 +314,19 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
   std::map<uint32_t, ShardCore::BackedRange> backing;
   for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
   core_->SetBacking(std::move(backing));
+  if (config.deposed) {
+    // Cut off from the monitor (not dead) while a backup took its range
+    // over: the range is no longer this shard's to answer for.
+    if (core_->deposed_epoch() == 0) {
+      spdlog::warn("shard {}: its range is served by another shard since epoch {} (a failover "
+                   "while this shard was cut off from the monitor); it answers nothing of it "
+                   "any more",
+                   id_, config.epoch);
+    }
+    core_->Depose(config.epoch);
+    core_->SetReplicaSet(0, {}, out);
+    return;
+  }
   core_->SetReplicaSet(config.epoch, std::move(backups), out);
 }
 
@@ -476,7 +490,8 @@ void ShardServer::Run() {
     }
     // Fencing: a primary with backups that has not heard from the monitor
     // for its lease stops answering (the monitor may promote a backup).
-    const bool expired = clock->Now().time_since_epoch().count() > lease_until_ns_.load();
+    const bool expired = options_.fencing &&
+                         clock->Now().time_since_epoch().count() > lease_until_ns_.load();
     if (expired != fenced) {
       fenced = expired;
       core_->SetFenced(fenced);
@@ -613,7 +628,11 @@ void ShardServer::WriteLedger() const {
   };
   std::fprintf(f, "# pacer-server ledger: shard %u; one block per range it served or backed up\n",
                id_);
-  if (core_->initialized() && core_->has_keys()) {
+  if (core_->initialized() && core_->has_keys() && core_->deposed_epoch() != 0) {
+    // Its range failed over while it was cut off: the epoch that took over.
+    range(id_, "deposed", core_->deposed_epoch(), core_->replication_record(), true,
+          core_->state_crc(), core_->ledger());
+  } else if (core_->initialized() && core_->has_keys()) {
     range(id_, "primary", core_->replication_epoch(), core_->replication_record(), true,
           core_->state_crc(), core_->ledger());
   }

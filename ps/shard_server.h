@@ -61,6 +61,11 @@ struct ShardServerOptions {
   // takes no more (but for key moves and at exit), so a crash loses
   // everything acknowledged since.
   bool periodic_checkpoints = true;
+  // With backups, a primary that has not heard from the monitor for its
+  // shard lease stops answering (fencing). false only to show a chaos
+  // invariant failing (--unsafe-disable fencing): a primary cut off from
+  // the monitor goes on acknowledging after a backup took its range over.
+  bool fencing = true;
   // When it leaves, the shard writes to this file (--ledger; empty: none),
   // for each range it serves or holds a replica of: its role, epoch, last
   // record, a CRC-32 of its parameters and optimizer state, and its ledger,
@@ -164,6 +169,7 @@ class ShardServer {
     uint64_t epoch = 0;
     std::vector<msg::ShardInfo> backups;
     std::vector<msg::ShardInfo> backing;
+    bool deposed = false;  // its own range is served elsewhere (epoch: the range's)
   };
   std::optional<ReplicaConfig> pending_replication_;
   // The serving thread's: connects to new backups, lets go of old ones, and

@@ -53,7 +53,8 @@ TEST(ChaosScenarioTest, EveryInvariantHasANegativeScenario) {
   EXPECT_EQ(shown, (std::set<std::string>{"progress_within", "final_accuracy", "no_crash",
                                           "no_hang", "lost_bound", "no_double_apply",
                                           "faults_in_metrics", "durable_kept",
-                                          "acked_kept", "replicas_identical"}));
+                                          "acked_kept", "replicas_identical",
+                                          "no_split_brain"}));
 }
 
 TEST(ChaosScenarioTest, ExpectFailNamesCheckedInvariants) {

@@ -252,6 +252,7 @@ const OptionsStruct kOptions[] = {
 const std::map<std::string, std::string> kFieldFlag = {
     {"ShardServerOptions.heartbeat_interval", "--heartbeat-ms"},
     {"ShardServerOptions.periodic_checkpoints", "--unsafe-disable"},
+    {"ShardServerOptions.fencing", "--unsafe-disable"},
     {"ShardServerOptions.faults", "--faults"},
     {"ShardOptions.check_crc", "--no-crc"},
     {"ShardOptions.verify_crc", "--unsafe-disable"},

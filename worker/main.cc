@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
                  "Append one line per acknowledged push to this file, the moment the client "
                  "reports it, flushed at once: Unix time, push sequence number, clock, samples "
                  "in the batch (the chaos runner's record of what the cluster acknowledged); with "
-                 "replicas also 'durable TIME SEQ' once every push acknowledged through SEQ is "
-                 "durable");
+                 "replicas each range's epoch at the shard that acknowledged it (RANGE:EPOCH), "
+                 "and 'durable TIME SEQ' once every push acknowledged through SEQ is durable");
   app.add_option("--step-log", opts.step_log,
                  "Append one line per iteration to this file: seconds since training started, "
                  "clock, batch, compute, communication and wait seconds");

@@ -1083,8 +1083,17 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   if (std::FILE* f = ack_log.get()) {
     // The moment the client reported the acknowledgement.
     const double now = UnixSeconds();
-    std::fprintf(f, "%.3f %lu %lu %zu\n", now, static_cast<unsigned long>(client->push_seq()),
+    std::fprintf(f, "%.3f %lu %lu %zu", now, static_cast<unsigned long>(client->push_seq()),
                  static_cast<unsigned long>(clock), this_batch);
+    // With --replicas: each range's epoch at the shard that acknowledged
+    // it ("RANGE:EPOCH"), so that an audit can tell two primaries of one
+    // range acknowledging at the same time (split brain).
+    const std::vector<uint64_t>& epochs = client->answered_epochs();
+    for (size_t i = 0; i < epochs.size() && i < client->map().shards.size(); ++i) {
+      if (epochs[i] == 0) continue;
+      std::fprintf(f, " %u:%lu", client->map().shards[i].id, static_cast<unsigned long>(epochs[i]));
+    }
+    std::fputc('\n', f);
     // With backups, durability comes later than the ack (on later replies):
     // "durable TIME SEQ" once every push acknowledged through SEQ is.
     if (const uint64_t durable = client->durable_through(); durable > logged_durable) {

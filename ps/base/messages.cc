@@ -354,7 +354,7 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
-                                    backing, promote, promote_backups);
+                                    backing, promote, promote_backups, m.deposed);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -378,6 +378,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.backing = ShardInfosOf(t.backing());
   m.promote = ShardInfosOf(t.promote());
   m.promote_backups = ShardInfosOf(t.promote_backups());
+  m.deposed = t.deposed();
   return m;
 }
 
@@ -438,6 +439,7 @@ flatbuffers::Offset<wire::Push> Build(flatbuffers::FlatBufferBuilder& fbb, const
   b.add_part(m.part);
   b.add_parts(m.parts);
   if (!m.lrs.empty()) b.add_lrs(lrs);
+  b.add_epoch(m.epoch);
   return b.Finish();
 }
 Push FromWire(const wire::Push& t) {
@@ -451,22 +453,23 @@ Push FromWire(const wire::Push& t) {
   m.part = t.part();
   m.parts = t.parts();
   m.lrs = Structs(t.lrs());
+  m.epoch = t.epoch();
   return m;
 }
 
 flatbuffers::Offset<wire::PushReply> Build(flatbuffers::FlatBufferBuilder& fbb,
                                            const PushReply& m) {
-  return wire::CreatePushReply(fbb, m.clock, m.complete, m.durable_seq);
+  return wire::CreatePushReply(fbb, m.clock, m.complete, m.durable_seq, m.epoch);
 }
 PushReply FromWire(const wire::PushReply& t) {
-  return {t.clock(), t.complete(), t.durable_seq()};
+  return {t.clock(), t.complete(), t.durable_seq(), t.epoch()};
 }
 
 flatbuffers::Offset<wire::Pull> Build(flatbuffers::FlatBufferBuilder& fbb, const Pull& m) {
-  return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest, m.with_state);
+  return wire::CreatePull(fbb, m.clock, KeysOf(fbb, m.keys), m.latest, m.with_state, m.epoch);
 }
 Pull FromWire(const wire::Pull& t) {
-  return {t.clock(), Keys(t.keys()), t.latest(), t.with_state()};
+  return {t.clock(), Keys(t.keys()), t.latest(), t.with_state(), t.epoch()};
 }
 
 flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb,
@@ -474,12 +477,14 @@ flatbuffers::Offset<wire::PullReply> Build(flatbuffers::FlatBufferBuilder& fbb,
   auto keys = KeysOf(fbb, m.keys);
   auto key_steps = m.key_steps.empty() ? 0 : fbb.CreateVector(m.key_steps);
   return wire::CreatePullReply(fbb, m.clock, m.applied_clock, keys, m.waited_seconds, m.steps,
-                               WireKind(m.optimizer), m.state_slots, key_steps, m.durable_seq);
+                               WireKind(m.optimizer), m.state_slots, key_steps, m.durable_seq,
+                               m.epoch);
 }
 PullReply FromWire(const wire::PullReply& t) {
   return {t.clock(),           t.applied_clock(),         Keys(t.keys()),
           t.waited_seconds(),  t.steps(),                 KindOf(t.optimizer()),
-          t.state_slots(),     Scalars(t.key_steps()),    t.durable_seq()};
+          t.state_slots(),     Scalars(t.key_steps()),    t.durable_seq(),
+          t.epoch()};
 }
 
 flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb,

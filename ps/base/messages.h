@@ -199,6 +199,10 @@ struct HeartbeatReply {
   // backups: theirs, whose addresses and keys promote_backups gives).
   std::vector<ShardInfo> promote;
   std::vector<ShardInfo> promote_backups;
+  // To a shard whose own range another shard serves since a failover: it
+  // answers nothing of that range any more (replica_epoch: the range's
+  // current epoch).
+  bool deposed = false;
 };
 
 // --- the monitor to the shards
@@ -239,6 +243,7 @@ struct Push {
   uint64_t seq = 0;
   uint32_t part = 0, parts = 1;
   std::vector<wire::GroupLr> lrs;  // the worker's lr for some groups
+  uint64_t epoch = 0;  // the range's epoch in the sender's map (0: none)
 };
 
 struct PushReply {
@@ -248,6 +253,7 @@ struct PushReply {
   // --replicas: the sender's pushes through this seq are on every in-sync
   // backup (0: none yet, or the range has none).
   uint64_t durable_seq = 0;
+  uint64_t epoch = 0;  // the range's epoch at the shard (0: none known)
 };
 
 struct Pull {
@@ -256,6 +262,7 @@ struct Pull {
   std::vector<wire::KeyLen> keys;
   bool latest = false;
   bool with_state = false;  // latest only: the optimizer state too
+  uint64_t epoch = 0;       // as in Push
 };
 
 struct PullReply {
@@ -271,6 +278,7 @@ struct PullReply {
   uint32_t state_slots = 0;
   std::vector<uint64_t> key_steps;
   uint64_t durable_seq = 0;  // as in PushReply
+  uint64_t epoch = 0;        // as in PushReply
 };
 
 // Replication (--replicas): a range's primary to a backup. A seed (the

@@ -93,6 +93,7 @@ void Runner::CheckInvariants() {
   if (replicated && inv.durable_kept) CheckDurableKept();
   if (replicated && inv.acked_kept) CheckAckedKept();
   if (replicated && inv.replicas_identical) CheckReplicasIdentical();
+  if (replicated && inv.no_split_brain) CheckNoSplitBrain();
 }
 
 namespace {
@@ -103,7 +104,7 @@ std::map<uint32_t, const LedgerBlock*> FinalPrimaries(
   std::map<uint32_t, const LedgerBlock*> final;
   for (const auto& b : blocks) {
     final.emplace(b.range, nullptr);
-    if (!b.primary) continue;
+    if (!b.primary) continue;  // a backup, or a deposed old primary
     const LedgerBlock*& f = final[b.range];
     if (f == nullptr || b.epoch > f->epoch || (b.epoch == f->epoch && b.record > f->record)) f = &b;
   }
@@ -209,7 +210,7 @@ void Runner::CheckReplicasIdentical() {
     if (f == nullptr) continue;
     bool any = false;
     for (const LedgerBlock& b : ledgers_) {
-      if (b.primary || b.range != range || b.epoch != f->epoch) continue;
+      if (b.primary || b.deposed || b.range != range || b.epoch != f->epoch) continue;
       any = true;
       ++compared;
       if (b.record != f->record || b.crc != f->crc || b.ledger.Spans() != f->ledger.Spans()) {
@@ -231,6 +232,56 @@ void Runner::CheckReplicasIdentical() {
         "{} backup(s) hold their primary's last record, CRC-32 of parameters and optimizer "
         "state, and ledger",
         compared);
+  }
+  verdicts_.push_back(v);
+}
+
+void Runner::CheckNoSplitBrain() {
+  Verdict v{"no_split_brain", "no range acknowledged by two primaries at once", true, ""};
+  // Per range and epoch: the first and the last acknowledgement journalled,
+  // and how many.
+  struct Span {
+    double first = 0, last = 0;
+    size_t acks = 0;
+  };
+  std::map<uint32_t, std::map<uint64_t, Span>> ranges;
+  for (const Ack& a : all_acks_) {
+    for (const auto& [range, epoch] : a.epochs) {
+      Span& sp = ranges[range][epoch];
+      sp.first = sp.acks == 0 ? a.at : std::min(sp.first, a.at);
+      sp.last = sp.acks == 0 ? a.at : std::max(sp.last, a.at);
+      ++sp.acks;
+    }
+  }
+  size_t changes = 0;
+  for (const auto& [range, epochs] : ranges) {
+    changes += epochs.size() - 1;
+    for (auto lower = epochs.begin(); lower != epochs.end(); ++lower) {
+      for (auto higher = std::next(lower); higher != epochs.end(); ++higher) {
+        if (lower->second.last <= higher->second.first) continue;
+        size_t late = 0;
+        for (const Ack& a : all_acks_) {
+          for (const auto& [r, e] : a.epochs) {
+            late += r == range && e == lower->first && a.at > higher->second.first;
+          }
+        }
+        v.pass = false;
+        v.detail += fmt::format(
+            "range of shard {}: {} push(es) acknowledged at epoch {} after the first at epoch {} "
+            "({:.3f}), the last {:.3f} s after it; ",
+            range, late, lower->first, higher->first, higher->second.first,
+            lower->second.last - higher->second.first);
+      }
+    }
+  }
+  if (ranges.empty()) {
+    v.applicable = false;
+    v.detail = "no journal names an epoch";
+  } else if (v.pass) {
+    v.detail = fmt::format(
+        "{} range(s), {} change(s) of epoch: every acknowledgement at an epoch came before the "
+        "first at a higher one",
+        ranges.size(), changes);
   }
   verdicts_.push_back(v);
 }
@@ -298,6 +349,13 @@ void Runner::CheckLostBound() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Proc* p = shards_[i];
     if (p != nullptr && p->drained) continue;  // its keys and their history moved away
+    if (std::any_of(ledgers_.begin(), ledgers_.end(),
+                    [&](const LedgerBlock& b) { return b.shard == i && b.deposed; })) {
+      // Cut off while its range failed over: the range's history went on
+      // at the promoted backup (durable_kept and acked_kept judge it).
+      v.detail += fmt::format("shard{}: deposed by a failover, judged by its successor; ", i);
+      continue;
+    }
     const auto model = p == nullptr ? std::nullopt : Last(p->last, "pacer_shard_model_updates");
     if (!model) {
       v.pass = false;

@@ -455,7 +455,7 @@ bool Runner::Do(const Action& given) {
   if (a.what == "slow") return DoSlow(a, now);
   if (a.what == "add-shard") return DoAddShard();
   if (a.what == "drain-shard") return DoDrainShard(a);
-  if (a.what == "partition" && lab_ != nullptr) return DoCut(a);
+  if (a.what == "partition" && a.from.empty() && lab_ != nullptr) return DoCut(a);
   if (a.what == "faults" || a.what == "partition") return DoFaults(a, now);
   if (a.what == "clear-faults") return DoClearFaults(now);
   return false;
@@ -603,6 +603,29 @@ bool Runner::DoFaults(const Action& a, double now) {
   Injected inj;
   inj.what = a.what + " " + a.target;
   std::string target = a.target, spec = a.spec;
+  if (a.what == "partition" && a.from == "monitor") {
+    // Cut off from the monitor only: the target drops what the monitor
+    // sends (set first: it hears of its rule in a heartbeat reply), then
+    // the monitor the target's heartbeats (all it sends the monitor unasked;
+    // the rest are replies to what it no longer hears). Not every message
+    // with the target's id: a range keeps its id when a backup is promoted
+    // to serve it, so the new primary's replies carry it too. Everyone else
+    // still reaches the target.
+    inj.what = a.what + " " + a.target + " from the monitor";
+    inj.kinds = {"partition"};
+    inj.procs = {Target(target), monitor_};
+    injected_.push_back(inj);
+    heals_.push_back(now + a.seconds);
+    const std::string id = FaultTarget(target).substr(FaultTarget(target).find(':') + 1);
+    constexpr double kHeard = 0.5;  // a heartbeat reply reaches the target meanwhile
+    if (Ctl({"fault", "set", FaultTarget(target),
+             fmt::format("partition:peers=0,for={:.3f}", a.seconds + kHeard)}) != 0) {
+      return false;
+    }
+    Pause(FromSeconds(kHeard));
+    return Ctl({"fault", "set", "monitor",
+                fmt::format("partition:peers={},type=Heartbeat,for={:.3f}", id, a.seconds)}) == 0;
+  }
   if (a.what == "partition") {
     spec = "partition:for=" + std::to_string(a.seconds);
     inj.kinds = {"partition"};
@@ -663,7 +686,15 @@ std::vector<Ack> Runner::Acks(size_t worker, uint64_t* durable) const {
       continue;
     }
     Ack a{};
-    if (ls >> a.at >> a.seq >> a.clock >> a.samples) acks.push_back(a);
+    if (!(ls >> a.at >> a.seq >> a.clock >> a.samples)) continue;
+    // "RANGE:EPOCH" per shard that acknowledged it (replicated jobs).
+    for (std::string word; ls >> word;) {
+      const size_t colon = word.find(':');
+      if (colon == std::string::npos) continue;
+      a.epochs.emplace_back(static_cast<uint32_t>(std::stoul(word.substr(0, colon))),
+                            std::stoull(word.substr(colon + 1)));
+    }
+    acks.push_back(std::move(a));
   }
   return acks;
 }
@@ -695,6 +726,7 @@ std::vector<LedgerBlock> Runner::Ledgers() const {
         ls >> word >> b.range >> word >> role >> word >> b.epoch >> word >> b.record >> word >>
             last >> word >> crc >> word >> b.pushes >> word >> b.doubles;
         b.primary = role == "primary";
+        b.deposed = role == "deposed";
         b.last = last != 0;
         b.crc = crc;
         blocks.push_back(std::move(b));

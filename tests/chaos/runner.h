@@ -96,6 +96,8 @@ struct Ack {
   uint64_t seq;
   uint64_t clock;
   uint64_t samples;  // in its batch (0: an empty push, no training)
+  // With --replicas: (range, epoch) of each shard that acknowledged it.
+  std::vector<std::pair<uint32_t, uint64_t>> epochs;
 };
 
 // One block of a shard's --ledger file (replicated jobs): a range it
@@ -104,6 +106,10 @@ struct LedgerBlock {
   size_t shard = 0;  // the file's shard index
   uint32_t range = 0;
   bool primary = false;
+  // Its shard was cut off while the range failed over (role deposed;
+  // epoch: the range's epoch that superseded it): neither the range's
+  // primary nor a backup.
+  bool deposed = false;
   uint64_t epoch = 0, record = 0, pushes = 0, doubles = 0;
   bool last = false;
   std::string crc;
@@ -218,6 +224,9 @@ class Runner {
   void CheckDurableKept();
   void CheckAckedKept();
   void CheckReplicasIdentical();
+  // Per range, the journals' acknowledgements at each epoch all come
+  // before the first at a higher epoch.
+  void CheckNoSplitBrain();
   void CheckFinalAccuracy();
   void CheckFaultsInMetrics();
   // Prints the verdicts; true when the run passed.

@@ -146,7 +146,7 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
     std::vector<std::pair<std::string, Action>> read;  // (where in the file, action)
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string where = "timeline[" + std::to_string(i) + "]";
-      if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds", "factor"});
+      if (auto st = CheckKeys(t[i], where, {"at", "do", "target", "spec", "seconds", "factor", "from"});
           !st.ok()) {
         return st;
       }
@@ -167,6 +167,9 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
       }
       if (t[i]["factor"]) {
         if (auto st = Read(t[i]["factor"], where + ".factor", &a.factor); !st.ok()) return st;
+      }
+      if (t[i]["from"]) {
+        if (auto st = Read(t[i]["from"], where + ".from", &a.from); !st.ok()) return st;
       }
       if (a.at < 0 || a.at >= s.seconds) {
         return absl::InvalidArgumentError(where + ".at: must be within the scenario's seconds");
@@ -219,11 +222,19 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
           return absl::InvalidArgumentError(where + ": partition needs a target shard:I or "
                                                     "worker:I and seconds > 0");
         }
+        if (!a.from.empty() && a.from != "monitor") {
+          return absl::InvalidArgumentError(where + ".from: '" + a.from +
+                                            "' is not monitor (the only peer a partition can "
+                                            "cut a process off from alone)");
+        }
       } else {
         return absl::InvalidArgumentError(where + ".do: unknown action '" + a.what +
                                           "' (kill, restart, stop, cont, terminate, slow, "
                                           "add-worker, add-shard, drain-shard, faults, "
                                           "clear-faults, partition)");
+      }
+      if (!a.from.empty() && a.what != "partition") {
+        return absl::InvalidArgumentError(where + ".from: only a partition takes it");
       }
       s.timeline.push_back(std::move(a));
     }
@@ -235,7 +246,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
     if (auto st = CheckKeys(inv, "invariants",
                             {"progress_within", "final_accuracy", "no_crash", "no_hang",
                              "lost_bound", "no_double_apply", "faults_in_metrics",
-                             "durable_kept", "acked_kept", "replicas_identical"});
+                             "durable_kept", "acked_kept", "replicas_identical",
+                             "no_split_brain"});
         !st.ok()) {
       return st;
     }
@@ -253,7 +265,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                                    {"faults_in_metrics", &v.faults_in_metrics},
                                    {"durable_kept", &v.durable_kept},
                                    {"acked_kept", &v.acked_kept},
-                                   {"replicas_identical", &v.replicas_identical}}) {
+                                   {"replicas_identical", &v.replicas_identical},
+                                   {"no_split_brain", &v.no_split_brain}}) {
       if (inv[key]) {
         if (auto st = Read(inv[key], std::string("invariants.") + key, out); !st.ok()) return st;
       }
@@ -272,7 +285,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
         {"lost_bound", v.lost_bound},       {"no_double_apply", v.no_double_apply},
         {"faults_in_metrics", v.faults_in_metrics}, {"durable_kept", v.durable_kept},
         {"acked_kept", v.acked_kept},
-        {"replicas_identical", v.replicas_identical}};
+        {"replicas_identical", v.replicas_identical},
+        {"no_split_brain", v.no_split_brain}};
     for (const auto& name : s.expect_fail) {
       auto it = checked.find(name);
       if (it == checked.end()) {
@@ -280,7 +294,7 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                                           "' is not an invariant (progress_within, "
                                           "final_accuracy, no_crash, no_hang, lost_bound, "
                                           "no_double_apply, faults_in_metrics, durable_kept, "
-                                          "acked_kept, replicas_identical)");
+                                          "acked_kept, replicas_identical, no_split_brain)");
       }
       if (!it->second) {
         return absl::InvalidArgumentError("expect_fail: '" + name + "' is not checked");

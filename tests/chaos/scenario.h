@@ -27,7 +27,8 @@
 // drain-shard (shard:I; pacerctl drain-shard), faults (target as for
 // pacerctl fault, with shard:I/worker:I meaning the I-th started process,
 // and spec), clear-faults, partition (target worker:I or shard:I, seconds:
-// cut off from everyone for that long).
+// cut off from everyone for that long; with `from: monitor`, from the
+// monitor only, the others still reach it).
 #ifndef PACER_TESTS_CHAOS_SCENARIO_H_
 #define PACER_TESTS_CHAOS_SCENARIO_H_
 
@@ -45,6 +46,9 @@ struct Action {
   std::string spec;     // faults: the rules
   double seconds = 0;   // partition, slow: how long
   double factor = 0;    // slow: the process runs 1/factor of the time
+  // partition: "" (cut off from everyone) or "monitor" (from the monitor
+  // only: the target and the monitor drop what the other sends).
+  std::string from;
   // Whether this action ends a fault (the cluster should make progress
   // again after it): restart, cont, clear-faults, and the end of a partition
   // or of a rule with for=, add-shard, drain-shard.
@@ -68,6 +72,10 @@ struct Invariants {
   bool durable_kept = true;        // every push journalled durable is in its range's final primary
   bool acked_kept = true;          // so is every acknowledged push of a worker not killed
   bool replicas_identical = true;  // each backup holds its primary's record, state and ledger
+  // No range acknowledged by two primaries at once: per range, every push
+  // acknowledged at an epoch comes before the first acknowledged at a
+  // higher one (the workers' journals name each range's epoch).
+  bool no_split_brain = true;
 };
 
 struct Scenario {
