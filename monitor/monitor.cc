@@ -435,7 +435,10 @@ std::string MonitorCore::HostOf(size_t shard) const {
 bool MonitorCore::AssignReplicas() {
   if (!map_built_) return false;
   auto has_range = [&](size_t i) { return i < ranges_.size() && ranges_[i].first != ranges_[i].second; };
-  auto usable = [&](size_t i) { return !shards_[i].down && !shards_[i].drained; };
+  auto usable = [&](size_t i) {
+    return !shards_[i].down && !shards_[i].drained && !shards_[i].retired &&
+           !(handoff_ && handoff_->shard == i);
+  };
   std::map<uint32_t, size_t> index;
   for (size_t i = 0; i < shards_.size(); ++i) index[shards_[i].id] = i;
   // The shard that serves range i (itself, or after a failover its host).
@@ -681,7 +684,16 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.faults_version = faults_.version();
   reply.lr_overrides = LrOverridesByIndex();
   reply.lr_overrides_version = lr_overrides_version_;
-  if (at) FillReplication(*at, &reply);
+  if (at) {
+    StepHandoff(*at, hb.handed_off);
+    FillReplication(*at, &reply);
+    if (shards_[*at].retired) {
+      // Drained: its range is served by the backup it handed it to.
+      reply.state = wire::JobState::Stopped;
+      reply.stop_reason = "drained: its range is served by shard " +
+                          std::to_string(shards_[*at].host);
+    }
+  }
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
 }
 
@@ -709,7 +721,6 @@ void MonitorCore::TakeServing(ShardState& host, const std::vector<msg::ShardInfo
 bool MonitorCore::FailOver() {
   if (options_.replicas == 0 || !map_built_ || state_ == wire::JobState::Stopped) return false;
   bool changed = false;
-  const TimePoint now = clock_->Now();
   for (size_t i = 0; i < shards_.size(); ++i) {
     ShardState& s = shards_[i];
     if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || s.drained) continue;
@@ -718,34 +729,76 @@ bool MonitorCore::FailOver() {
     const ShardState* host = h ? &shards_[*h] : nullptr;
     const bool primary_down = s.host == 0 ? s.down : (host == nullptr || host->down);
     if (!primary_down) continue;
-    // A live backup that reported a replica of this epoch takes over.
-    for (uint32_t b : s.backups) {
-      const auto bi = ShardIndex(b);
-      if (!bi || shards_[*bi].down || shards_[*bi].drained) continue;
-      const ShardState* it = &shards_[*bi];
-      auto held = it->replicas.find(s.id);
-      if (held == it->replicas.end() || held->second != s.epoch) continue;
-      s.host = b;
-      s.served_at.clear();
-      s.epoch = ++epoch_;
-      // The promoted replica is the primary now; AssignReplicas gives the
-      // range a new backup, seeded from it while training goes on.
-      s.backups.clear();
-      s.failed_over_at = now;
-      ++failovers_;
-      metrics_.failovers->Increment();
-      dirty_ = true;
-      changed = true;
-      const ShardState& gone = host == nullptr ? s : *host;
-      spdlog::warn("failover: shard {} silent for {:.2f} s (--shard-lease {:.2f} s); shard {}'s keys "
-                   "[{}, {}) go to its backup, shard {}, at epoch {}",
-                   gone.id, ToSeconds(now - gone.last_seen), ToSeconds(options_.shard_lease), s.id,
-                   ranges_[i].first, ranges_[i].second, b, s.epoch);
-      break;
+    const ShardState& gone = host == nullptr ? s : *host;
+    const std::string why = fmt::format("shard {} silent for {:.2f} s (--shard-lease {:.2f} s)",
+                                        gone.id, ToSeconds(clock_->Now() - gone.last_seen),
+                                        ToSeconds(options_.shard_lease));
+    if (handoff_ && handoff_->shard == i) {
+      spdlog::warn("drain of shard {}: it died before handing its range over; a failover "
+                   "takes it",
+                   s.id);
+      handoff_.reset();
     }
+    changed |= PromoteBackup(i, why);
   }
   if (changed) UpdateReplicaGauges();
   return changed;
+}
+
+bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
+  ShardState& s = shards_[i];
+  const uint32_t before = s.host == 0 ? s.id : s.host;
+  // A live backup that reported a replica of this epoch takes over.
+  for (uint32_t b : s.backups) {
+    const auto bi = ShardIndex(b);
+    if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired) continue;
+    const ShardState* it = &shards_[*bi];
+    auto held = it->replicas.find(s.id);
+    if (held == it->replicas.end() || held->second != s.epoch) continue;
+    s.host = b;
+    s.served_at.clear();
+    s.epoch = ++epoch_;
+    // The promoted replica is the primary now; AssignReplicas gives the
+    // range a new backup, seeded from it while training goes on.
+    s.backups.clear();
+    s.failed_over_at = clock_->Now();
+    ++failovers_;
+    const bool drain = handoff_ && handoff_->shard == i;
+    (drain ? metrics_.handoffs : metrics_.failovers)->Increment();
+    dirty_ = true;
+    spdlog::warn("failover: {}; shard {}'s keys [{}, {}) go from shard {} to its backup, shard {}, "
+                 "at epoch {}",
+                 reason, s.id, ranges_[i].first, ranges_[i].second, before, b, s.epoch);
+    return true;
+  }
+  return false;
+}
+
+void MonitorCore::StepHandoff(size_t i, bool handed_off) {
+  if (!handoff_ || handoff_->shard != i) return;
+  ShardState& s = shards_[i];
+  const TimePoint now = clock_->Now();
+  if (!handed_off) {
+    if (now - handoff_->reported >= std::chrono::seconds(5)) {
+      handoff_->reported = now;
+      spdlog::warn("drain of shard {}: waiting {:.1f} s for it to stop and for its backups ({}) "
+                   "to hold everything it applied",
+                   s.id, ToSeconds(now - handoff_->started), IdList(s.backups));
+    }
+    return;
+  }
+  const std::string why = fmt::format(
+      "pacerctl drain-shard: shard {} stopped applying and its backups hold all it applied "
+      "({:.2f} s)",
+      s.id, ToSeconds(now - handoff_->started));
+  if (!PromoteBackup(i, why)) {
+    // Its backups changed meanwhile: wait for one to report this epoch.
+    return;
+  }
+  s.retired = true;
+  handoff_.reset();
+  AssignReplicas();
+  UpdateShardGauges();
 }
 
 void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
@@ -784,6 +837,7 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   if (holds(i) && shards_[i].host == 0) {
     reply->replica_epoch = shards_[i].epoch;
     add_backups(shards_[i].backups, &reply->replica_backups);
+    reply->hand_off = handoff_ && handoff_->shard == i;
   } else if (holds(i)) {
     reply->replica_epoch = shards_[i].epoch;
     reply->deposed = true;
@@ -972,7 +1026,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
     r.partitions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);
   }
   r.pause_at = pause_at_;
-  r.moving = move_.has_value();
+  r.moving = move_.has_value() || handoff_.has_value();
   r.replicas = options_.replicas;
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), r)});
 }
@@ -1081,7 +1135,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     default:
       break;
   }
-  if (move_) return refuse("a shard move is already in progress");
+  if (move_ || handoff_) return refuse("a shard move is already in progress");
   const auto idx = ShardIndex(c.shard_id);
   if (!idx) return refuse("no shard " + std::to_string(c.shard_id));
   const size_t target = *idx;
@@ -1124,6 +1178,27 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     key_end = ranges_[from].second;
   } else {
     if (!has_range(target)) return refuse("shard " + std::to_string(c.shard_id) + " holds no keys");
+    // With backups: the primary hands its range to a backup first (it
+    // stops applying, its backups take all it applied, one is promoted at
+    // once), so nothing moves and no worker waits for a lease.
+    const bool hosts_others = std::any_of(shards_.begin(), shards_.end(), [&](const ShardState& x) {
+      return x.host == shards_[target].id;
+    });
+    const bool backed = std::any_of(
+        shards_[target].backups.begin(), shards_[target].backups.end(), [&](uint32_t b) {
+          const auto bi = ShardIndex(b);
+          if (!bi || shards_[*bi].down || shards_[*bi].drained) return false;
+          auto held = shards_[*bi].replicas.find(shards_[target].id);
+          return held != shards_[*bi].replicas.end() && held->second == shards_[target].epoch;
+        });
+    if (options_.replicas > 0 && shards_[target].host == 0 && !shards_[target].down &&
+        !hosts_others && backed) {
+      handoff_ = Handoff{target, clock_->Now(), clock_->Now()};
+      spdlog::info("draining shard {}: it hands keys [{}, {}) to its backup ({}) before it stops",
+                   c.shard_id, ranges_[target].first, ranges_[target].second,
+                   IdList(shards_[target].backups));
+      return ack();
+    }
     size_t to = SIZE_MAX;
     for (size_t i = 0; i < shards_.size(); ++i) {
       if (i != target && has_range(i) && ranges_[i].second == ranges_[target].first) to = i;

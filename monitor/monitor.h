@@ -220,7 +220,7 @@ class MonitorCore {
   bool shard_down(size_t i) const { return shards_[i].down; }
   uint64_t map_version() const { return map_version_; }
   uint64_t pause_at() const { return pause_at_; }
-  bool moving() const { return move_.has_value(); }
+  bool moving() const { return move_.has_value() || handoff_.has_value(); }
   const std::vector<PartitionState>& partitions() const { return partitions_; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
@@ -281,6 +281,10 @@ class MonitorCore {
     TimePoint failed_over_at{};
     // From its heartbeats: the replicas it holds (range -> epoch).
     std::map<uint32_t, uint64_t> replicas;
+    // pacerctl drain-shard handed its range to a backup: the process stops
+    // (told so in its heartbeat replies) and never backs anything up; the
+    // range lives on at `host`.
+    bool retired = false;
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -316,6 +320,13 @@ class MonitorCore {
   // one did. The backup learns it from its heartbeat reply (promote) and
   // reports the address it serves the range at (TakeServing).
   bool FailOver();
+  // Gives range i to a live backup that reported a replica of its current
+  // epoch, at a new epoch (saved before anyone hears of it); `reason`
+  // ("lease", "drain") is logged and counted. False when no backup can.
+  bool PromoteBackup(size_t i, const std::string& reason);
+  // pacerctl drain-shard with --replicas: hands the range over (handoff_)
+  // when its primary has stopped and its backups hold all it applied.
+  void StepHandoff(size_t i, bool handed_off);
   void TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving);
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.
@@ -403,6 +414,16 @@ class MonitorCore {
   bool dirty_ = true;
   bool awaiting_workers_ = false;  // resumed with no live worker yet
   std::optional<KeyMove> move_;  // a shard move in progress (pacerctl add-shard / drain-shard)
+  // pacerctl drain-shard with --replicas: the primary at `shard` is asked
+  // (HeartbeatReply.hand_off) to stop applying pushes and make its backups
+  // hold everything it applied; once it says so (Heartbeat.handed_off) a
+  // backup is promoted at once, with no lease to wait for.
+  struct Handoff {
+    size_t shard = 0;
+    TimePoint started{};
+    TimePoint reported{};  // the last "still waiting" log
+  };
+  std::optional<Handoff> handoff_;
   wire::ShardOp move_op_ = wire::ShardOp::Add;
   uint64_t pause_at_ = 0;         // workers hold before this clock (0: no pause)
   bool operator_pause_ = false;   // pacerctl pause

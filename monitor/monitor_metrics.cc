@@ -140,13 +140,15 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
                           .Help("Key ranges with fewer live backups than --replicas asks for")
                           .Register(r)
                           .Add({});
-  failovers = &prometheus::BuildCounter()
-                   .Name("pacer_monitor_failovers_total")
-                   .Help(
-                       "Key ranges handed to a backup because their primary missed its shard "
-                       "lease (--replicas, --shard-lease)")
-                   .Register(r)
-                   .Add({});
+  auto& failover_family = prometheus::BuildCounter()
+                              .Name("pacer_monitor_failovers_total")
+                              .Help(
+                                  "Key ranges handed to a backup (--replicas), by reason: lease "
+                                  "(the primary missed its shard lease), drain (pacerctl "
+                                  "drain-shard handed the range over)")
+                              .Register(r);
+  failovers = &failover_family.Add({{"reason", "lease"}});
+  handoffs = &failover_family.Add({{"reason", "drain"}});
   test_loss = &prometheus::BuildGauge()
                    .Name("pacer_training_test_loss")
                    .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")

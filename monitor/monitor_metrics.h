@@ -42,7 +42,10 @@ struct MonitorMetrics {
   prometheus::Gauge* replicas_wanted = nullptr;
   prometheus::Family<prometheus::Gauge>* range_backups = nullptr;
   prometheus::Gauge* under_replicated = nullptr;
+  // By reason: "lease" (the primary missed its shard lease), "drain"
+  // (pacerctl drain-shard handed the range to its backup).
   prometheus::Counter* failovers = nullptr;
+  prometheus::Counter* handoffs = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;

@@ -513,7 +513,10 @@ int main(int argc, char** argv) {
   add->add_option("ID", shard_id, "The idle shard's id (pacerctl status)")->required();
   auto* drain = app.add_subcommand(
       "drain-shard", "Move a shard's whole key range to a neighbouring shard and stop it; the "
-                     "workers are held while the keys move. Waits until done");
+                     "workers are held while the keys move. With --replicas on the monitor, "
+                     "the range goes to its backup instead: the shard stops applying, its "
+                     "backup takes its last record and serves the range at once, nothing is "
+                     "copied. Waits until done");
   drain->add_option("ID", shard_id, "The shard's id (pacerctl status)")->required();
   auto* pause = app.add_subcommand("pause", "Hold every worker at a common clock (no update is "
                                             "applied until resume)");

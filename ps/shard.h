@@ -229,10 +229,14 @@ class ShardCore {
   // steps not yet in a record go out in one marked last, which tells each
   // backup that nothing follows, and from then on the core applies no step
   // (pushes are answered NotReady; pulls are still answered), so that the
-  // primary and its backups leave with the same state.
+  // primary and its backups leave with the same state. A second call
+  // does nothing. Also the first step of a planned hand-over (pacerctl
+  // drain-shard): the range's backups then hold all it ever applied.
   void Leave(std::vector<Outgoing>* out);
   // Every replica held got its primary's last record.
   bool replicas_final() const;
+  // Leave took effect (it had backups to send a last record to).
+  bool leaving() const { return leaving_; }
 
   // The ledger: every (worker, seq) this range applied, kept by the
   // primary and by each replica (records carry them; seeds carry the

@@ -189,7 +189,7 @@ void ShardCore::FlushReplication(std::vector<Outgoing>* out) {
 }
 
 void ShardCore::Leave(std::vector<Outgoing>* out) {
-  if (backups_.empty()) return;
+  if (backups_.empty() || leaving_) return;
   SendRecord(true, out);
   leaving_ = true;
 }

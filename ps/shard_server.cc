@@ -212,6 +212,7 @@ void ShardServer::HeartbeatLoop() {
       hb.replicas = report_replicas_;
       hb.serving = report_serving_;
     }
+    hb.handed_off = handed_off_.load();
     const TimePoint sent = clock->Now();
     auto reply = monitor_->Call(hb, sent + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
@@ -219,6 +220,7 @@ void ShardServer::HeartbeatLoop() {
       // when it arrived, ends later.
       lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
+      if (r.hand_off) hand_off_requested_ = true;
       PromoteConfig promote{r.promote, r.promote_backups};
       if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
                                       promote.backups != last_promote.backups)) {
@@ -487,6 +489,22 @@ void ShardServer::Run() {
         ApplyReplication(*pending_replication_, &out);
         pending_replication_.reset();
       }
+    }
+    if (hand_off_requested_ && !core_->leaving() && core_->replicated()) {
+      // pacerctl drain-shard: apply nothing more; the last record takes
+      // everything applied to the backups, and the monitor promotes one
+      // once they hold it.
+      core_->Leave(&out);
+      spdlog::info("shard {}: handing its range over to its backups (pacerctl drain-shard): "
+                   "applies nothing more; last record {}",
+                   id_, core_->replication_record());
+    }
+    if (core_->leaving() && hand_off_requested_ && !handed_off_ &&
+        core_->durable_record() >= core_->replication_record()) {
+      handed_off_ = true;
+      heartbeat_now_ = true;  // the monitor promotes a backup on hearing it
+      spdlog::info("shard {}: its backups hold its last record {}; the range can be handed over",
+                   id_, core_->replication_record());
     }
     // Fencing: a primary with backups that has not heard from the monitor
     // for its lease stops answering (the monitor may promote a backup).

@@ -219,6 +219,12 @@ class ShardServer {
   std::vector<msg::ShardInfo> report_replicas_;
   std::vector<msg::ShardInfo> report_serving_;
   std::atomic<bool> heartbeat_now_{false};
+  // pacerctl drain-shard with backups: the monitor asked this primary to
+  // hand its range over (HeartbeatReply.hand_off); the serving thread has
+  // made it stop applying and its backups hold everything (reported in
+  // Heartbeat.handed_off).
+  std::atomic<bool> hand_off_requested_{false};
+  std::atomic<bool> handed_off_{false};
   ShardJob job_;  // from registration
   // The shard lease (the monitor's --shard-lease): fenced past
   // lease_until_ns_ (the transport clock's nanoseconds).

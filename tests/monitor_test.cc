@@ -731,6 +731,92 @@ TEST_F(ReplicaTest, ABackupThatLosesItsLeaseIsReplacedAndTheSetsAreSaved) {
   }
 }
 
+// Shards that report their replicas and hand their ranges over.
+class HandoffTest : public ReplicaTest {
+ protected:
+  // Shard `id`'s heartbeat with the replicas it holds (range -> epoch) and
+  // whether it handed its range over; its reply.
+  msg::HeartbeatReply Beat(uint32_t id, const std::map<uint32_t, uint64_t>& replicas = {},
+                           bool handed_off = false) {
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    for (const auto& [range, epoch] : replicas) {
+      msg::ShardInfo r;
+      r.id = range;
+      r.epoch = epoch;
+      hb.replicas.push_back(r);
+    }
+    hb.handed_off = handed_off;
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(id, kJob, id, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+    return d.message == nullptr ? msg::HeartbeatReply{} : msg::Read<msg::HeartbeatReply>(d);
+  }
+  static constexpr uint32_t kTool = 0xFFFFFFFFu;  // pacerctl's sender id
+};
+
+// pacerctl drain-shard with --replicas: the primary is asked to hand its
+// range over, and only once it says its backups hold everything is the
+// backup promoted (at once, no lease), counted as a drain, and the drained
+// shard told to stop; it never backs anything up again.
+TEST_F(HandoffTest, DrainHandsTheRangeToItsBackupOnceThePrimarySaysSo) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t epoch = core_->shard_epoch(IndexOf(p));
+  Beat(b, {{p, epoch}});  // the backup holds a replica of this epoch
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(300, kJob, kTool, fbb, wire::CreateShardControl(fbb, wire::ShardOp::Drain, p)),
+         wire::Body::Ack);
+  }
+  EXPECT_TRUE(core_->moving());
+  msg::HeartbeatReply r = Beat(p);
+  EXPECT_TRUE(r.hand_off);
+  EXPECT_EQ(r.state, wire::JobState::Running);
+  clock_.Advance(milliseconds(200));
+  Tick();
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), p) << "promoted before the primary stopped";
+  r = Beat(p, {}, /*handed_off=*/true);
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), b);
+  EXPECT_GT(core_->shard_epoch(IndexOf(p)), epoch);
+  EXPECT_EQ(r.state, wire::JobState::Stopped) << "the drained shard must stop";
+  EXPECT_TRUE(r.deposed);
+  EXPECT_FALSE(core_->moving());
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_failovers_total", {{"reason", "drain"}}), 1);
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_failovers_total", {{"reason", "lease"}}), 0);
+  for (const auto& [id, backups] : MapBackups()) {
+    EXPECT_EQ(std::count(backups.begin(), backups.end(), p), 0) << "shard " << id << " backed by the drained shard";
+  }
+}
+
+// A primary cut off past its lease loses its range to its backup; when it
+// is heard again (the same process), its reply says so (deposed, with the
+// range's new epoch) and gives it no backups.
+TEST_F(HandoffTest, APrimaryHeardAgainAfterItsFailoverIsDeposed) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t epoch = core_->shard_epoch(IndexOf(p));
+  EXPECT_FALSE(Beat(p).deposed);
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(milliseconds(200));
+    for (const auto& [id, unused] : sets) {
+      if (id != p) Beat(id, id == b ? std::map<uint32_t, uint64_t>{{p, epoch}} : std::map<uint32_t, uint64_t>{});
+    }
+    Heartbeat(worker_a_);
+    Heartbeat(worker_b_);
+    Tick();
+  }
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_failovers_total", {{"reason", "lease"}}), 1);
+  const msg::HeartbeatReply r = Beat(p);
+  EXPECT_TRUE(r.deposed);
+  EXPECT_EQ(r.replica_epoch, core_->shard_epoch(IndexOf(p)));
+  EXPECT_TRUE(r.replica_backups.empty());
+}
+
 TEST_F(ReplicaTest, WithoutReplicasNoRangeHasBackups) {
   Make(0, 2);
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}});

@@ -303,6 +303,7 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   b.add_compute_max_seconds(m.compute_max_seconds);
   if (!replicas.IsNull()) b.add_replicas(replicas);
   if (!serving.IsNull()) b.add_serving(serving);
+  b.add_handed_off(m.handed_off);
   return b.Finish();
 }
 Heartbeat FromWire(const wire::Heartbeat& t) {
@@ -328,6 +329,7 @@ Heartbeat FromWire(const wire::Heartbeat& t) {
   m.compute_max_seconds = t.compute_max_seconds();
   m.replicas = ShardInfosOf(t.replicas());
   m.serving = ShardInfosOf(t.serving());
+  m.handed_off = t.handed_off();
   return m;
 }
 
@@ -354,7 +356,7 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
-                                    backing, promote, promote_backups, m.deposed);
+                                    backing, promote, promote_backups, m.deposed, m.hand_off);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -379,6 +381,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.promote = ShardInfosOf(t.promote());
   m.promote_backups = ShardInfosOf(t.promote_backups());
   m.deposed = t.deposed();
+  m.hand_off = t.hand_off();
   return m;
 }
 

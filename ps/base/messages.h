@@ -172,6 +172,9 @@ struct Heartbeat {
   // range, address, epoch).
   std::vector<ShardInfo> replicas;
   std::vector<ShardInfo> serving;
+  // Asked to hand its range over: it applies nothing more and its backups
+  // hold all it applied.
+  bool handed_off = false;
 };
 
 struct HeartbeatReply {
@@ -203,6 +206,9 @@ struct HeartbeatReply {
   // answers nothing of that range any more (replica_epoch: the range's
   // current epoch).
   bool deposed = false;
+  // To a primary being drained (with backups): stop applying, have the
+  // backups take a last record, then say handed_off.
+  bool hand_off = false;
 };
 
 // --- the monitor to the shards
