@@ -12,6 +12,7 @@
 #include "ps/base/rpc.h"
 #include "ps/optimizer.h"
 #include "ps/partition.h"
+#include "ps/shard.h"
 #include "ps/table.h"
 #include "ps/staleness.h"
 #include "spdlog/spdlog.h"
@@ -486,6 +487,11 @@ bool MonitorCore::AssignReplicas() {
         if (j == p || j == i || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) {
           continue;
         }
+        // Fell behind on this range a short while ago (DropLagging).
+        if (auto d = shards_[i].lag_dropped.find(shards_[j].id);
+            d != shards_[i].lag_dropped.end() && clock_->Now() < d->second) {
+          continue;
+        }
         const std::string host = HostOf(j);
         bool shared = host == HostOf(p);
         for (uint32_t b : set) shared = shared || host == HostOf(index.at(b));
@@ -685,6 +691,7 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.lr_overrides = LrOverridesByIndex();
   reply.lr_overrides_version = lr_overrides_version_;
   if (at) {
+    DropLagging(*at, hb.lagging);
     StepHandoff(*at, hb.handed_off);
     FillReplication(*at, &reply);
     if (shards_[*at].retired) {
@@ -772,6 +779,39 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
     return true;
   }
   return false;
+}
+
+void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& lagging) {
+  if (options_.replicas == 0 || !map_built_ || lagging.empty()) return;
+  const TimePoint now = clock_->Now();
+  bool changed = false;
+  for (const msg::ShardInfo& r : lagging) {
+    const auto ri = ShardIndex(r.id);
+    // Only the range's primary speaks for it (not one it failed over from).
+    if (!ri || shard_host(*ri) != shards_[from].id) continue;
+    ShardState& s = shards_[*ri];
+    for (uint32_t b : r.backups) {
+      auto it = std::find(s.backups.begin(), s.backups.end(), b);
+      if (it == s.backups.end()) continue;
+      s.backups.erase(it);
+      s.lag_dropped[b] = now + kLagCooldown;
+      metrics_.backups_dropped->Increment();
+      changed = true;
+      spdlog::warn("backup {} of shard {}'s range fell behind (its primary, shard {}, waited over "
+                   "{:.0f} s for its acknowledgement): dropped from the set; not given this "
+                   "range again for {:.0f} s",
+                   b, s.id, shards_[from].id, ToSeconds(ShardCore::kBackupLagLimit),
+                   ToSeconds(kLagCooldown));
+    }
+  }
+  if (!changed) return;
+  // The new set goes out before anyone counts on the dropped backup; a
+  // free shard, if any, takes its place.
+  AssignReplicas();
+  ++map_version_;
+  metrics_.map_version->Set(static_cast<double>(map_version_));
+  dirty_ = true;
+  UpdateReplicaGauges();
 }
 
 void MonitorCore::StepHandoff(size_t i, bool handed_off) {

@@ -285,6 +285,9 @@ class MonitorCore {
     // (told so in its heartbeat replies) and never backs anything up; the
     // range lives on at `host`.
     bool retired = false;
+    // Backups dropped from this range's set for falling behind, each until
+    // when it is not given the range again.
+    std::map<uint32_t, TimePoint> lag_dropped;
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -327,6 +330,11 @@ class MonitorCore {
   // pacerctl drain-shard with --replicas: hands the range over (handoff_)
   // when its primary has stopped and its backups hold all it applied.
   void StepHandoff(size_t i, bool handed_off);
+  // A primary (shard index `from`) reports backups that fall behind: each
+  // leaves its range's set (and is not given that range again for
+  // kLagCooldown); the range gets another where a shard is free.
+  void DropLagging(size_t from, const std::vector<msg::ShardInfo>& lagging);
+  static constexpr Duration kLagCooldown = std::chrono::seconds(60);
   void TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving);
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.

@@ -149,6 +149,13 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
                               .Register(r);
   failovers = &failover_family.Add({{"reason", "lease"}});
   handoffs = &failover_family.Add({{"reason", "drain"}});
+  backups_dropped = &prometheus::BuildCounter()
+                         .Name("pacer_monitor_backups_dropped_total")
+                         .Help(
+                             "Backups dropped from a key range's set because they fell behind: "
+                             "its primary had waited over 5 s for their acknowledgement")
+                         .Register(r)
+                         .Add({});
   test_loss = &prometheus::BuildGauge()
                    .Name("pacer_training_test_loss")
                    .Help("Last test-set loss (cross-entropy) reported by the evaluating worker")

@@ -46,6 +46,7 @@ struct MonitorMetrics {
   // (pacerctl drain-shard handed the range to its backup).
   prometheus::Counter* failovers = nullptr;
   prometheus::Counter* handoffs = nullptr;
+  prometheus::Counter* backups_dropped = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;

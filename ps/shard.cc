@@ -1151,6 +1151,7 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
 void ShardCore::Tick(std::vector<Outgoing>* out) {
   handle_start_ = clock_->Now();  // for pulls answered from here
   const TimePoint now = clock_->Now();
+  if (!backups_.empty()) metrics_.lag_seconds->Set(replication_lag_seconds());
   // Stall report: which live workers the oldest open clock waits for.
   if (!open_.empty()) {
     OpenClock& oc = open_.begin()->second;

@@ -260,6 +260,16 @@ class ShardCore {
   static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(2);
   // Every this many records carries a check of a block range.
   static constexpr uint64_t kReplicaCheckEvery = 16;
+  // A backup that owes an acknowledgement (of a record or a seed) for
+  // longer than this falls behind: the primary reports it to the monitor
+  // (lagging_backups(), in its heartbeats), which drops it from the range's
+  // set and gives the range another; durability waits for it until the
+  // monitor's new set arrives, never longer.
+  static constexpr Duration kBackupLagLimit = std::chrono::seconds(5);
+  // The backups that fall behind (kBackupLagLimit), and how long the
+  // longest has owed an acknowledgement (0: none owes one).
+  std::vector<uint32_t> lagging_backups() const;
+  double replication_lag_seconds() const;
 
   // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
   // between two messages, so no step is half applied: the parameter table
@@ -508,11 +518,18 @@ class ShardCore {
     bool seeded = false;       // a seed went out; records follow it
     uint64_t seed_record = 0;  // the record the last seed stood for
     TimePoint retry_at{};      // after an error: seed again from then on
+    // Since when it has owed an acknowledgement (max: it holds everything
+    // sent), for lagging_backups().
+    TimePoint behind_since = TimePoint::max();
   };
   struct UnackedRecord {
     uint64_t record = 0;
     std::vector<std::pair<uint32_t, uint64_t>> marks;  // worker, last applied seq
+    TimePoint sent{};
   };
+  // After `link` acknowledged: since when it owes the next record (max:
+  // nothing).
+  void UpdateBehind(BackupLink& link);
   uint64_t repl_epoch_ = 0;
   std::map<uint32_t, BackupLink> backups_;
   uint64_t record_ = 0;  // the last record made

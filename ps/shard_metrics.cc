@@ -127,6 +127,14 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) {
                  "pushes in them are received, not yet durable")
              .Register(r)
              .Add({});
+  lag_seconds = &prometheus::BuildGauge()
+                     .Name("pacer_shard_replication_lag_seconds")
+                     .Help(
+                         "How long the slowest backup of this primary's range has owed an "
+                         "acknowledgement (0: every backup holds every record); past 5 s it is "
+                         "reported to the monitor, which drops it from the set")
+                     .Register(r)
+                     .Add({});
   replicas = &prometheus::BuildGauge()
                   .Name("pacer_shard_replicas")
                   .Help("Other shards' ranges this shard holds a replica of (as a backup)")

@@ -40,6 +40,7 @@ struct ShardMetrics {
   prometheus::Counter* seeds = nullptr;
   prometheus::Gauge* backups = nullptr;
   prometheus::Gauge* lag = nullptr;
+  prometheus::Gauge* lag_seconds = nullptr;
   prometheus::Gauge* replicas = nullptr;
   prometheus::Counter* checks = nullptr;
   prometheus::Counter* mismatches = nullptr;

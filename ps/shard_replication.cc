@@ -240,11 +240,13 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   }
   const Envelope env = RequestEnvelope();
   Frames frames = EncodeMessage(env, rec, std::move(payload), options_.check_crc);
+  const TimePoint now = clock_->Now();
   for (auto& [id, link] : backups_) {
     if (!link.seeded) continue;  // its seed will hold this record's state
     out->push_back({Frame(), frames, id});
+    if (link.behind_since == TimePoint::max()) link.behind_since = now;
   }
-  unacked_.push_back({record_, std::move(rec.marks)});
+  unacked_.push_back({record_, std::move(rec.marks), now});
   metrics_.records->Increment();
   repl_steps_.clear();
   repl_values_.clear();
@@ -279,6 +281,7 @@ void ShardCore::SendSeed(uint32_t backup, std::vector<Outgoing>* out) {
                   backup});
   link->second.seeded = true;
   link->second.seed_record = record_;
+  if (link->second.behind_since == TimePoint::max()) link->second.behind_since = clock_->Now();
   metrics_.seeds->Increment();
   spdlog::info("shard {}: seeding backup {} with its range ({} keys, {} values) at record {}",
                shard_id_, backup, slice->keys.size(), table_->values(), record_);
@@ -288,6 +291,7 @@ void ShardCore::UpdateDurable() {
   if (backups_.empty()) {
     for (const auto& [worker, seq] : applied_marks_) durable_[worker] = seq;
     metrics_.lag->Set(0);
+    metrics_.lag_seconds->Set(0);
     return;
   }
   const uint64_t held = durable_record();
@@ -316,7 +320,39 @@ void ShardCore::OnReplicateReply(const Decoded& d) {
     return;
   }
   link->second.acked = std::max(link->second.acked, m.record);
+  UpdateBehind(link->second);
   UpdateDurable();
+}
+
+void ShardCore::UpdateBehind(BackupLink& link) {
+  if (link.acked >= record_) {
+    link.behind_since = TimePoint::max();
+    return;
+  }
+  // Owes the first record after what it holds: since that one left.
+  for (const UnackedRecord& u : unacked_) {
+    if (u.record > link.acked) {
+      link.behind_since = u.sent;
+      return;
+    }
+  }
+}
+
+std::vector<uint32_t> ShardCore::lagging_backups() const {
+  std::vector<uint32_t> lagging;
+  const TimePoint now = clock_->Now();
+  for (const auto& [id, link] : backups_) {
+    if (link.behind_since != TimePoint::max() && now - link.behind_since > kBackupLagLimit) {
+      lagging.push_back(id);
+    }
+  }
+  return lagging;
+}
+
+double ShardCore::replication_lag_seconds() const {
+  TimePoint oldest = TimePoint::max();
+  for (const auto& [id, link] : backups_) oldest = std::min(oldest, link.behind_since);
+  return oldest == TimePoint::max() ? 0.0 : ToSeconds(clock_->Now() - oldest);
 }
 
 void ShardCore::OnBackupError(const Decoded& d) {

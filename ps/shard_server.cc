@@ -211,6 +211,7 @@ void ShardServer::HeartbeatLoop() {
       std::lock_guard<std::mutex> lock(lr_mu_);
       hb.replicas = report_replicas_;
       hb.serving = report_serving_;
+      hb.lagging = report_lagging_;
     }
     hb.handed_off = handed_off_.load();
     const TimePoint sent = clock->Now();
@@ -429,9 +430,22 @@ void ShardServer::UpdateReports() {
     r.address = h.address;
     serving.push_back(std::move(r));
   }
+  // Backups that fall behind, per range served (the monitor drops them).
+  std::vector<msg::ShardInfo> lagging;
+  const auto add_lagging = [&](uint32_t range, const ShardCore& core) {
+    std::vector<uint32_t> behind = core.lagging_backups();
+    if (behind.empty()) return;
+    msg::ShardInfo r;
+    r.id = range;
+    r.backups = std::move(behind);
+    lagging.push_back(std::move(r));
+  };
+  add_lagging(id_, *core_);
+  for (const Hosted& h : hosted_) add_lagging(h.range, *h.core);
   std::lock_guard<std::mutex> lock(lr_mu_);
   report_replicas_ = std::move(replicas);
   report_serving_ = std::move(serving);
+  report_lagging_ = std::move(lagging);
 }
 
 void ShardServer::Run() {

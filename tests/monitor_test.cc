@@ -817,6 +817,48 @@ TEST_F(HandoffTest, APrimaryHeardAgainAfterItsFailoverIsDeposed) {
   EXPECT_TRUE(r.replica_backups.empty());
 }
 
+// A primary reports a backup that fell behind: the monitor drops it from
+// the range's set (counted), gives the range a free shard instead, and not
+// the dropped one again for a while; a report from a shard that is not the
+// range's primary changes nothing.
+TEST_F(HandoffTest, ABackupThatFallsBehindIsDroppedAndReplaced) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  uint32_t other = 0;
+  for (const auto& [id, unused] : sets) {
+    if (id != p && id != b) other = id;
+  }
+  const auto lagging = [&](uint32_t backup) {
+    msg::ShardInfo r;
+    r.id = p;
+    r.backups = {backup};
+    return r;
+  };
+  const auto beat = [&](uint32_t from, uint32_t backup) {
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    hb.lagging = {lagging(backup)};
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+  };
+  beat(other, b);  // not p's primary
+  EXPECT_EQ(core_->shard_backups(IndexOf(p)), (std::vector<uint32_t>{b}));
+  uint64_t v1 = 0, v2 = 0;
+  MapBackups(&v1);
+  beat(p, b);
+  sets = MapBackups(&v2);
+  EXPECT_GT(v2, v1) << "the workers and shards must learn the new set";
+  EXPECT_EQ(sets[p], (std::vector<uint32_t>{other}));
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_backups_dropped_total", {}), 1);
+  // The new backup falls behind too: none is left that may take the range.
+  beat(p, other);
+  sets = MapBackups();
+  EXPECT_TRUE(sets[p].empty());
+  EXPECT_EQ(core_->ranges_under_replicated(), 1u);
+}
+
 TEST_F(ReplicaTest, WithoutReplicasNoRangeHasBackups) {
   Make(0, 2);
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}});

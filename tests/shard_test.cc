@@ -1899,6 +1899,28 @@ TEST_F(ReplicationTest, ADeposedPrimaryAnswersNothingOfItsRange) {
   EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u) << "seq 2 must not be called durable";
 }
 
+// A backup that owes an acknowledgement for longer than kBackupLagLimit
+// falls behind: the primary names it (lagging_backups, reported to the
+// monitor) and the lag in seconds shows; once it acknowledges, it is not.
+TEST_F(ReplicationTest, ABackupThatOwesAnAckTooLongIsReportedLagging) {
+  StartReplicated(wire::Mode::Asp);
+  hold_acks_ = true;
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  clock_.Advance(ShardCore::kReplicaBatchDelay);
+  Tick();  // the batch goes out as a record; its acknowledgement is held
+  ASSERT_EQ(shard_->replication_record(), 1u);
+  clock_.Advance(ShardCore::kBackupLagLimit - std::chrono::milliseconds(100));
+  EXPECT_TRUE(shard_->lagging_backups().empty());
+  clock_.Advance(std::chrono::milliseconds(200));
+  EXPECT_EQ(shard_->lagging_backups(), (std::vector<uint32_t>{kBackupId}));
+  EXPECT_GT(shard_->replication_lag_seconds(), ToSeconds(ShardCore::kBackupLagLimit));
+  hold_acks_ = false;
+  Deliver();
+  EXPECT_TRUE(shard_->lagging_backups().empty());
+  EXPECT_EQ(shard_->replication_lag_seconds(), 0.0);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u);
+}
+
 TEST(AppliedLedgerTest, KeepsSpansCountsDoublesAndReadsSpansBack) {
   AppliedLedger l;
   for (uint64_t s : {1, 2, 3, 5, 7, 6, 9}) EXPECT_TRUE(l.Add(4, s));

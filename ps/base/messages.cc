@@ -281,6 +281,8 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   auto replicas = replicas_infos.empty() ? 0 : fbb.CreateVector(replicas_infos);
   auto serving_infos = BuildShardInfos(fbb, m.serving);
   auto serving = serving_infos.empty() ? 0 : fbb.CreateVector(serving_infos);
+  auto lagging_infos = BuildShardInfos(fbb, m.lagging);
+  auto lagging = lagging_infos.empty() ? 0 : fbb.CreateVector(lagging_infos);
   wire::HeartbeatBuilder b(fbb);
   b.add_role(m.role);
   b.add_clock(m.clock);
@@ -304,6 +306,7 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   if (!replicas.IsNull()) b.add_replicas(replicas);
   if (!serving.IsNull()) b.add_serving(serving);
   b.add_handed_off(m.handed_off);
+  if (!lagging.IsNull()) b.add_lagging(lagging);
   return b.Finish();
 }
 Heartbeat FromWire(const wire::Heartbeat& t) {
@@ -330,6 +333,7 @@ Heartbeat FromWire(const wire::Heartbeat& t) {
   m.replicas = ShardInfosOf(t.replicas());
   m.serving = ShardInfosOf(t.serving());
   m.handed_off = t.handed_off();
+  m.lagging = ShardInfosOf(t.lagging());
   return m;
 }
 

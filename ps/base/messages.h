@@ -175,6 +175,8 @@ struct Heartbeat {
   // Asked to hand its range over: it applies nothing more and its backups
   // hold all it applied.
   bool handed_off = false;
+  // A primary: per range it serves (id), the backups that fall behind.
+  std::vector<ShardInfo> lagging;
 };
 
 struct HeartbeatReply {
