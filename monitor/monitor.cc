@@ -691,7 +691,25 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.lr_overrides = LrOverridesByIndex();
   reply.lr_overrides_version = lr_overrides_version_;
   if (at) {
+    // Ranges it still serves since a promotion that another shard serves
+    // now (they failed over again while it was cut off).
+    for (const msg::ShardInfo& r : hb.serving) {
+      const auto ri = ShardIndex(r.id);
+      if (!ri || (shards_[*ri].host == shards_[*at].id && shards_[*ri].epoch == r.epoch)) continue;
+      if (shards_[*ri].epoch <= r.epoch) continue;  // not superseded (yet)
+      msg::ShardInfo gone;
+      gone.id = r.id;
+      gone.epoch = shards_[*ri].epoch;
+      reply.deposed_ranges.push_back(std::move(gone));
+    }
     DropLagging(*at, hb.lagging);
+    if (hb.handed_off && !handoff_ && !move_ && shards_[*at].host == 0 && !shards_[*at].retired &&
+        *at < ranges_.size() && ranges_[*at].first != ranges_[*at].second) {
+      // It stopped applying for a drain this monitor does not know of (it
+      // restarted meanwhile, or gave the drain up too early): finish it.
+      spdlog::warn("shard {} says it handed its range over; finishing that drain", shards_[*at].id);
+      handoff_ = Handoff{*at, clock_->Now(), clock_->Now()};
+    }
     StepHandoff(*at, hb.handed_off);
     FillReplication(*at, &reply);
     if (shards_[*at].retired) {
@@ -758,7 +776,10 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
   // A live backup that reported a replica of this epoch takes over.
   for (uint32_t b : s.backups) {
     const auto bi = ShardIndex(b);
-    if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired) continue;
+    if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired ||
+        (handoff_ && handoff_->shard == *bi)) {
+      continue;  // gone, or about to stop (a drain in progress)
+    }
     const ShardState* it = &shards_[*bi];
     auto held = it->replicas.find(s.id);
     if (held == it->replicas.end() || held->second != s.epoch) continue;
@@ -819,6 +840,16 @@ void MonitorCore::StepHandoff(size_t i, bool handed_off) {
   ShardState& s = shards_[i];
   const TimePoint now = clock_->Now();
   if (!handed_off) {
+    if (now - handoff_->started >= kHandoffTimeout) {
+      // Never got going (e.g. the shard's backups never held its last
+      // record): given up; the shard forgets the request unless it has
+      // stopped applying, and then says so and the drain is finished.
+      spdlog::error("drain of shard {}: not handed over after {:.0f} s; given up (pacerctl "
+                    "drain-shard may be asked again)",
+                    s.id, ToSeconds(kHandoffTimeout));
+      handoff_.reset();
+      return;
+    }
     if (now - handoff_->reported >= std::chrono::seconds(5)) {
       handoff_->reported = now;
       spdlog::warn("drain of shard {}: waiting {:.1f} s for it to stop and for its backups ({}) "
@@ -1227,7 +1258,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     const bool backed = std::any_of(
         shards_[target].backups.begin(), shards_[target].backups.end(), [&](uint32_t b) {
           const auto bi = ShardIndex(b);
-          if (!bi || shards_[*bi].down || shards_[*bi].drained) return false;
+          if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired) return false;
           auto held = shards_[*bi].replicas.find(shards_[target].id);
           return held != shards_[*bi].replicas.end() && held->second == shards_[target].epoch;
         });

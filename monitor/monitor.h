@@ -335,6 +335,8 @@ class MonitorCore {
   // kLagCooldown); the range gets another where a shard is free.
   void DropLagging(size_t from, const std::vector<msg::ShardInfo>& lagging);
   static constexpr Duration kLagCooldown = std::chrono::seconds(60);
+  // A drain whose primary has not handed its range over by then is given up.
+  static constexpr Duration kHandoffTimeout = std::chrono::seconds(60);
   void TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving);
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.

@@ -218,10 +218,21 @@ void ShardServer::HeartbeatLoop() {
     auto reply = monitor_->Call(hb, sent + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
       // The lease runs from when this heartbeat left: the monitor's, from
-      // when it arrived, ends later.
-      lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
+      // when it arrived, ends later. It is renewed after this reply's
+      // configs are handed over (renew), so that the serving thread, which
+      // reads both under lr_mu_, never unfences without them.
+      const auto renew = [&] {
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
+      };
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-      if (r.hand_off) hand_off_requested_ = true;
+      // Asked to hand its range over; a request the monitor gave up on
+      // before this shard stopped applying is forgotten.
+      if (r.hand_off) {
+        hand_off_requested_ = true;
+      } else if (!left_for_hand_off_) {
+        hand_off_requested_ = false;
+      }
       PromoteConfig promote{r.promote, r.promote_backups};
       if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
                                       promote.backups != last_promote.backups)) {
@@ -231,6 +242,7 @@ void ShardServer::HeartbeatLoop() {
       }
       if (r.state == wire::JobState::Stopped) {
         spdlog::info("shard {}: job stopped", id_);
+        renew();
         job_stopped_ = true;
         return;
       }
@@ -250,6 +262,11 @@ void ShardServer::HeartbeatLoop() {
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_replication_ = std::move(config);
       }
+      if (!r.deposed_ranges.empty()) {
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        for (const msg::ShardInfo& d : r.deposed_ranges) pending_deposed_[d.id] = d.epoch;
+      }
+      renew();
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
     // Sleep in short steps so that shutdown is prompt; a promotion reports
@@ -424,6 +441,7 @@ void ShardServer::UpdateReports() {
     replicas.push_back(std::move(r));
   }
   for (const Hosted& h : hosted_) {
+    if (h.core->deposed_epoch() != 0) continue;  // served elsewhere now
     msg::ShardInfo r;
     r.id = h.range;
     r.epoch = h.epoch;
@@ -464,6 +482,7 @@ void ShardServer::Run() {
   std::vector<Socket*> sockets;
   TimePoint next_report{};
   bool fenced = false;
+  int64_t lease_until = std::numeric_limits<int64_t>::max();  // read under lr_mu_
   // Leaving (the job stopped, or SIGTERM): the last records go out, and the
   // shard stays until its backups hold them and its replicas got their
   // primaries' last records, or kLeaveWait passed.
@@ -503,12 +522,28 @@ void ShardServer::Run() {
         ApplyReplication(*pending_replication_, &out);
         pending_replication_.reset();
       }
+      for (Hosted& h : hosted_) {
+        // Served since a promotion, and failed over again elsewhere while
+        // this shard was cut off: no longer its to answer for.
+        auto d = pending_deposed_.find(h.range);
+        if (d == pending_deposed_.end() || d->second <= h.epoch || h.core->deposed_epoch() != 0) {
+          continue;
+        }
+        spdlog::warn("shard {}: shard {}'s range, which it served since epoch {}, is served "
+                     "elsewhere since epoch {}; it answers nothing of it any more",
+                     id_, h.range, h.epoch, d->second);
+        h.core->Depose(d->second);
+        h.core->SetReplicaSet(0, {}, &out);
+      }
+      pending_deposed_.clear();
+      lease_until = lease_until_ns_.load();
     }
     if (hand_off_requested_ && !core_->leaving() && core_->replicated()) {
       // pacerctl drain-shard: apply nothing more; the last record takes
       // everything applied to the backups, and the monitor promotes one
       // once they hold it.
       core_->Leave(&out);
+      left_for_hand_off_ = core_->leaving();
       spdlog::info("shard {}: handing its range over to its backups (pacerctl drain-shard): "
                    "applies nothing more; last record {}",
                    id_, core_->replication_record());
@@ -522,8 +557,8 @@ void ShardServer::Run() {
     }
     // Fencing: a primary with backups that has not heard from the monitor
     // for its lease stops answering (the monitor may promote a backup).
-    const bool expired = options_.fencing &&
-                         clock->Now().time_since_epoch().count() > lease_until_ns_.load();
+    const bool expired =
+        options_.fencing && clock->Now().time_since_epoch().count() > lease_until;
     if (expired != fenced) {
       fenced = expired;
       core_->SetFenced(fenced);
@@ -669,8 +704,9 @@ void ShardServer::WriteLedger() const {
           core_->state_crc(), core_->ledger());
   }
   for (const Hosted& h : hosted_) {
-    range(h.range, "primary", h.epoch, h.core->replication_record(), true, h.core->state_crc(),
-          h.core->ledger());
+    const bool deposed = h.core->deposed_epoch() != 0;
+    range(h.range, deposed ? "deposed" : "primary", deposed ? h.core->deposed_epoch() : h.epoch,
+          h.core->replication_record(), true, h.core->state_crc(), h.core->ledger());
   }
   for (const auto& [id, v] : core_->replica_views()) {
     range(id, "backup", v.epoch, v.record, v.last, v.crc, *v.ledger);

@@ -202,6 +202,9 @@ class ShardServer {
   };
   std::vector<Hosted> hosted_;  // serving thread
   std::optional<PromoteConfig> pending_promote_;  // guarded by lr_mu_
+  // Served ranges that failed over again elsewhere (range -> its new
+  // epoch), from a heartbeat reply; guarded by lr_mu_.
+  std::map<uint32_t, uint64_t> pending_deposed_;
   // Serves the ranges new to the list from their replicas, and sets every
   // served range's backups.
   void Promote(const PromoteConfig& config);
@@ -226,10 +229,14 @@ class ShardServer {
   // Heartbeat.handed_off).
   std::atomic<bool> hand_off_requested_{false};
   std::atomic<bool> handed_off_{false};
+  std::atomic<bool> left_for_hand_off_{false};  // Leave called for it (serving thread)
   ShardJob job_;  // from registration
   // The shard lease (the monitor's --shard-lease): fenced past
   // lease_until_ns_ (the transport clock's nanoseconds).
   Duration shard_lease_ = std::chrono::seconds(1);
+  // Renewed under lr_mu_ together with the configs from the same reply (a
+  // deposing must not be seen after the lease it came with); read by the
+  // serving thread under lr_mu_ too.
   std::atomic<int64_t> lease_until_ns_{std::numeric_limits<int64_t>::max()};
 };
 

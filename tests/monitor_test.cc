@@ -815,6 +815,30 @@ TEST_F(HandoffTest, APrimaryHeardAgainAfterItsFailoverIsDeposed) {
   EXPECT_TRUE(r.deposed);
   EXPECT_EQ(r.replica_epoch, core_->shard_epoch(IndexOf(p)));
   EXPECT_TRUE(r.replica_backups.empty());
+  // A shard that still serves a range since an older promotion (the range
+  // failed over again while it was cut off) is told to let go of it; the
+  // range's current host is not.
+  const auto serving = [&](uint32_t from, uint64_t e) {
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    msg::ShardInfo r;
+    r.id = p;
+    r.epoch = e;
+    hb.serving = {r};
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+    return d.message == nullptr ? msg::HeartbeatReply{} : msg::Read<msg::HeartbeatReply>(d);
+  };
+  uint32_t other = 0;
+  for (const auto& [id, unused] : sets) {
+    if (id != p && id != b) other = id;
+  }
+  const uint64_t now_epoch = core_->shard_epoch(IndexOf(p));
+  const msg::HeartbeatReply stale = serving(other, epoch);
+  ASSERT_EQ(stale.deposed_ranges.size(), 1u);
+  EXPECT_EQ(stale.deposed_ranges[0].id, p);
+  EXPECT_EQ(stale.deposed_ranges[0].epoch, now_epoch);
+  EXPECT_TRUE(serving(b, now_epoch).deposed_ranges.empty());
 }
 
 // A primary reports a backup that fell behind: the monitor drops it from

@@ -356,11 +356,14 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
   auto promote_backups_infos = BuildShardInfos(fbb, m.promote_backups);
   auto promote_backups =
       promote_backups_infos.empty() ? 0 : fbb.CreateVector(promote_backups_infos);
+  auto deposed_infos = BuildShardInfos(fbb, m.deposed_ranges);
+  auto deposed_ranges = deposed_infos.empty() ? 0 : fbb.CreateVector(deposed_infos);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
-                                    backing, promote, promote_backups, m.deposed, m.hand_off);
+                                    backing, promote, promote_backups, m.deposed, m.hand_off,
+                                    deposed_ranges);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -386,6 +389,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.promote_backups = ShardInfosOf(t.promote_backups());
   m.deposed = t.deposed();
   m.hand_off = t.hand_off();
+  m.deposed_ranges = ShardInfosOf(t.deposed_ranges());
   return m;
 }
 

@@ -211,6 +211,9 @@ struct HeartbeatReply {
   // To a primary being drained (with backups): stop applying, have the
   // backups take a last record, then say handed_off.
   bool hand_off = false;
+  // Ranges it serves since a promotion that failed over again elsewhere
+  // (id: the range, epoch: its new one).
+  std::vector<ShardInfo> deposed_ranges;
 };
 
 // --- the monitor to the shards

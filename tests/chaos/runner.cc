@@ -615,9 +615,9 @@ bool Runner::DoFaults(const Action& a, double now) {
     inj.kinds = {"partition"};
     inj.procs = {Target(target), monitor_};
     injected_.push_back(inj);
-    heals_.push_back(now + a.seconds);
-    const std::string id = FaultTarget(target).substr(FaultTarget(target).find(':') + 1);
     constexpr double kHeard = 0.5;  // a heartbeat reply reaches the target meanwhile
+    heals_.push_back(now + kHeard + a.seconds);
+    const std::string id = FaultTarget(target).substr(FaultTarget(target).find(':') + 1);
     if (Ctl({"fault", "set", FaultTarget(target),
              fmt::format("partition:peers=0,for={:.3f}", a.seconds + kHeard)}) != 0) {
       return false;
@@ -689,10 +689,11 @@ std::vector<Ack> Runner::Acks(size_t worker, uint64_t* durable) const {
     if (!(ls >> a.at >> a.seq >> a.clock >> a.samples)) continue;
     // "RANGE:EPOCH" per shard that acknowledged it (replicated jobs).
     for (std::string word; ls >> word;) {
-      const size_t colon = word.find(':');
-      if (colon == std::string::npos) continue;
-      a.epochs.emplace_back(static_cast<uint32_t>(std::stoul(word.substr(0, colon))),
-                            std::stoull(word.substr(colon + 1)));
+      // A line cut short (the worker killed mid-write) reads no further.
+      unsigned range = 0;
+      unsigned long long epoch = 0;
+      if (std::sscanf(word.c_str(), "%u:%llu", &range, &epoch) != 2) break;
+      a.epochs.emplace_back(range, epoch);
     }
     acks.push_back(std::move(a));
   }
