@@ -499,6 +499,8 @@ absl::Status PsClient::ResendHeld() {
       const HeldPush& p = r->pushes[k];
       round_.done[i] = false;
       any = true;
+      // Not read inside the lambda: clang 14 cannot capture a structured binding.
+      const uint64_t epoch = map_.shards[i].epoch;
       absl::Status s = SendInRound(i, [&](RpcChannel& ch) {
         msg::Push push;
         push.clock = p.clock;
@@ -508,7 +510,7 @@ absl::Status PsClient::ResendHeld() {
         push.read_steps = p.read_steps;
         push.seq = p.seq;
         push.lrs = p.lrs;
-        push.epoch = map_.shards[i].epoch;
+        push.epoch = epoch;
         Frame payload(p.values, p.values->data(), p.values->size() * sizeof(float));
         return ch.Send(push, p.values->empty() ? Frame() : payload);
       });
