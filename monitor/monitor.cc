@@ -695,8 +695,7 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
     // now (they failed over again while it was cut off).
     for (const msg::ShardInfo& r : hb.serving) {
       const auto ri = ShardIndex(r.id);
-      if (!ri || (shards_[*ri].host == shards_[*at].id && shards_[*ri].epoch == r.epoch)) continue;
-      if (shards_[*ri].epoch <= r.epoch) continue;  // not superseded (yet)
+      if (!ri || shards_[*ri].epoch <= r.epoch) continue;  // not superseded (yet)
       msg::ShardInfo gone;
       gone.id = r.id;
       gone.epoch = shards_[*ri].epoch;
@@ -770,19 +769,26 @@ bool MonitorCore::FailOver() {
   return changed;
 }
 
-bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
-  ShardState& s = shards_[i];
-  const uint32_t before = s.host == 0 ? s.id : s.host;
-  // A live backup that reported a replica of this epoch takes over.
+std::optional<uint32_t> MonitorCore::InSyncBackup(size_t i) const {
+  const ShardState& s = shards_[i];
   for (uint32_t b : s.backups) {
     const auto bi = ShardIndex(b);
     if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired ||
         (handoff_ && handoff_->shard == *bi)) {
       continue;  // gone, or about to stop (a drain in progress)
     }
-    const ShardState* it = &shards_[*bi];
-    auto held = it->replicas.find(s.id);
-    if (held == it->replicas.end() || held->second != s.epoch) continue;
+    auto held = shards_[*bi].replicas.find(s.id);
+    if (held != shards_[*bi].replicas.end() && held->second == s.epoch) return b;
+  }
+  return std::nullopt;
+}
+
+bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
+  ShardState& s = shards_[i];
+  const uint32_t before = s.host == 0 ? s.id : s.host;
+  // A live backup that reported a replica of this epoch takes over.
+  if (const std::optional<uint32_t> backup = InSyncBackup(i)) {
+    const uint32_t b = *backup;
     s.host = b;
     s.served_at.clear();
     s.epoch = ++epoch_;
@@ -827,12 +833,12 @@ void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& la
   }
   if (!changed) return;
   // The new set goes out before anyone counts on the dropped backup; a
-  // free shard, if any, takes its place.
+  // free shard, if any, takes its place (AssignReplicas counts only its
+  // own changes, so the map's version goes up here too).
   AssignReplicas();
   ++map_version_;
   metrics_.map_version->Set(static_cast<double>(map_version_));
   dirty_ = true;
-  UpdateReplicaGauges();
 }
 
 void MonitorCore::StepHandoff(size_t i, bool handed_off) {
@@ -1255,15 +1261,8 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     const bool hosts_others = std::any_of(shards_.begin(), shards_.end(), [&](const ShardState& x) {
       return x.host == shards_[target].id;
     });
-    const bool backed = std::any_of(
-        shards_[target].backups.begin(), shards_[target].backups.end(), [&](uint32_t b) {
-          const auto bi = ShardIndex(b);
-          if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired) return false;
-          auto held = shards_[*bi].replicas.find(shards_[target].id);
-          return held != shards_[*bi].replicas.end() && held->second == shards_[target].epoch;
-        });
     if (options_.replicas > 0 && shards_[target].host == 0 && !shards_[target].down &&
-        !hosts_others && backed) {
+        !hosts_others && InSyncBackup(target)) {
       handoff_ = Handoff{target, clock_->Now(), clock_->Now()};
       spdlog::info("draining shard {}: it hands keys [{}, {}) to its backup ({}) before it stops",
                    c.shard_id, ranges_[target].first, ranges_[target].second,

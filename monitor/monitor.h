@@ -327,6 +327,9 @@ class MonitorCore {
   // epoch, at a new epoch (saved before anyone hears of it); `reason`
   // ("lease", "drain") is logged and counted. False when no backup can.
   bool PromoteBackup(size_t i, const std::string& reason);
+  // A live backup of range i, not being drained, that reported a replica of
+  // the range's current epoch (nullopt: none can take it over).
+  std::optional<uint32_t> InSyncBackup(size_t i) const;
   // pacerctl drain-shard with --replicas: hands the range over (handoff_)
   // when its primary has stopped and its backups hold all it applied.
   void StepHandoff(size_t i, bool handed_off);
