@@ -1,6 +1,7 @@
 #include "ps/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -438,7 +439,16 @@ void PsClient::Durable(size_t shard, uint64_t seq) {
   if (it == held_.end() || it->second.address != map_.shards[shard].address) return;
   HeldRange& r = it->second;
   r.durable = std::max(r.durable, seq);
-  while (!r.pushes.empty() && r.pushes.front().seq <= r.durable) r.pushes.pop_front();
+  while (!r.pushes.empty() && r.pushes.front().seq <= r.durable) {
+    // Its buffer holds the next push kept (HoldPush), unless a resend's
+    // message still has it.
+    std::shared_ptr<std::vector<float>>& v = r.pushes.front().values;
+    if (v && v.use_count() == 1 && spare_held_.size() < kSpareHeld) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // ZeroMQ's reads are done
+      spare_held_.push_back(std::move(v));
+    }
+    r.pushes.pop_front();
+  }
 }
 
 void PsClient::HoldPush() {
@@ -464,8 +474,14 @@ void PsClient::HoldPush() {
     p.lrs = push_lrs_;
     const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(sl.first_key);
     p.keys.assign(first, first + static_cast<std::ptrdiff_t>(sl.num_keys));
-    p.values = std::make_shared<std::vector<float>>(grads_.get() + sl.offset,
-                                                    grads_.get() + sl.offset + sl.length);
+    if (!spare_held_.empty()) {
+      p.values = std::move(spare_held_.back());
+      spare_held_.pop_back();
+      p.values->assign(grads_.get() + sl.offset, grads_.get() + sl.offset + sl.length);
+    } else {
+      p.values = std::make_shared<std::vector<float>>(grads_.get() + sl.offset,
+                                                      grads_.get() + sl.offset + sl.length);
+    }
     if (!r.pushes.empty() && r.pushes.back().seq == p.seq) r.pushes.pop_back();  // a retry
     r.pushes.push_back(std::move(p));
   }

@@ -179,12 +179,13 @@ class ShardCore {
   // monitor. A backup new to the set gets a seed, the whole range, once the
   // range holds values; after that every applied step goes to each backup
   // in a record, after aggregation: one record per step in the synchronous
-  // modes, in asp the steps of up to kReplicaBatchSteps pushes or
-  // kReplicaBatchDelay per record. A worker's push is durable once every
-  // backup in the set acknowledged the record that holds it, and push and
-  // pull replies say how far (durable_seq): through which of the worker's
-  // push seqs. With the set empty nothing is replicated and every applied
-  // push counts as durable (the guarantee of --replicas 0).
+  // modes, in asp the steps of up to kReplicaBatchSteps pushes
+  // (kReplicaBatchValues values) or kReplicaBatchDelay per record. A
+  // worker's push is durable once every backup in the set acknowledged
+  // the record that holds it, and push and pull replies say how far
+  // (durable_seq): through which of the worker's push seqs. With the set
+  // empty nothing is replicated and every applied push counts as durable
+  // (the guarantee of --replicas 0).
   void SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups, std::vector<Outgoing>* out);
   // As a backup: the ranges it holds replicas of, by their primary's id.
   // Replicas of ranges no longer listed are dropped; records of a range not
@@ -254,9 +255,11 @@ class ShardCore {
   std::map<uint32_t, ReplicaView> replica_views() const;
   uint64_t replica_checks() const { return replica_checks_; }
   uint64_t replica_mismatches() const { return replica_mismatches_; }
-  // Records made in asp hold the steps of this many pushes at most, and
-  // wait this long at most for more.
+  // Records made in asp hold the steps of this many pushes at most (or
+  // up to the first that brings them past this many values), and wait
+  // this long at most for more.
   static constexpr size_t kReplicaBatchSteps = 16;
+  static constexpr size_t kReplicaBatchValues = size_t{1} << 22;
   static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(2);
   // Every this many records carries a check of a block range.
   static constexpr uint64_t kReplicaCheckEvery = 16;
@@ -534,7 +537,11 @@ class ShardCore {
   std::map<uint32_t, BackupLink> backups_;
   uint64_t record_ = 0;  // the last record made
   std::vector<msg::ReplicaStep> repl_steps_;   // applied since the last record
-  std::vector<float> repl_values_;             // their gradients, copied (asp)
+  std::shared_ptr<std::vector<float>> repl_values_;  // their gradients, copied (asp)
+  // Buffers records went out with (TakeRecordBuffer), kRecordBuffers at most.
+  std::vector<std::shared_ptr<std::vector<float>>> sent_values_;
+  static constexpr size_t kRecordBuffers = 4;
+  std::shared_ptr<std::vector<float>> TakeRecordBuffer();
   std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
   std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
   std::map<uint32_t, uint64_t> applied_marks_; // each worker's last applied seq

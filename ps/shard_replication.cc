@@ -2,6 +2,7 @@
 // backups, durable acknowledgements, and the backup's replicas. The rest of
 // ShardCore is in shard.cc.
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "ps/shard.h"
@@ -50,7 +51,8 @@ void ShardCore::SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups,
   metrics_.backups->Set(static_cast<double>(backups_.size()));
   if (backups_.empty()) {
     repl_steps_.clear();
-    repl_values_.clear();
+    repl_values_.reset();
+    sent_values_.clear();
     repl_lent_.reset();
     repl_marks_.clear();
     repl_applied_.clear();
@@ -143,8 +145,10 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
   if (lent && repl_steps_.empty()) {
     repl_lent_ = std::move(lent);  // the step's accumulator goes out as it is
   } else {
+    if (!repl_values_) repl_values_ = TakeRecordBuffer();
+    std::vector<float>& values = *repl_values_;
     if (repl_lent_) {
-      repl_values_.assign(repl_lent_->begin(), repl_lent_->end());
+      values.assign(repl_lent_->begin(), repl_lent_->end());
       repl_lent_.reset();
     }
     if (step.grad.at_offsets && !step.grad.keys.empty()) {
@@ -154,15 +158,31 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
       for (const wire::KeyLen& k : step.grad.keys) {
         const ParamTable::Slot* slot = table_->Find(k.key());
         const float* src = step.grad.values.data() + slot->offset;
-        repl_values_.insert(repl_values_.end(), src, src + k.length());
+        values.insert(values.end(), src, src + k.length());
         rs.values += k.length();
       }
     } else {
-      repl_values_.insert(repl_values_.end(), step.grad.values.begin(), step.grad.values.end());
+      values.insert(values.end(), step.grad.values.begin(), step.grad.values.end());
     }
   }
   repl_steps_.push_back(std::move(rs));
   repl_first_ = std::min(repl_first_, clock_->Now());
+}
+
+std::shared_ptr<std::vector<float>> ShardCore::TakeRecordBuffer() {
+  // One a record went out with, once ZeroMQ has let go of it: it keeps its
+  // capacity, so that a batch neither grows a new buffer by doubling (a
+  // copy per doubling) nor pulls fresh pages from the kernel each time.
+  for (auto it = sent_values_.begin(); it != sent_values_.end(); ++it) {
+    if (it->use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // ZeroMQ's reads are done
+      std::shared_ptr<std::vector<float>> b = std::move(*it);
+      sent_values_.erase(it);
+      b->clear();
+      return b;
+    }
+  }
+  return std::make_shared<std::vector<float>>();
 }
 
 std::pair<uint64_t, uint64_t> ShardCore::NextCheckWindow() {
@@ -234,10 +254,13 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   if (repl_lent_) {
     payload = Frame(repl_lent_, repl_lent_->data(), repl_lent_->size() * sizeof(float));
     lent_acc_.push_back(std::move(repl_lent_));
-  } else if (!repl_values_.empty()) {
-    auto values = std::make_shared<std::vector<float>>(std::move(repl_values_));
-    payload = Frame(values, values->data(), values->size() * sizeof(float));
+  } else if (repl_values_ && !repl_values_->empty()) {
+    payload = Frame(repl_values_, repl_values_->data(), repl_values_->size() * sizeof(float));
+    // Kept to be used again (TakeRecordBuffer); a few at most, as many as
+    // records in flight at once.
+    if (sent_values_.size() < kRecordBuffers) sent_values_.push_back(repl_values_);
   }
+  repl_values_.reset();
   const Envelope env = RequestEnvelope();
   Frames frames = EncodeMessage(env, rec, std::move(payload), options_.check_crc);
   const TimePoint now = clock_->Now();
@@ -249,7 +272,6 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   unacked_.push_back({record_, std::move(rec.marks), now});
   metrics_.records->Increment();
   repl_steps_.clear();
-  repl_values_.clear();
   repl_marks_.clear();
   repl_applied_.clear();
   repl_first_ = TimePoint::max();

@@ -7,20 +7,27 @@
 # that drift in this machine's load hits both alike.
 #
 #   bench/replication/run.sh [--reps N] [--seconds S] [--modes "bsp ssp asp"] [--out DIR]
+#                            [--pin]
+#
+# --pin: the monitor and shards on CPU 0, the workers on CPU 1 (taskset),
+# as where servers and workers have CPUs of their own; without it all six
+# processes share every core, and a backup's work takes CPU from the
+# workers.
 #
 # Prints one row per run (steps per second: the workers' clocks over their
 # seconds, summed over the workers) and per mode the median of each and
 # their ratio, replicas 1 over replicas 0.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-reps=3 seconds=15 modes="bsp ssp asp" out="$root/bench/replication/out"
+reps=3 seconds=15 modes="bsp ssp asp" out="$root/bench/replication/out" pin=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --pin) pin=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "replication: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -32,10 +39,27 @@ for mode in $modes; do
   for rep in $(seq 1 "$reps"); do
     for replicas in 0 1; do
       dir="$out/$mode-r$replicas-$rep"
-      "$root/deploy/local-cluster.sh" --shards 3 --workers 2 --time-cap "$seconds" --keep-training \
-        --policy fixed --mode "$mode" --batch 64 --quiet --out "$dir" \
+      launch=()
+      [ "$pin" -eq 0 ] || launch=(taskset -c 0)
+      "${launch[@]}" "$root/deploy/local-cluster.sh" --shards 3 --workers 2 --time-cap "$seconds" \
+        --keep-training --policy fixed --mode "$mode" --batch 64 --quiet --out "$dir" \
         --monitor-args "--replicas $replicas" --worker-args "--model mlp --device cpu" \
-        >"$dir.txt" 2>&1 || true
+        >"$dir.txt" 2>&1 &
+      cluster=$!
+      if [ "$pin" -eq 1 ]; then
+        # The workers (children of the cluster script, started after the
+        # shards) move to CPU 1 with every thread, within 0.1 s of starting.
+        pinned=""
+        while kill -0 "$cluster" 2>/dev/null; do
+          for p in $(pgrep -f "${PACER_BUILD_DIR:-$root/build}/worker/pacer-worker" || true); do
+            case " $pinned " in *" $p "*) continue ;; esac
+            taskset -a -p -c 1 "$p" >/dev/null 2>&1 && pinned="$pinned $p"
+          done
+          [ "$(wc -w <<<"$pinned")" -ge 2 ] && break
+          sleep 0.1
+        done
+      fi
+      wait "$cluster" || true
       # (local-cluster.sh exits 1 when the target accuracy was not reached.)
       if ! grep -qs '^worker summary:' "$dir"/worker*.out; then
         echo "replication: run $dir failed:" >&2
