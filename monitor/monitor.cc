@@ -514,6 +514,7 @@ bool MonitorCore::AssignReplicas() {
       }
     }
   }
+  for (size_t i = 0; i < shards_.size(); ++i) PruneStandby(i);
   size_t short_of_k = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (has_range(i) && shards_[i].backups.size() < options_.replicas) ++short_of_k;
@@ -769,35 +770,76 @@ bool MonitorCore::FailOver() {
   return changed;
 }
 
-std::optional<uint32_t> MonitorCore::InSyncBackup(size_t i) const {
+std::optional<uint32_t> MonitorCore::InSyncBackup(size_t i, bool standby) const {
   const ShardState& s = shards_[i];
-  for (uint32_t b : s.backups) {
+  const auto in_sync = [&](uint32_t b) {
     const auto bi = ShardIndex(b);
     if (!bi || shards_[*bi].down || shards_[*bi].drained || shards_[*bi].retired ||
         (handoff_ && handoff_->shard == *bi)) {
-      continue;  // gone, or about to stop (a drain in progress)
+      return false;  // gone, or about to stop (a drain in progress)
     }
     auto held = shards_[*bi].replicas.find(s.id);
-    if (held != shards_[*bi].replicas.end() && held->second == s.epoch) return b;
+    return held != shards_[*bi].replicas.end() && held->second == s.epoch;
+  };
+  for (uint32_t b : s.backups) {
+    if (in_sync(b)) return b;
+  }
+  if (standby) {
+    for (uint32_t b : s.standby) {
+      if (in_sync(b)) return b;
+    }
   }
   return std::nullopt;
+}
+
+bool MonitorCore::PruneStandby(size_t i) {
+  ShardState& s = shards_[i];
+  if (s.standby.empty()) return false;
+  const bool has_range = i < ranges_.size() && ranges_[i].first != ranges_[i].second;
+  const uint32_t primary = s.host == 0 ? s.id : s.host;
+  const bool covered = InSyncBackup(i).has_value();
+  const std::vector<uint32_t> before = s.standby;
+  std::erase_if(s.standby, [&](uint32_t b) {
+    const auto bi = ShardIndex(b);
+    return covered || !has_range || !bi || b == primary || shards_[*bi].down ||
+           shards_[*bi].drained || shards_[*bi].retired ||
+           std::count(s.backups.begin(), s.backups.end(), b) > 0;
+  });
+  if (s.standby == before) return false;
+  if (covered) {
+    spdlog::info("keys [{}, {}) (shard {}'s range): backup {} holds the range; standby {} lets "
+                 "its replica go",
+                 ranges_[i].first, ranges_[i].second, s.id, IdList(s.backups), IdList(before));
+  }
+  dirty_ = true;
+  return true;
 }
 
 bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
   ShardState& s = shards_[i];
   const uint32_t before = s.host == 0 ? s.id : s.host;
-  // A live backup that reported a replica of this epoch takes over.
-  if (const std::optional<uint32_t> backup = InSyncBackup(i)) {
+  // A live backup that reported a replica of this epoch takes over (a
+  // standby, when no backup in the set can, unless this is a drain).
+  const bool drain = handoff_ && handoff_->shard == i;
+  if (const std::optional<uint32_t> backup = InSyncBackup(i, /*standby=*/!drain)) {
     const uint32_t b = *backup;
+    const bool from_standby =
+        std::count(s.standby.begin(), s.standby.end(), b) > 0 &&
+        std::count(s.backups.begin(), s.backups.end(), b) == 0;
     s.host = b;
     s.served_at.clear();
     s.epoch = ++epoch_;
     // The promoted replica is the primary now; AssignReplicas gives the
     // range a new backup, seeded from it while training goes on.
     s.backups.clear();
+    s.standby.clear();
     s.failed_over_at = clock_->Now();
     ++failovers_;
-    const bool drain = handoff_ && handoff_->shard == i;
+    if (from_standby) {
+      spdlog::warn("failover of shard {}'s range: to standby {} (dropped for falling behind; its "
+                   "replica holds every durable push, and the new backup was not seeded yet)",
+                   s.id, b);
+    }
     (drain ? metrics_.handoffs : metrics_.failovers)->Increment();
     dirty_ = true;
     spdlog::warn("failover: {}; shard {}'s keys [{}, {}) go from shard {} to its backup, shard {}, "
@@ -822,11 +864,12 @@ void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& la
       if (it == s.backups.end()) continue;
       s.backups.erase(it);
       s.lag_dropped[b] = now + kLagCooldown;
+      if (std::count(s.standby.begin(), s.standby.end(), b) == 0) s.standby.push_back(b);
       metrics_.backups_dropped->Increment();
       changed = true;
       spdlog::warn("backup {} of shard {}'s range fell behind (its primary, shard {}, waited over "
-                   "{:.0f} s for its acknowledgement): dropped from the set; not given this "
-                   "range again for {:.0f} s",
+                   "{:.0f} s for its acknowledgement): dropped from the set, kept as a standby "
+                   "until a new backup holds the range; not given this range again for {:.0f} s",
                    b, s.id, shards_[from].id, ToSeconds(ShardCore::kBackupLagLimit),
                    ToSeconds(kLagCooldown));
     }
@@ -923,7 +966,9 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   for (size_t j = 0; j < shards_.size(); ++j) {
     if (j == i || !holds(j)) continue;
     const auto& b = shards_[j].backups;
-    if (std::find(b.begin(), b.end(), shards_[i].id) != b.end()) {
+    const auto& sb = shards_[j].standby;
+    if (std::find(b.begin(), b.end(), shards_[i].id) != b.end() ||
+        std::find(sb.begin(), sb.end(), shards_[i].id) != sb.end()) {
       msg::ShardInfo r = info(j);
       r.public_key = shard_key(j);  // after a failover, the host's
       reply->backing.push_back(std::move(r));
@@ -1267,6 +1312,11 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
       spdlog::info("draining shard {}: it hands keys [{}, {}) to its backup ({}) before it stops",
                    c.shard_id, ranges_[target].first, ranges_[target].second,
                    IdList(shards_[target].backups));
+      // The ranges it backs up get other backups now: the heartbeat reply
+      // that asks it to hand over also tells it to let go of their
+      // replicas, long before it stops (a hand-over can finish before the
+      // next tick, and a stopped shard hears nothing more).
+      AssignReplicas();
       return ack();
     }
     size_t to = SIZE_MAX;

@@ -214,6 +214,7 @@ class MonitorCore {
   uint64_t failovers() const { return failovers_; }
   // The backups (shard ids) and epoch of shard i's range (--replicas).
   const std::vector<uint32_t>& shard_backups(size_t i) const { return shards_[i].backups; }
+  const std::vector<uint32_t>& shard_standby(size_t i) const { return shards_[i].standby; }
   uint64_t shard_epoch(size_t i) const { return shards_[i].epoch; }
   // Ranges with fewer than K backups (pacer_monitor_ranges_under_replicated).
   size_t ranges_under_replicated() const { return under_replicated_; }
@@ -288,6 +289,12 @@ class MonitorCore {
     // Backups dropped from this range's set for falling behind, each until
     // when it is not given the range again.
     std::map<uint32_t, TimePoint> lag_dropped;
+    // Those of them that still hold the range's replica, kept (told to
+    // back the range, sent no records) until a backup in the set holds a
+    // replica of the range's epoch: everything durable when one was
+    // dropped is in its replica, so a primary lost meanwhile fails over to
+    // it instead of back to a checkpoint.
+    std::vector<uint32_t> standby;
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -328,8 +335,13 @@ class MonitorCore {
   // ("lease", "drain") is logged and counted. False when no backup can.
   bool PromoteBackup(size_t i, const std::string& reason);
   // A live backup of range i, not being drained, that reported a replica of
-  // the range's current epoch (nullopt: none can take it over).
-  std::optional<uint32_t> InSyncBackup(size_t i) const;
+  // the range's current epoch (nullopt: none can take it over); with
+  // `standby`, a standby (ShardState::standby) when no backup in the set
+  // can (a failover may use one; a drain, whose backups must hold its last
+  // record, may not).
+  std::optional<uint32_t> InSyncBackup(size_t i, bool standby = false) const;
+  // Drops range i's standbys that are gone or no longer needed.
+  bool PruneStandby(size_t i);
   // pacerctl drain-shard with --replicas: hands the range over (handoff_)
   // when its primary has stopped and its backups hold all it applied.
   void StepHandoff(size_t i, bool handed_off);

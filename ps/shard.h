@@ -234,6 +234,11 @@ class ShardCore {
   // does nothing. Also the first step of a planned hand-over (pacerctl
   // drain-shard): the range's backups then hold all it ever applied.
   void Leave(std::vector<Outgoing>* out);
+  // Undoes Leave (the monitor gave a drain up before the backups held the
+  // last record): the core applies steps again, and the records go on
+  // after the last one (a backup takes a record after a last one as
+  // usual). Nothing when not leaving.
+  void CancelLeave(std::vector<Outgoing>* out);
   // Every replica held got its primary's last record.
   bool replicas_final() const;
   // Leave took effect (it had backups to send a last record to).

@@ -214,6 +214,12 @@ void ShardCore::Leave(std::vector<Outgoing>* out) {
   leaving_ = true;
 }
 
+void ShardCore::CancelLeave(std::vector<Outgoing>* out) {
+  if (!leaving_) return;
+  leaving_ = false;
+  Advance(out);  // a clock whose pushes all came meanwhile closes now
+}
+
 bool ShardCore::replicas_final() const {
   for (const auto& [range, r] : replicas_) {
     if (r.table && !r.last) return false;

@@ -227,11 +227,14 @@ void ShardServer::HeartbeatLoop() {
       };
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
       // Asked to hand its range over; a request the monitor gave up on
-      // before this shard stopped applying is forgotten.
+      // is forgotten, and if this shard stopped applying for it but its
+      // backups do not hold its last record yet, it applies again.
       if (r.hand_off) {
         hand_off_requested_ = true;
       } else if (!left_for_hand_off_) {
         hand_off_requested_ = false;
+      } else if (!handed_off_) {
+        cancel_hand_off_ = true;
       }
       PromoteConfig promote{r.promote, r.promote_backups};
       if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
@@ -537,6 +540,14 @@ void ShardServer::Run() {
       }
       pending_deposed_.clear();
       lease_until = lease_until_ns_.load();
+    }
+    if (cancel_hand_off_.exchange(false) && left_for_hand_off_ && !handed_off_) {
+      core_->CancelLeave(&out);
+      left_for_hand_off_ = false;
+      hand_off_requested_ = false;
+      spdlog::warn("shard {}: the monitor gave the drain up before the backups held the last "
+                   "record; applying pushes again",
+                   id_);
     }
     if (hand_off_requested_ && !core_->leaving() && core_->replicated()) {
       // pacerctl drain-shard: apply nothing more; the last record takes

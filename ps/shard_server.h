@@ -230,6 +230,9 @@ class ShardServer {
   std::atomic<bool> hand_off_requested_{false};
   std::atomic<bool> handed_off_{false};
   std::atomic<bool> left_for_hand_off_{false};  // Leave called for it (serving thread)
+  // The monitor gave the drain up before the backups held the last record
+  // (heartbeat thread): the serving thread applies again (CancelLeave).
+  std::atomic<bool> cancel_hand_off_{false};
   ShardJob job_;  // from registration
   // The shard lease (the monitor's --shard-lease): fenced past
   // lease_until_ns_ (the transport clock's nanoseconds).

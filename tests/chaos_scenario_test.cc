@@ -133,6 +133,16 @@ timeline:
   EXPECT_EQ(s->timeline[0].what, "add-shard");
 }
 
+// "{shard:I}" in a fault spec stands for that shard's id (the runner puts
+// it in): accepted for a shard of the cluster.
+TEST(ChaosScenarioTest, AFaultSpecMayNameAShardsId) {
+  auto s = ParseScenario(
+      "name: x\ntimeline: [{at: 1, do: faults, target: server, spec: "
+      "\"delay:ms=5,type=Replicate,peers={shard:1}\"}]");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->timeline[0].spec, "delay:ms=5,type=Replicate,peers={shard:1}");
+}
+
 TEST(ChaosScenarioTest, MistakesAreNamed) {
   for (const auto& [yaml, why] : std::vector<std::pair<std::string, std::string>>{
            {"seconds: 5", "'name' is required"},
@@ -153,6 +163,9 @@ TEST(ChaosScenarioTest, MistakesAreNamed) {
             "timeline[0].target"},
            {"name: x\ntimeline: [{at: 1, do: drain-shard, target: \"worker:0\"}]",
             "not shard:I"},
+           {"name: x\ntimeline: [{at: 1, do: faults, target: server, spec: "
+            "\"delay:ms=5,peers={shard:9}\"}]",
+            "is not {shard:I}"},
            {"name: [unclosed", "not YAML"}}) {
     auto s = ParseScenario(yaml);
     ASSERT_FALSE(s.ok()) << yaml;

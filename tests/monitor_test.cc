@@ -883,6 +883,68 @@ TEST_F(HandoffTest, ABackupThatFallsBehindIsDroppedAndReplaced) {
   EXPECT_EQ(core_->ranges_under_replicated(), 1u);
 }
 
+// A backup dropped for falling behind still holds every push that was
+// durable when it was dropped (durability waited for it). It stands by,
+// still told to back the range, until a backup in the set holds a replica
+// of the range's epoch: a primary lost in between fails over to it, not to
+// a checkpoint. Once the replacement holds the range it lets go.
+TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRange) {
+  for (const bool replaced : {false, true}) {
+    SCOPED_TRACE(replaced ? "replacement seeded" : "replacement not seeded");
+    Make(1, 3);
+    Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+    auto sets = MapBackups();
+    const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+    uint32_t other = 0;
+    for (const auto& [id, unused] : sets) {
+      if (id != p && id != b) other = id;
+    }
+    const uint64_t epoch = core_->shard_epoch(IndexOf(p));
+    const auto backs = [&](const msg::HeartbeatReply& r) {
+      return std::any_of(r.backing.begin(), r.backing.end(),
+                         [&](const msg::ShardInfo& x) { return x.id == p; });
+    };
+    ASSERT_TRUE(backs(Beat(b, {{p, epoch}})));
+    {
+      msg::Heartbeat hb;
+      hb.role = wire::Role::Shard;
+      msg::ShardInfo r;
+      r.id = p;
+      r.backups = {b};
+      hb.lagging = {r};
+      flatbuffers::FlatBufferBuilder fbb;
+      Only(Send(p, kJob, p, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+    }
+    ASSERT_EQ(MapBackups()[p], (std::vector<uint32_t>{other}));
+    EXPECT_EQ(core_->shard_standby(IndexOf(p)), (std::vector<uint32_t>{b}));
+    EXPECT_TRUE(backs(Beat(b, {{p, epoch}}))) << "the standby must keep its replica";
+    // The monitor restarts: the standby is in its saved state.
+    {
+      auto restarted = std::make_unique<MonitorCore>(options_, &clock_);
+      ASSERT_TRUE(restarted->RestoreState(core_->SaveState()).ok());
+      EXPECT_EQ(restarted->shard_standby(IndexOf(p)), (std::vector<uint32_t>{b}));
+    }
+    if (replaced) {
+      Beat(other, {{p, epoch}});  // the new backup got its seed
+      Tick();
+      EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
+      EXPECT_FALSE(backs(Beat(b, {{p, epoch}}))) << "a standby no longer needed keeps its replica";
+    }
+    // The primary goes silent.
+    for (int i = 0; i < 8; ++i) {
+      clock_.Advance(milliseconds(200));
+      Beat(b, replaced ? std::map<uint32_t, uint64_t>{} : std::map<uint32_t, uint64_t>{{p, epoch}});
+      Beat(other, replaced ? std::map<uint32_t, uint64_t>{{p, epoch}} : std::map<uint32_t, uint64_t>{});
+      Heartbeat(worker_a_);
+      Heartbeat(worker_b_);
+      Tick();
+    }
+    EXPECT_EQ(core_->shard_host(IndexOf(p)), replaced ? other : b);
+    EXPECT_GT(core_->shard_epoch(IndexOf(p)), epoch);
+    EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
+  }
+}
+
 TEST_F(ReplicaTest, WithoutReplicasNoRangeHasBackups) {
   Make(0, 2);
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}});

@@ -1881,6 +1881,32 @@ TEST_F(ReplicationTest, AFencedOrLeavingPrimaryAcknowledgesNoPush) {
   EXPECT_TRUE(backup_->replicas_final());
 }
 
+// A drain the monitor gave up (CancelLeave): the primary applies pushes
+// again, its records go on after the last one, and the backup follows.
+TEST_F(ReplicationTest, ALeaveCancelledAppliesAgainAndTheBackupFollows) {
+  StartReplicated(wire::Mode::Bsp);
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Leave(&out);
+  Route(std::move(out));
+  ASSERT_TRUE(backup_->replicas_final());
+  EXPECT_EQ(ErrorOf(RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1)), wire::ErrorCode::NotReady);
+  out.clear();
+  shard_->CancelLeave(&out);
+  EXPECT_FALSE(shard_->leaving());
+  Route(std::move(out));
+  EXPECT_EQ(ErrorOf(RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1)), std::nullopt);
+  EXPECT_EQ(shard_->applied_clock(), 0);  // clock 0 closed with both pushes
+  EXPECT_FALSE(backup_->replicas_final());
+  EXPECT_EQ(backup_->replica_record(kShardId), shard_->replication_record());
+  ExpectSameAsPrimary();
+  // A later Leave (the process stops) still sends a last record.
+  out.clear();
+  shard_->Leave(&out);
+  Route(std::move(out));
+  EXPECT_TRUE(backup_->replicas_final());
+}
+
 // Epochs: a push or pull that names an older epoch of the range than the
 // shard's (its worker's map predates a failover or a key move) is refused
 // NotOwner and applies nothing; the same epoch, a later one (the shard not

@@ -681,7 +681,8 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
     shards.push_back(wire::CreateMonitorShardDirect(
         fbb, s.id, s.address.c_str(), s.incarnation, s.key_begin, s.key_end, s.applied_clock,
         s.restarts, s.drained, OrNull(s.public_key), s.backups.empty() ? nullptr : &s.backups,
-        s.epoch, OrNull(s.node), s.host, OrNull(s.served_at)));
+        s.epoch, OrNull(s.node), s.host, OrNull(s.served_at),
+        s.standby.empty() ? nullptr : &s.standby, s.retired));
   }
   auto model = fbb.CreateVectorOfStructs(r.model);
   auto reason = fbb.CreateString(r.stop_reason);
@@ -809,6 +810,8 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
       s.node = Str(ms->node());
       s.host = ms->host();
       s.served_at = Str(ms->served_at());
+      s.standby = Scalars(ms->standby());
+      s.retired = ms->retired();
       r.shards.push_back(std::move(s));
     }
   }

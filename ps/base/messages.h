@@ -514,6 +514,8 @@ struct MonitorRecord {
     std::string node;
     uint32_t host = 0;              // after a failover: the shard serving its range
     std::string served_at;          // and at which address
+    std::vector<uint32_t> standby;  // dropped lagging backups kept until replaced
+    bool retired = false;           // handed its range over (drain-shard) and stopped
   };
   // A data partition: its read position, owner and previous owner (worker
   // ids; 0: none).

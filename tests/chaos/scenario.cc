@@ -208,7 +208,18 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
         if (a.target.empty() || a.spec.empty()) {
           return absl::InvalidArgumentError(where + ": faults needs a target and a spec");
         }
-        auto rules = ParseFaults(a.spec);
+        // "{shard:I}" stands for shard I's id, known once it runs.
+        std::string spec = a.spec;
+        for (size_t at = spec.find("{shard:"); at != std::string::npos; at = spec.find("{shard:")) {
+          const size_t end = spec.find('}', at);
+          const std::string ref = end == std::string::npos ? "" : spec.substr(at + 1, end - at - 1);
+          if (ref.empty() || ref.rfind("shard:", 0) != 0 || !ValidProcess(ref, shards_ever, 0, false)) {
+            return absl::InvalidArgumentError(where + ".spec: '" + spec.substr(at) +
+                                              "' is not {shard:I} of this cluster");
+          }
+          spec.replace(at, end - at + 1, "0");
+        }
+        auto rules = ParseFaults(spec);
         if (!rules.ok()) return absl::InvalidArgumentError(where + ".spec: " + std::string(rules.status().message()));
         const bool role = a.target == "all" || a.target == "monitor" || a.target == "server" ||
                           a.target == "worker";

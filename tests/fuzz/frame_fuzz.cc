@@ -47,7 +47,8 @@ pacer::FakeClock& Clock() {
 }
 
 // A shard that owns keys 1 (2 values) and 2 (1 value), with two workers
-// whose keys are "K11" and "K12"; the monitor's key is "K0".
+// whose keys are "K11" and "K12", and backs up shard 5's range at epoch 1;
+// the monitor's key is "K0".
 pacer::ShardCore* Shard() {
   static std::unique_ptr<pacer::ShardCore> shard = [] {
     spdlog::set_level(spdlog::level::off);  // refusals are logged: not what is fuzzed
@@ -58,6 +59,7 @@ pacer::ShardCore* Shard() {
     pacer::ShardJob job;
     job.job_id = 7;
     s->Configure(job, 3);
+    s->SetBacking({{5, {1, ""}}});  // a backup of shard 5's range (Replicate)
     auto send = [&](auto build) {
       flatbuffers::FlatBufferBuilder fbb;
       pacer::Envelope env;

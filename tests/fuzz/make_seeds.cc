@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ps/checkpoint.h"
+#include "ps/base/messages.h"
 #include "ps/base/security.h"
 #include "ps/base/wire.h"
 #include "rocksdb/db.h"
@@ -100,6 +101,51 @@ int main(int argc, char** argv) {
   });
   frame([&](flatbuffers::FlatBufferBuilder& fbb) {
     return pacer::EncodeBody(env, fbb, pacer::wire::CreateMoveOut(fbb, 1, 2, false));
+  });
+  // Replication (frame_fuzz's shard backs up shard 5's range at epoch 1):
+  // a seed, then a record of one step, from shard 5; and a backup's reply.
+  frame([&](flatbuffers::FlatBufferBuilder&) {
+    env.sender = 5;
+    pacer::msg::Replicate seed;
+    seed.range = 5;
+    seed.epoch = 1;
+    pacer::msg::MoveData m;
+    m.keys = keys;
+    m.applied_clock = 2;
+    m.steps = 3;
+    m.state_slots = 1;
+    m.groups = {0, 0};
+    m.key_steps = {3, 3};
+    seed.seed = m;
+    seed.marks = {{11, 4}};
+    seed.ledger = {{11, 1, 4}};
+    seed.applied_clock = 2;
+    seed.step_count = 3;
+    const float state[6] = {0.5f, -1.0f, 2.0f, 0.0f, 0.1f, 0.0f};
+    return pacer::EncodeMessage(env, seed, pacer::Frame::Copy(state, sizeof state));
+  });
+  frame([&](flatbuffers::FlatBufferBuilder&) {
+    env.sender = 5;
+    pacer::msg::Replicate rec;
+    rec.range = 5;
+    rec.epoch = 1;
+    rec.record = 1;
+    pacer::msg::ReplicaStep step;
+    step.keys = keys;
+    step.lr = {0.1f};
+    step.values = 3;
+    rec.steps = {step};
+    rec.marks = {{11, 5}};
+    rec.applied = {{11, 5}};
+    rec.applied_clock = 3;
+    rec.step_count = 4;
+    rec.check_begin = 1;
+    rec.check_end = 3;
+    return pacer::EncodeMessage(env, rec, pacer::Frame::Copy(values, sizeof values));
+  });
+  frame([&](flatbuffers::FlatBufferBuilder&) {
+    env.sender = 4;
+    return pacer::EncodeMessage(env, pacer::msg::ReplicateReply{3, 1, false});
   });
 
   // A checkpoint, as its store holds it: the header, then each chunk.
