@@ -487,9 +487,12 @@ bool MonitorCore::AssignReplicas() {
         if (j == p || j == i || !usable(j) || std::count(set.begin(), set.end(), shards_[j].id) > 0) {
           continue;
         }
-        // Fell behind on this range a short while ago (DropLagging).
+        // Fell behind on this range a short while ago (DropLagging), or
+        // stands by for it: its old replica of this epoch would count as in
+        // sync before its new seed came.
         if (auto d = shards_[i].lag_dropped.find(shards_[j].id);
-            d != shards_[i].lag_dropped.end() && clock_->Now() < d->second) {
+            (d != shards_[i].lag_dropped.end() && clock_->Now() < d->second) ||
+            std::count(shards_[i].standby.begin(), shards_[i].standby.end(), shards_[j].id) > 0) {
           continue;
         }
         const std::string host = HostOf(j);
@@ -797,7 +800,10 @@ bool MonitorCore::PruneStandby(size_t i) {
   if (s.standby.empty()) return false;
   const bool has_range = i < ranges_.size() && ranges_[i].first != ranges_[i].second;
   const uint32_t primary = s.host == 0 ? s.id : s.host;
-  const bool covered = InSyncBackup(i).has_value();
+  // Covered: a backup in the set holds the range. With none in the set the
+  // primary calls every applied push durable at once (the guarantee of
+  // --replicas 0), so a standby would lack durable pushes: let go too.
+  const bool covered = InSyncBackup(i).has_value() || s.backups.empty();
   const std::vector<uint32_t> before = s.standby;
   std::erase_if(s.standby, [&](uint32_t b) {
     const auto bi = ShardIndex(b);
@@ -836,8 +842,9 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
     s.failed_over_at = clock_->Now();
     ++failovers_;
     if (from_standby) {
-      spdlog::warn("failover of shard {}'s range: to standby {} (dropped for falling behind; its "
-                   "replica holds every durable push, and the new backup was not seeded yet)",
+      spdlog::warn("failover of shard {}'s range: to standby {} (dropped for falling behind; "
+                   "durability was held since, so its replica holds every durable push; no "
+                   "backup in the set was known to hold the range)",
                    s.id, b);
     }
     (drain ? metrics_.handoffs : metrics_.failovers)->Increment();
@@ -864,7 +871,12 @@ void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& la
       if (it == s.backups.end()) continue;
       s.backups.erase(it);
       s.lag_dropped[b] = now + kLagCooldown;
-      if (std::count(s.standby.begin(), s.standby.end(), b) == 0) s.standby.push_back(b);
+      // Kept as a standby where its primary can be told to hold durability
+      // (a range served by its own shard; not yet one served since a
+      // promotion).
+      if (s.host == 0 && std::count(s.standby.begin(), s.standby.end(), b) == 0) {
+        s.standby.push_back(b);
+      }
       metrics_.backups_dropped->Increment();
       changed = true;
       spdlog::warn("backup {} of shard {}'s range fell behind (its primary, shard {}, waited over "
@@ -896,6 +908,7 @@ void MonitorCore::StepHandoff(size_t i, bool handed_off) {
       spdlog::error("drain of shard {}: not handed over after {:.0f} s; given up (pacerctl "
                     "drain-shard may be asked again)",
                     s.id, ToSeconds(kHandoffTimeout));
+      handoff_given_up_.insert(s.id);  // told so: it applies again
       handoff_.reset();
       return;
     }
@@ -958,6 +971,9 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
     reply->replica_epoch = shards_[i].epoch;
     add_backups(shards_[i].backups, &reply->replica_backups);
     reply->hand_off = handoff_ && handoff_->shard == i;
+    reply->hand_off_given_up = handoff_given_up_.count(shards_[i].id) > 0;
+    // A standby may be promoted: nothing it lacks may become durable.
+    reply->hold_durable = !shards_[i].standby.empty();
   } else if (holds(i)) {
     reply->replica_epoch = shards_[i].epoch;
     reply->deposed = true;
@@ -1309,6 +1325,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     if (options_.replicas > 0 && shards_[target].host == 0 && !shards_[target].down &&
         !hosts_others && InSyncBackup(target)) {
       handoff_ = Handoff{target, clock_->Now(), clock_->Now()};
+      handoff_given_up_.erase(shards_[target].id);
       spdlog::info("draining shard {}: it hands keys [{}, {}) to its backup ({}) before it stops",
                    c.shard_id, ranges_[target].first, ranges_[target].second,
                    IdList(shards_[target].backups));

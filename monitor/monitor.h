@@ -449,6 +449,9 @@ class MonitorCore {
     TimePoint reported{};  // the last "still waiting" log
   };
   std::optional<Handoff> handoff_;
+  // Shards whose drain was given up (kHandoffTimeout): their heartbeat
+  // replies say so (hand_off_given_up) until they are drained again.
+  std::set<uint32_t> handoff_given_up_;
   wire::ShardOp move_op_ = wire::ShardOp::Add;
   uint64_t pause_at_ = 0;         // workers hold before this clock (0: no pause)
   bool operator_pause_ = false;   // pacerctl pause

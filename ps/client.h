@@ -296,9 +296,10 @@ class PsClient {
   };
   std::map<uint64_t, HeldRange> held_;
   // Buffers of pushes that became durable, for the next ones kept: no
-  // allocation (and no fresh pages) per push. No more than were held.
+  // allocation (and no fresh pages) per push. A few at most (each the size
+  // of a range's part of the gradient).
   std::vector<std::shared_ptr<std::vector<float>>> spare_held_;
-  static constexpr size_t kSpareHeld = 16;
+  static constexpr size_t kSpareHeld = 4;
   uint64_t resent_pushes_ = 0;
   std::vector<uint64_t> answered_epochs_;  // per shard of map_
   // A reply from shard i said its range is durable through `seq`.

@@ -234,6 +234,13 @@ class ShardCore {
   // does nothing. Also the first step of a planned hand-over (pacerctl
   // drain-shard): the range's backups then hold all it ever applied.
   void Leave(std::vector<Outgoing>* out);
+  // While set, durability goes no further than it is (durable_seq and
+  // durable_ stay; records still go out and are acknowledged): the monitor
+  // keeps a backup dropped from the set as a standby it may promote, which
+  // lacks what the new set takes from here. Cleared, it catches up at once.
+  // With no backup in the set every applied push stays durable at once.
+  void SetDurableHold(bool hold);
+  bool durable_hold() const { return durable_hold_; }
   // Undoes Leave (the monitor gave a drain up before the backups held the
   // last record): the core applies steps again, and the records go on
   // after the last one (a backup takes a record after a last one as
@@ -545,7 +552,7 @@ class ShardCore {
   std::shared_ptr<std::vector<float>> repl_values_;  // their gradients, copied (asp)
   // Buffers records went out with (TakeRecordBuffer), kRecordBuffers at most.
   std::vector<std::shared_ptr<std::vector<float>>> sent_values_;
-  static constexpr size_t kRecordBuffers = 4;
+  static constexpr size_t kRecordBuffers = 2;
   std::shared_ptr<std::vector<float>> TakeRecordBuffer();
   std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
   std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
@@ -576,6 +583,7 @@ class ShardCore {
   bool fenced_ = false;  // SetFenced
   uint64_t deposed_epoch_ = 0;  // Depose (0: not deposed)
   bool leaving_ = false;  // Leave
+  bool durable_hold_ = false;  // SetDurableHold
 };
 
 }  // namespace pacer

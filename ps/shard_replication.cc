@@ -214,6 +214,15 @@ void ShardCore::Leave(std::vector<Outgoing>* out) {
   leaving_ = true;
 }
 
+void ShardCore::SetDurableHold(bool hold) {
+  if (hold == durable_hold_) return;
+  durable_hold_ = hold;
+  spdlog::info("shard {}: {}", shard_id_,
+               hold ? "durability held where it is (a dropped backup stands by)"
+                    : "durability goes on (no standby any more)");
+  UpdateDurable();
+}
+
 void ShardCore::CancelLeave(std::vector<Outgoing>* out) {
   if (!leaving_) return;
   leaving_ = false;
@@ -262,9 +271,12 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
     lent_acc_.push_back(std::move(repl_lent_));
   } else if (repl_values_ && !repl_values_->empty()) {
     payload = Frame(repl_values_, repl_values_->data(), repl_values_->size() * sizeof(float));
-    // Kept to be used again (TakeRecordBuffer); a few at most, as many as
-    // records in flight at once.
-    if (sent_values_.size() < kRecordBuffers) sent_values_.push_back(repl_values_);
+    // Kept to be used again (TakeRecordBuffer): a few at most, and none
+    // much past a batch's bound (one push of a big range may be larger).
+    if (sent_values_.size() < kRecordBuffers &&
+        repl_values_->capacity() <= 2 * kReplicaBatchValues) {
+      sent_values_.push_back(repl_values_);
+    }
   }
   repl_values_.reset();
   const Envelope env = RequestEnvelope();
@@ -323,7 +335,7 @@ void ShardCore::UpdateDurable() {
     return;
   }
   const uint64_t held = durable_record();
-  while (!unacked_.empty() && unacked_.front().record <= held) {
+  while (!durable_hold_ && !unacked_.empty() && unacked_.front().record <= held) {
     for (const auto& [worker, seq] : unacked_.front().marks) {
       uint64_t& d = durable_[worker];
       d = std::max(d, seq);

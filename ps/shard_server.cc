@@ -226,14 +226,16 @@ void ShardServer::HeartbeatLoop() {
         lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
       };
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-      // Asked to hand its range over; a request the monitor gave up on
-      // is forgotten, and if this shard stopped applying for it but its
-      // backups do not hold its last record yet, it applies again.
+      // Asked to hand its range over; a request the monitor no longer asks
+      // for is forgotten, and if this shard stopped applying for it but
+      // its backups do not hold its last record yet and the monitor says
+      // it gave the drain up, it applies again (a monitor that restarted
+      // knows of no drain, and finishes it once this shard hands off).
       if (r.hand_off) {
         hand_off_requested_ = true;
       } else if (!left_for_hand_off_) {
         hand_off_requested_ = false;
-      } else if (!handed_off_) {
+      } else if (!handed_off_ && r.hand_off_given_up) {
         cancel_hand_off_ = true;
       }
       PromoteConfig promote{r.promote, r.promote_backups};
@@ -256,11 +258,13 @@ void ShardServer::HeartbeatLoop() {
           pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
         }
       }
-      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing, r.deposed};
+      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing, r.deposed,
+                           r.hold_durable};
       if (config.epoch != last_replication.epoch ||
           config.backups != last_replication.backups ||
           config.backing != last_replication.backing ||
-          config.deposed != last_replication.deposed) {
+          config.deposed != last_replication.deposed ||
+          config.hold_durable != last_replication.hold_durable) {
         last_replication = config;
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_replication_ = std::move(config);
@@ -350,7 +354,11 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
     core_->SetReplicaSet(0, {}, out);
     return;
   }
+  // Held before the new set takes effect (its backups' acknowledgements
+  // must not make durable what the standby lacks), let go after.
+  if (config.hold_durable) core_->SetDurableHold(true);
   core_->SetReplicaSet(config.epoch, std::move(backups), out);
+  if (!config.hold_durable) core_->SetDurableHold(false);
 }
 
 void ShardServer::Send(ShardCore::Outgoing& o, Socket* router,
@@ -541,7 +549,7 @@ void ShardServer::Run() {
       pending_deposed_.clear();
       lease_until = lease_until_ns_.load();
     }
-    if (cancel_hand_off_.exchange(false) && left_for_hand_off_ && !handed_off_) {
+    if (cancel_hand_off_.exchange(false) && left_for_hand_off_ && !handed_off_ && !leave_by) {
       core_->CancelLeave(&out);
       left_for_hand_off_ = false;
       hand_off_requested_ = false;

@@ -170,6 +170,7 @@ class ShardServer {
     std::vector<msg::ShardInfo> backups;
     std::vector<msg::ShardInfo> backing;
     bool deposed = false;  // its own range is served elsewhere (epoch: the range's)
+    bool hold_durable = false;  // a standby of its range may be promoted
   };
   std::optional<ReplicaConfig> pending_replication_;
   // The serving thread's: connects to new backups, lets go of old ones, and

@@ -163,7 +163,7 @@ TEST(HelpTest, EveryDocumentedFlagExists) {
   static const std::regex token(R"(--[a-zA-Z][a-zA-Z0-9.-]*[a-zA-Z0-9])");
   size_t scripts = 0;
   for (const char* folder : {"deploy", "tests", "tests/fuzz", "bench/checkpoint", "bench/overlap",
-                             "bench/stragglers"}) {
+                             "bench/stragglers", "bench/replication"}) {
     for (const auto& e : std::filesystem::directory_iterator(std::string(PACER_SOURCE_DIR) + "/" + folder)) {
       if (e.path().extension() != ".sh") continue;
       ++scripts;

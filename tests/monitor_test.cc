@@ -918,6 +918,9 @@ TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRang
     ASSERT_EQ(MapBackups()[p], (std::vector<uint32_t>{other}));
     EXPECT_EQ(core_->shard_standby(IndexOf(p)), (std::vector<uint32_t>{b}));
     EXPECT_TRUE(backs(Beat(b, {{p, epoch}}))) << "the standby must keep its replica";
+    // Its primary holds durability where it is: the new backup's
+    // acknowledgements must not make durable what the standby lacks.
+    EXPECT_TRUE(Beat(p).hold_durable);
     // The monitor restarts: the standby is in its saved state.
     {
       auto restarted = std::make_unique<MonitorCore>(options_, &clock_);
@@ -928,7 +931,8 @@ TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRang
       Beat(other, {{p, epoch}});  // the new backup got its seed
       Tick();
       EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
-      EXPECT_FALSE(backs(Beat(b, {{p, epoch}}))) << "a standby no longer needed keeps its replica";
+      EXPECT_FALSE(backs(Beat(b, {{p, epoch}}))) << "a standby no longer needed must let go of its replica";
+      EXPECT_FALSE(Beat(p).hold_durable);
     }
     // The primary goes silent.
     for (int i = 0; i < 8; ++i) {
@@ -943,6 +947,67 @@ TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRang
     EXPECT_GT(core_->shard_epoch(IndexOf(p)), epoch);
     EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
   }
+}
+
+// With no backup left in the set (two shards, the only other one dropped)
+// the primary calls every applied push durable at once, so a standby would
+// lack durable pushes: none is kept, and durability is not held.
+TEST_F(HandoffTest, NoStandbyIsKeptWhenTheSetIsLeftEmpty) {
+  Make(1, 2);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}});
+  auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  msg::Heartbeat hb;
+  hb.role = wire::Role::Shard;
+  msg::ShardInfo r;
+  r.id = p;
+  r.backups = {b};
+  hb.lagging = {r};
+  flatbuffers::FlatBufferBuilder fbb;
+  const Decoded d = Only(Send(p, kJob, p, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+  const auto reply = msg::Read<msg::HeartbeatReply>(d);
+  EXPECT_TRUE(MapBackups()[p].empty());
+  EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
+  EXPECT_FALSE(reply.hold_durable);
+}
+
+// A drain given up (its primary never said its backups hold its last
+// record): the primary's heartbeat replies say so, so that one that
+// stopped applying for it applies again; asked again, they no longer do.
+TEST_F(HandoffTest, ADrainGivenUpIsSaidSo) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t epoch = core_->shard_epoch(IndexOf(p));
+  Beat(b, {{p, epoch}});
+  const auto drain = [&] {
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(300, kJob, kTool, fbb, wire::CreateShardControl(fbb, wire::ShardOp::Drain, p)),
+         wire::Body::Ack);
+  };
+  drain();
+  msg::HeartbeatReply r = Beat(p);
+  EXPECT_TRUE(r.hand_off);
+  EXPECT_FALSE(r.hand_off_given_up);
+  for (int i = 0; i < 130; ++i) {  // 65 s, every member heard
+    clock_.Advance(milliseconds(500));
+    for (const auto& [id, unused] : sets) {
+      Beat(id, id == b ? std::map<uint32_t, uint64_t>{{p, epoch}} : std::map<uint32_t, uint64_t>{});
+    }
+    Heartbeat(worker_a_);
+    Heartbeat(worker_b_);
+    Tick();
+  }
+  EXPECT_FALSE(core_->moving());
+  r = Beat(p);
+  EXPECT_FALSE(r.hand_off);
+  EXPECT_TRUE(r.hand_off_given_up);
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), p);
+  drain();
+  r = Beat(p);
+  EXPECT_TRUE(r.hand_off);
+  EXPECT_FALSE(r.hand_off_given_up);
 }
 
 TEST_F(ReplicaTest, WithoutReplicasNoRangeHasBackups) {

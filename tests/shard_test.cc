@@ -1881,6 +1881,25 @@ TEST_F(ReplicationTest, AFencedOrLeavingPrimaryAcknowledgesNoPush) {
   EXPECT_TRUE(backup_->replicas_final());
 }
 
+// Durability held (a dropped backup stands by): records still go out and
+// are acknowledged, but no push becomes durable until the hold is let go.
+TEST_F(ReplicationTest, ADurableHoldKeepsDurabilityWhereItIs) {
+  StartReplicated(wire::Mode::Bsp);
+  RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
+  RPush(kWorkerB, 0, 3, Grad(0, kWorkerB), 1);
+  ASSERT_EQ(shard_->durable_seq(kWorkerA), 1u);
+  shard_->SetDurableHold(true);
+  RPush(kWorkerA, 1, 1, Grad(1, kWorkerA), 2);
+  auto out = RPush(kWorkerB, 1, 3, Grad(1, kWorkerB), 2);  // closes clock 1: a record, acknowledged
+  EXPECT_EQ(backup_->replica_record(kShardId), shard_->replication_record());
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u);
+  EXPECT_EQ(shard_->durable_seq(kWorkerB), 1u);
+  EXPECT_EQ(DurableOf(Route(Pull(kWorkerA, 2)).at(0)), 1u);
+  shard_->SetDurableHold(false);
+  EXPECT_EQ(shard_->durable_seq(kWorkerA), 2u);
+  EXPECT_EQ(shard_->durable_seq(kWorkerB), 2u);
+}
+
 // A drain the monitor gave up (CancelLeave): the primary applies pushes
 // again, its records go on after the last one, and the backup follows.
 TEST_F(ReplicationTest, ALeaveCancelledAppliesAgainAndTheBackupFollows) {

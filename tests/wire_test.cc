@@ -825,8 +825,14 @@ TEST(MessagesTest, AbsentOptionalFieldsStayAbsent) {
   replicated.replica_epoch = 6;
   replicated.replica_backups = {{2, "tcp://127.0.0.1:8", 0, 0, "KEY2", {}, 6}};
   replicated.backing = {{3, "tcp://127.0.0.1:7", 0, 0, "KEY3", {}, 5}};
+  replicated.hold_durable = true;
+  replicated.hand_off_given_up = true;
   const auto rep = msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, replicated)));
   EXPECT_EQ(rep.replica_epoch, 6u);
+  EXPECT_TRUE(rep.hold_durable);
+  EXPECT_TRUE(rep.hand_off_given_up);
+  EXPECT_FALSE(r.hold_durable);
+  EXPECT_FALSE(r.hand_off_given_up);
   ASSERT_EQ(rep.replica_backups.size(), 1u);
   EXPECT_EQ(rep.replica_backups[0].address, "tcp://127.0.0.1:8");
   EXPECT_EQ(rep.replica_backups[0].public_key, "KEY2");

@@ -363,7 +363,7 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
                                     backing, promote, promote_backups, m.deposed, m.hand_off,
-                                    deposed_ranges);
+                                    deposed_ranges, m.hold_durable, m.hand_off_given_up);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -390,6 +390,8 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.deposed = t.deposed();
   m.hand_off = t.hand_off();
   m.deposed_ranges = ShardInfosOf(t.deposed_ranges());
+  m.hold_durable = t.hold_durable();
+  m.hand_off_given_up = t.hand_off_given_up();
   return m;
 }
 

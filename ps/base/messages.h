@@ -214,6 +214,11 @@ struct HeartbeatReply {
   // Ranges it serves since a promotion that failed over again elsewhere
   // (id: the range, epoch: its new one).
   std::vector<ShardInfo> deposed_ranges;
+  // To a primary: its range has a standby (a dropped backup the monitor may
+  // promote): durability stays where it is until this is false again.
+  bool hold_durable = false;
+  // To a primary that stopped applying for a drain: the drain was given up.
+  bool hand_off_given_up = false;
 };
 
 // --- the monitor to the shards
