@@ -751,6 +751,27 @@ class HandoffTest : public ReplicaTest {
     Decoded d = Only(Send(id, kJob, id, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
     return d.message == nullptr ? msg::HeartbeatReply{} : msg::Read<msg::HeartbeatReply>(d);
   }
+  // Shard `from` reports that `backup` of range `range` fell behind; its reply.
+  msg::HeartbeatReply ReportLagging(uint32_t from, uint32_t range, uint32_t backup) {
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    msg::ShardInfo r;
+    r.id = range;
+    r.backups = {backup};
+    hb.lagging = {r};
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+    return d.message == nullptr ? msg::HeartbeatReply{} : msg::Read<msg::HeartbeatReply>(d);
+  }
+  // Of three shards' sets: the one that is neither p nor b.
+  static uint32_t Third(const std::map<uint32_t, std::vector<uint32_t>>& sets, uint32_t p,
+                        uint32_t b) {
+    uint32_t other = 0;
+    for (const auto& [id, unused] : sets) {
+      if (id != p && id != b) other = id;
+    }
+    return other;
+  }
   static constexpr uint32_t kTool = 0xFFFFFFFFu;  // pacerctl's sender id
 };
 
@@ -850,23 +871,8 @@ TEST_F(HandoffTest, ABackupThatFallsBehindIsDroppedAndReplaced) {
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
   auto sets = MapBackups();
   const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
-  uint32_t other = 0;
-  for (const auto& [id, unused] : sets) {
-    if (id != p && id != b) other = id;
-  }
-  const auto lagging = [&](uint32_t backup) {
-    msg::ShardInfo r;
-    r.id = p;
-    r.backups = {backup};
-    return r;
-  };
-  const auto beat = [&](uint32_t from, uint32_t backup) {
-    msg::Heartbeat hb;
-    hb.role = wire::Role::Shard;
-    hb.lagging = {lagging(backup)};
-    flatbuffers::FlatBufferBuilder fbb;
-    Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
-  };
+  const uint32_t other = Third(sets, p, b);
+  const auto beat = [&](uint32_t from, uint32_t backup) { ReportLagging(from, p, backup); };
   beat(other, b);  // not p's primary
   EXPECT_EQ(core_->shard_backups(IndexOf(p)), (std::vector<uint32_t>{b}));
   uint64_t v1 = 0, v2 = 0;
@@ -895,26 +901,14 @@ TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRang
     Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
     auto sets = MapBackups();
     const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
-    uint32_t other = 0;
-    for (const auto& [id, unused] : sets) {
-      if (id != p && id != b) other = id;
-    }
+    const uint32_t other = Third(sets, p, b);
     const uint64_t epoch = core_->shard_epoch(IndexOf(p));
     const auto backs = [&](const msg::HeartbeatReply& r) {
       return std::any_of(r.backing.begin(), r.backing.end(),
                          [&](const msg::ShardInfo& x) { return x.id == p; });
     };
     ASSERT_TRUE(backs(Beat(b, {{p, epoch}})));
-    {
-      msg::Heartbeat hb;
-      hb.role = wire::Role::Shard;
-      msg::ShardInfo r;
-      r.id = p;
-      r.backups = {b};
-      hb.lagging = {r};
-      flatbuffers::FlatBufferBuilder fbb;
-      Only(Send(p, kJob, p, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
-    }
+    ReportLagging(p, p, b);
     ASSERT_EQ(MapBackups()[p], (std::vector<uint32_t>{other}));
     EXPECT_EQ(core_->shard_standby(IndexOf(p)), (std::vector<uint32_t>{b}));
     EXPECT_TRUE(backs(Beat(b, {{p, epoch}}))) << "the standby must keep its replica";
@@ -957,15 +951,7 @@ TEST_F(HandoffTest, NoStandbyIsKeptWhenTheSetIsLeftEmpty) {
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}});
   auto sets = MapBackups();
   const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
-  msg::Heartbeat hb;
-  hb.role = wire::Role::Shard;
-  msg::ShardInfo r;
-  r.id = p;
-  r.backups = {b};
-  hb.lagging = {r};
-  flatbuffers::FlatBufferBuilder fbb;
-  const Decoded d = Only(Send(p, kJob, p, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
-  const auto reply = msg::Read<msg::HeartbeatReply>(d);
+  const msg::HeartbeatReply reply = ReportLagging(p, p, b);
   EXPECT_TRUE(MapBackups()[p].empty());
   EXPECT_TRUE(core_->shard_standby(IndexOf(p)).empty());
   EXPECT_FALSE(reply.hold_durable);
