@@ -296,10 +296,11 @@ class PsClient {
   };
   std::map<uint64_t, HeldRange> held_;
   // Buffers of pushes that became durable, for the next ones kept: no
-  // allocation (and no fresh pages) per push. A few at most (each the size
-  // of a range's part of the gradient).
+  // allocation (and no fresh pages) per push. kSpareHeld at most (each the
+  // size of a range's part of the gradient: a few per range while asp's
+  // records wait for more pushes).
   std::vector<std::shared_ptr<std::vector<float>>> spare_held_;
-  static constexpr size_t kSpareHeld = 4;
+  static constexpr size_t kSpareHeld = 16;
   uint64_t resent_pushes_ = 0;
   std::vector<uint64_t> answered_epochs_;  // per shard of map_
   // A reply from shard i said its range is durable through `seq`.

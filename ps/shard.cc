@@ -761,8 +761,7 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   metrics_.clock->Set(static_cast<double>(applied_clock_));
   out->push_back({peer, EncodeMessage(server_.ReplyEnvelope(env),
                                       msg::PushReply{clock, true, durable_seq(env.sender), repl_epoch_})});
-  if (repl_steps_.size() >= kReplicaBatchSteps ||
-      (repl_values_ && repl_values_->size() >= kReplicaBatchValues)) {
+  if (ReplicationBatchFull()) {
     FlushReplication(out);
   }
   Advance(out);

@@ -180,7 +180,10 @@ class ShardCore {
   // range holds values; after that every applied step goes to each backup
   // in a record, after aggregation: one record per step in the synchronous
   // modes, in asp the steps of up to kReplicaBatchSteps pushes
-  // (kReplicaBatchValues values) or kReplicaBatchDelay per record. A
+  // (kReplicaBatchValues values) or kReplicaBatchDelay per record. Once a
+  // batch's gradients take more values than the state they changed (the
+  // parameters and each optimizer state slot), its record carries that
+  // state instead, which the backup takes as it is (ReplicaStep.assign). A
   // worker's push is durable once every backup in the set acknowledged
   // the record that holds it, and push and pull replies say how far
   // (durable_seq): through which of the worker's push seqs. With the set
@@ -269,10 +272,14 @@ class ShardCore {
   uint64_t replica_mismatches() const { return replica_mismatches_; }
   // Records made in asp hold the steps of this many pushes at most (or
   // up to the first that brings them past this many values), and wait
-  // this long at most for more.
+  // this long at most for more. A batch past a few pushes of the range
+  // costs no more to send (its record carries the state), so a record
+  // waits a few pushes' time: pushes become durable up to this much later
+  // (asp workers never wait for that), and records and their
+  // acknowledgements go several times less often.
   static constexpr size_t kReplicaBatchSteps = 16;
   static constexpr size_t kReplicaBatchValues = size_t{1} << 22;
-  static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(2);
+  static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(10);
   // Every this many records carries a check of a block range.
   static constexpr uint64_t kReplicaCheckEvery = 16;
   // A backup that owes an acknowledgement (of a record or a seed) for
@@ -555,6 +562,15 @@ class ShardCore {
   static constexpr size_t kRecordBuffers = 2;
   std::shared_ptr<std::vector<float>> TakeRecordBuffer();
   std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
+  size_t repl_batch_steps_ = 0;  // steps applied since the last record
+  // The batch's record carries the state of the keys its steps changed
+  // (every key, or those listed), not their gradients (ReplicaStep.assign).
+  bool repl_assign_ = false;
+  bool repl_assign_all_ = false;
+  std::vector<uint64_t> repl_assign_keys_;
+  void NoteAssignKeys(std::span<const wire::KeyLen> keys);
+  // True when the batch's record is to be sent now (asp: steps or values).
+  bool ReplicationBatchFull() const;
   std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
   std::map<uint32_t, uint64_t> applied_marks_; // each worker's last applied seq
   TimePoint repl_first_ = TimePoint::max();    // the oldest step not in a record

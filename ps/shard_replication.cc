@@ -54,6 +54,9 @@ void ShardCore::SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups,
     repl_values_.reset();
     sent_values_.clear();
     repl_lent_.reset();
+    repl_batch_steps_ = 0;
+    repl_assign_ = repl_assign_all_ = false;
+    repl_assign_keys_.clear();
     repl_marks_.clear();
     repl_applied_.clear();
     repl_first_ = TimePoint::max();
@@ -135,8 +138,26 @@ void ShardCore::NoteApplied(uint32_t worker, uint64_t seq) {
   repl_first_ = std::min(repl_first_, clock_->Now());
 }
 
+void ShardCore::NoteAssignKeys(std::span<const wire::KeyLen> keys) {
+  if (keys.empty()) repl_assign_all_ = true;
+  if (repl_assign_all_) return;
+  for (const wire::KeyLen& k : keys) repl_assign_keys_.push_back(k.key());
+}
+
+bool ShardCore::ReplicationBatchFull() const {
+  return repl_batch_steps_ >= kReplicaBatchSteps ||
+         (repl_values_ && repl_values_->size() >= kReplicaBatchValues);
+}
+
 void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vector<float>> lent) {
   if (backups_.empty()) return;
+  ++repl_batch_steps_;
+  repl_first_ = std::min(repl_first_, clock_->Now());
+  if (repl_assign_) {
+    // The record will carry these keys' state as SendRecord finds it.
+    NoteAssignKeys(step.grad.keys);
+    return;
+  }
   msg::ReplicaStep rs;
   rs.keys.assign(step.grad.keys.begin(), step.grad.keys.end());
   rs.grad_scale = step.grad_scale;
@@ -166,7 +187,16 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
     }
   }
   repl_steps_.push_back(std::move(rs));
-  repl_first_ = std::min(repl_first_, clock_->Now());
+  // Gradients past the state they change (asp: a few pushes of a range):
+  // the record carries the state instead, read when it goes out; the
+  // gradients copied so far are let go.
+  const size_t state_values = (1 + table_->state_slots()) * table_->values();
+  if (repl_steps_.size() > 1 && repl_values_ && repl_values_->size() > state_values) {
+    repl_assign_ = true;
+    for (const msg::ReplicaStep& s : repl_steps_) NoteAssignKeys(s.keys);
+    repl_steps_.clear();
+    repl_values_->clear();
+  }
 }
 
 std::shared_ptr<std::vector<float>> ShardCore::TakeRecordBuffer() {
@@ -202,7 +232,8 @@ std::pair<uint64_t, uint64_t> ShardCore::NextCheckWindow() {
 }
 
 void ShardCore::FlushReplication(std::vector<Outgoing>* out) {
-  if (backups_.empty() || (repl_steps_.empty() && repl_marks_.empty() && repl_applied_.empty())) {
+  if (backups_.empty() ||
+      (repl_batch_steps_ == 0 && repl_marks_.empty() && repl_applied_.empty())) {
     return;
   }
   SendRecord(false, out);
@@ -255,6 +286,27 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   rec.range = shard_id_;
   rec.epoch = repl_epoch_;
   rec.record = ++record_;
+  if (repl_assign_) {
+    // The state the batch's steps left in the keys they changed (those
+    // still here: a layout change since seeds every backup afresh).
+    msg::ReplicaStep rs;
+    rs.assign = true;
+    if (!repl_assign_all_) {
+      std::sort(repl_assign_keys_.begin(), repl_assign_keys_.end());
+      repl_assign_keys_.erase(std::unique(repl_assign_keys_.begin(), repl_assign_keys_.end()),
+                              repl_assign_keys_.end());
+      for (uint64_t key : repl_assign_keys_) {
+        if (const ParamTable::Slot* slot = table_->Find(key)) {
+          rs.keys.emplace_back(key, slot->length);
+        }
+      }
+      if (rs.keys.size() == table_->key_count()) rs.keys.clear();  // every key
+    }
+    if (!repl_values_) repl_values_ = TakeRecordBuffer();
+    table_->Read(rs.keys, repl_values_.get(), &rs.key_steps);
+    rs.values = repl_values_->size();
+    repl_steps_.assign(1, std::move(rs));
+  }
   rec.steps = std::move(repl_steps_);
   rec.marks.assign(repl_marks_.begin(), repl_marks_.end());
   rec.applied = std::move(repl_applied_);
@@ -290,6 +342,9 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   unacked_.push_back({record_, std::move(rec.marks), now});
   metrics_.records->Increment();
   repl_steps_.clear();
+  repl_batch_steps_ = 0;
+  repl_assign_ = repl_assign_all_ = false;
+  repl_assign_keys_.clear();
   repl_marks_.clear();
   repl_applied_.clear();
   repl_first_ = TimePoint::max();
@@ -505,9 +560,16 @@ void ShardCore::OnReplicate(const Frame& peer, const Decoded& d, std::vector<Out
       }
     }
     if (!why.empty()) break;
+    if (s.assign) want *= 1 + table.state_slots();  // the keys' state, not a gradient
     if (s.values != want || offset + want > values.size()) {
       why = "step " + std::to_string(i) + " carries " + std::to_string(s.values) +
             " values, its keys take " + std::to_string(want);
+    } else if (s.assign) {
+      const size_t keys = s.keys.empty() ? table.key_count() : s.keys.size();
+      if (s.key_steps.size() != keys) {
+        why = "step " + std::to_string(i) + " sets the state of " + std::to_string(keys) +
+              " keys with " + std::to_string(s.key_steps.size()) + " step counts";
+      }
     } else if (s.lr.size() != table.groups()) {
       why = "step " + std::to_string(i) + " has " + std::to_string(s.lr.size()) +
             " learning rates for " + std::to_string(table.groups()) + " groups";
@@ -526,7 +588,13 @@ void ShardCore::OnReplicate(const Frame& peer, const Decoded& d, std::vector<Out
     metrics_.replicas->Set(static_cast<double>(replicas_.size()));
     return ReplyError(peer, d.env, wire::ErrorCode::BadLength, why, out);
   }
-  for (const StepRecord& step : steps) table.Step(step);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (m.steps[i].assign) {
+      table.Assign(steps[i].grad.keys, steps[i].grad.values, m.steps[i].key_steps);
+    } else {
+      table.Step(steps[i]);
+    }
+  }
   r.record = m.record;
   for (const auto& [worker, seq] : m.marks) r.marks[worker] = std::max(r.marks[worker], seq);
   for (const auto& [worker, seq] : m.applied) r.ledger.Add(worker, seq);

@@ -262,6 +262,55 @@ void ParamTable::Step(const StepRecord& record) {
   }
 }
 
+void ParamTable::Read(std::span<const wire::KeyLen> keys, std::vector<float>* values,
+                      std::vector<uint64_t>* steps) const {
+  for (size_t i = 0; i <= state_.size(); ++i) {
+    const float* base = i == 0 ? params_.data() : state_[i - 1].data();
+    if (keys.empty()) {
+      values->insert(values->end(), base, base + params_.size());  // key order, end to end
+      continue;
+    }
+    for (const wire::KeyLen& k : keys) {
+      const Slot& s = slots_.at(k.key());
+      values->insert(values->end(), base + s.offset, base + s.offset + s.length);
+    }
+  }
+  if (keys.empty()) {
+    for (const auto& [key, s] : slots_) steps->push_back(s.steps);
+  } else {
+    for (const wire::KeyLen& k : keys) steps->push_back(slots_.at(k.key()).steps);
+  }
+}
+
+void ParamTable::Assign(std::span<const wire::KeyLen> keys, std::span<const float> values,
+                        std::span<const uint64_t> steps) {
+  const size_t n = params_.size();
+  if (keys.empty() || keys.size() == slots_.size()) {
+    // Every value is written: into fresh buffers while a reply or snapshot
+    // holds the current ones, with no copy first.
+    std::memcpy(params_.Overwrite().second, values.data(), n * sizeof(float));
+    for (size_t i = 0; i < state_.size(); ++i) {
+      std::memcpy(state_[i].Overwrite().second, values.data() + (i + 1) * n, n * sizeof(float));
+    }
+    size_t j = 0;
+    for (auto& [key, s] : slots_) s.steps = steps[j++];
+    return;
+  }
+  size_t total = 0;
+  for (const wire::KeyLen& k : keys) total += k.length();
+  const float* src = values.data();
+  for (size_t i = 0; i <= state_.size(); ++i) {
+    float* base = i == 0 ? params_.Mutable() : state_[i - 1].Mutable();
+    const float* from = src + i * total;
+    for (const wire::KeyLen& k : keys) {
+      const Slot& s = slots_.at(k.key());
+      std::memcpy(base + s.offset, from, s.length * sizeof(float));
+      from += s.length;
+    }
+  }
+  for (size_t j = 0; j < keys.size(); ++j) slots_.at(keys[j].key()).steps = steps[j];
+}
+
 TableSlice ParamTable::Extract(uint64_t begin, uint64_t end) const {
   TableSlice out;
   size_t total = 0;

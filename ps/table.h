@@ -151,6 +151,20 @@ class ParamTable {
   // none) steps with its group's lr and its own step count, which goes up.
   void Step(const StepRecord& record);
 
+  // The parameters, then each state slot's values, of `keys` (every key
+  // when empty), each end to end in key order as a TableSlice lays them
+  // out, appended to `values`; the keys' step counts appended to `steps`.
+  // Every key must be here with its length.
+  void Read(std::span<const wire::KeyLen> keys, std::vector<float>* values,
+            std::vector<uint64_t>* steps) const;
+  // Sets the parameters, state and step counts of `keys` (every key when
+  // empty) to values and steps laid out as Read gives them: a replica
+  // taking the state its primary's steps left. The caller checks first
+  // (so that a bad record changes nothing) that the keys are here with
+  // these lengths, ascending, and that the sizes add up.
+  void Assign(std::span<const wire::KeyLen> keys, std::span<const float> values,
+              std::span<const uint64_t> steps);
+
   // Keys in [begin, end) with all they hold (a copy; they stay).
   TableSlice Extract(uint64_t begin, uint64_t end) const;
   // Removes keys in [begin, end); returns how many went.

@@ -184,6 +184,50 @@ TEST(TableTest, AStepOfSomeKeysCopiesWhatAReplyHoldsFirst) {
   EXPECT_FLOAT_EQ(table.Param(1)[0], -0.1f);
 }
 
+// What a replica takes from a state record: Read's values set by Assign
+// give the reader's parameters, state and step counts, bit for bit, for
+// every key or some; a reply or snapshot holding the old buffers keeps
+// seeing the old values.
+TEST(TableTest, AssignOfReadStateGivesTheSameTableAndSparesHeldBuffers) {
+  auto run = ReadGolden("adam_amsgrad_weight_decay");
+  ASSERT_TRUE(run.ok()) << run.status();
+  auto a = Fresh(*run), b = Fresh(*run);
+  Replay(*run, *a, 0, 20);
+  Replay(*run, *b, 0, 10);
+  const TableSnapshot held = b->Snapshot();
+  std::vector<float> values;
+  std::vector<uint64_t> steps;
+  a->Read({}, &values, &steps);
+  ASSERT_EQ(values.size(), a->values() * (1 + a->state_slots()));
+  ASSERT_EQ(steps.size(), a->key_count());
+  b->Assign({}, values, steps);
+  EXPECT_TRUE(b->Snapshot() == a->Snapshot());
+  for (const auto& [key, slot] : a->slots()) EXPECT_EQ(b->Find(key)->steps, slot.steps);
+  auto c = Fresh(*run);
+  Replay(*run, *c, 0, 10);
+  EXPECT_TRUE(held == c->Snapshot()) << "the snapshot still holds the old values";
+  // Some keys: the last one only.
+  ASSERT_GE(a->key_count(), 2u);
+  Replay(*run, *a, 20, 30);
+  const auto& [last_key, last] = *a->slots().rbegin();
+  const std::vector<wire::KeyLen> one = {{last_key, last.length}};
+  values.clear();
+  steps.clear();
+  a->Read(one, &values, &steps);
+  ASSERT_EQ(values.size(), last.length * (1 + a->state_slots()));
+  b->Assign(one, values, steps);
+  for (size_t i = 0; i <= a->state_slots(); ++i) {
+    const auto want = i == 0 ? a->Param(last_key) : a->State(i - 1, last_key);
+    const auto got = i == 0 ? b->Param(last_key) : b->State(i - 1, last_key);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin(), got.end())) << "slot " << i;
+  }
+  EXPECT_EQ(b->Find(last_key)->steps, last.steps);
+  for (const auto& [key, slot] : b->slots()) {
+    if (key == last_key) continue;
+    EXPECT_EQ(slot.steps, 20u) << "key " << key << " stays";
+  }
+}
+
 // A key of a million floats is stepped in pieces on the shared pool's
 // threads (ps/table.cc); the result is the one-call step's, bit for bit,
 // for every optimizer, over several steps (so the state slots carry over).

@@ -1546,6 +1546,7 @@ class ReplicationTest : public ShardTest {
         }
         EXPECT_EQ(o.to_shard, kBackupId);
         ++records_sent_;
+        if (keep_records_) records_.push_back(msg::Read<msg::Replicate>(MustDecode(o)));
         if (drop_records_ > 0) {
           --drop_records_;
           continue;
@@ -1611,6 +1612,8 @@ class ReplicationTest : public ShardTest {
   std::vector<Frames> held_;
   int drop_records_ = 0;
   uint64_t records_sent_ = 0;
+  bool keep_records_ = false;  // records_: what went to the backup, decoded
+  std::vector<msg::Replicate> records_;
 };
 
 TEST_F(ReplicationTest, BackupHoldsTheSameParametersStateAndMarksAfterEveryStep) {
@@ -1662,6 +1665,85 @@ TEST_F(ReplicationTest, AspGroupsPushesIntoBatchedRecords) {
   EXPECT_EQ(records_sent_, 2u);  // a full batch goes at once
   ExpectSameAsPrimary();
   EXPECT_EQ(backup_->replica_marks(kShardId).at(kWorkerB), 5 + ShardCore::kReplicaBatchSteps);
+}
+
+// A batch whose gradients would take more values than the state they
+// change (the parameters and each state slot: Adam's 3 x 3 floats here)
+// goes as that state, which the backup takes as it is; a smaller batch goes
+// as its gradients. Either way the replica is the primary's, bit for bit.
+TEST_F(ReplicationTest, AspRecordsCarryTheStateOnceTheGradientsWouldTakeMore) {
+  kind_ = OptimizerKind::kAdam;
+  StartReplicated(wire::Mode::Asp);
+  keep_records_ = true;
+  uint64_t seq = 0;
+  const auto batch = [&](size_t pushes, const std::vector<wire::KeyLen>& keys) {
+    for (size_t i = 0; i < pushes; ++i) {
+      ++seq;
+      std::vector<float> g = Grad(seq, kWorkerA);
+      if (keys.size() == 1) g.resize(keys[0].length());
+      Route(PushPart(kWorkerA, seq - 1, 1, seq, 0, 1, keys, g));
+    }
+    clock_.Advance(ShardCore::kReplicaBatchDelay);
+    Tick();
+    ExpectSameAsPrimary();
+  };
+  batch(3, kKeys);  // 9 gradient values: not more than the state
+  ASSERT_EQ(records_.size(), 1u);
+  EXPECT_EQ(records_[0].steps.size(), 3u);
+  for (const msg::ReplicaStep& s : records_[0].steps) EXPECT_FALSE(s.assign);
+  batch(5, kKeys);  // 15: the state of every key instead
+  ASSERT_EQ(records_.size(), 2u);
+  ASSERT_EQ(records_[1].steps.size(), 1u);
+  const msg::ReplicaStep& all = records_[1].steps[0];
+  EXPECT_TRUE(all.assign);
+  EXPECT_TRUE(all.keys.empty());
+  EXPECT_EQ(all.values, 9u);
+  EXPECT_EQ(all.key_steps, (std::vector<uint64_t>{8, 8}));
+  const std::vector<wire::KeyLen> second = {{2, 1}};
+  batch(10, second);  // 10 values of key 2: the state of key 2 alone
+  ASSERT_EQ(records_.size(), 3u);
+  ASSERT_EQ(records_[2].steps.size(), 1u);
+  const msg::ReplicaStep& some = records_[2].steps[0];
+  EXPECT_TRUE(some.assign);
+  ASSERT_EQ(some.keys.size(), 1u);
+  EXPECT_EQ(some.keys[0].key(), 2u);
+  EXPECT_EQ(some.values, 3u);
+  EXPECT_EQ(some.key_steps, (std::vector<uint64_t>{18}));
+  EXPECT_EQ(backup_->replica_marks(kShardId).at(kWorkerA), seq);
+  EXPECT_EQ(backup_->replica_mismatches(), 0u);
+}
+
+// A record that sets state with step counts that do not match its keys
+// changes nothing: refused with the reason, and the replica is dropped to
+// be seeded afresh, as for any record out of step.
+TEST_F(ReplicationTest, AStateRecordThatDoesNotAddUpIsRefused) {
+  kind_ = OptimizerKind::kAdam;
+  StartReplicated(wire::Mode::Asp);
+  msg::Replicate rec;
+  rec.range = kShardId;
+  rec.epoch = 1;
+  rec.record = 1;
+  msg::ReplicaStep step;
+  step.assign = true;
+  step.values = 9;
+  step.key_steps = {1};  // two keys
+  rec.steps = {step};
+  Envelope env;
+  env.job_id = kJob;
+  env.sender = kShardId;
+  env.request_id = 77;
+  const std::vector<float> state(9, 5.0f);
+  Frames frames = EncodeMessage(env, rec, Floats(state));
+  frames.insert(frames.begin(), PeerFrame(kShardId));
+  std::vector<ShardCore::Outgoing> out;
+  backup_->Handle(std::move(frames), &out);
+  ASSERT_EQ(out.size(), 1u);
+  Decoded d = MustDecode(out[0]);
+  ASSERT_EQ(d.type(), wire::Body::Error);
+  EXPECT_NE(d.As<wire::Error>()->reason()->str().find("2 keys with 1 step counts"),
+            std::string::npos)
+      << d.As<wire::Error>()->reason()->str();
+  EXPECT_EQ(backup_->replica_table(kShardId), nullptr);  // to be seeded afresh
 }
 
 TEST_F(ReplicationTest, AspRecordBuffersAreUsedAgainOnlyOnceLetGo) {

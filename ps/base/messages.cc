@@ -507,7 +507,8 @@ flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb,
   std::vector<flatbuffers::Offset<wire::ReplicaStep>> steps;
   for (const ReplicaStep& s : m.steps) {
     steps.push_back(wire::CreateReplicaStep(fbb, KeysOf(fbb, s.keys), s.grad_scale,
-                                            fbb.CreateVector(s.lr), s.values));
+                                            fbb.CreateVector(s.lr), s.values, s.assign,
+                                            fbb.CreateVector(s.key_steps)));
   }
   std::vector<wire::WorkerSeq> marks;
   for (const auto& [worker, seq] : m.marks) marks.emplace_back(worker, seq);
@@ -529,7 +530,8 @@ Replicate FromWire(const wire::Replicate& t) {
   if (t.seed() != nullptr) m.seed = FromWire(*t.seed());
   if (t.steps() != nullptr) {
     for (const wire::ReplicaStep* s : *t.steps()) {
-      m.steps.push_back({Keys(s->keys()), s->grad_scale(), Scalars(s->lr()), s->values()});
+      m.steps.push_back({Keys(s->keys()), s->grad_scale(), Scalars(s->lr()), s->values(),
+                         s->assign(), Scalars(s->key_steps())});
     }
   }
   if (t.marks() != nullptr) {

@@ -309,6 +309,13 @@ struct ReplicaStep {
   float grad_scale = 1.0f;
   std::vector<float> lr;           // per group, scale included
   uint64_t values = 0;             // floats of the payload it takes
+  // Instead of a gradient, the state the batch's steps left in `keys`
+  // (every key when empty): the parameters, then each state slot's values,
+  // end to end in key order (ParamTable::Read), and the keys' step counts;
+  // grad_scale and lr unused. A primary sends this when it takes fewer
+  // values than the batch's gradients.
+  bool assign = false;
+  std::vector<uint64_t> key_steps;
 };
 // A run of one worker's push seqs, [first, last] (AppliedLedger).
 struct SeqSpan {

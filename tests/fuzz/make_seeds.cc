@@ -144,6 +144,24 @@ int main(int argc, char** argv) {
     return pacer::EncodeMessage(env, rec, pacer::Frame::Copy(values, sizeof values));
   });
   frame([&](flatbuffers::FlatBufferBuilder&) {
+    // A record of the state an asp batch left (every key), not gradients.
+    env.sender = 5;
+    pacer::msg::Replicate rec;
+    rec.range = 5;
+    rec.epoch = 1;
+    rec.record = 2;
+    pacer::msg::ReplicaStep step;
+    step.assign = true;
+    step.values = 6;  // the parameters, then the momentum
+    step.key_steps = {5, 5};
+    rec.steps = {step};
+    rec.marks = {{11, 9}};
+    rec.applied = {{11, 6}, {11, 7}, {11, 8}, {11, 9}};
+    rec.step_count = 9;
+    const float state[6] = {0.4f, -0.9f, 1.9f, 0.1f, 0.1f, -0.1f};
+    return pacer::EncodeMessage(env, rec, pacer::Frame::Copy(state, sizeof state));
+  });
+  frame([&](flatbuffers::FlatBufferBuilder&) {
     env.sender = 4;
     return pacer::EncodeMessage(env, pacer::msg::ReplicateReply{3, 1, false});
   });
