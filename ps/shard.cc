@@ -1131,9 +1131,13 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       metrics_.steps->Increment();
       applied_clock_ = static_cast<int64_t>(it->first);
       metrics_.clock->Set(static_cast<double>(applied_clock_));
-      // One record per step, after aggregation, with the clock and step
-      // count it leaves (a promoted replica resumes from them).
-      FlushReplication(out);
+      // The step goes to the backups after aggregation, with the clock and
+      // step count it leaves (a promoted replica resumes from them): in
+      // bsp and backup mode in a record of its own at once; in ssp and
+      // dssp, whose workers run ahead, with the next steps, as asp's
+      // pushes are batched (kReplicaBatchDelay).
+      const bool batched = job_.mode == wire::Mode::Ssp || job_.mode == wire::Mode::Dssp;
+      if (!batched || ReplicationBatchFull()) FlushReplication(out);
       if (!oc.acc.empty()) spare_acc_.push_back(std::move(oc.acc));
       open_.erase(it);
     }

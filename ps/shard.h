@@ -178,8 +178,9 @@ class ShardCore {
   // As a range's primary: its epoch and backups (shard ids), from the
   // monitor. A backup new to the set gets a seed, the whole range, once the
   // range holds values; after that every applied step goes to each backup
-  // in a record, after aggregation: one record per step in the synchronous
-  // modes, in asp the steps of up to kReplicaBatchSteps pushes
+  // in a record, after aggregation: one record per step at once in bsp and
+  // backup mode, in ssp and dssp the steps of up to kReplicaBatchDelay
+  // (kReplicaBatchSteps steps), in asp the steps of up to kReplicaBatchSteps pushes
   // (kReplicaBatchValues values) or kReplicaBatchDelay per record. Once a
   // batch's gradients take more values than the state they changed (the
   // parameters and each optimizer state slot), its record carries that
@@ -270,12 +271,12 @@ class ShardCore {
   std::map<uint32_t, ReplicaView> replica_views() const;
   uint64_t replica_checks() const { return replica_checks_; }
   uint64_t replica_mismatches() const { return replica_mismatches_; }
-  // Records made in asp hold the steps of this many pushes at most (or
+  // Records made in asp, ssp and dssp hold this many steps at most (or
   // up to the first that brings them past this many values), and wait
-  // this long at most for more. A batch past a few pushes of the range
+  // this long at most for more. A batch past a few steps of the range
   // costs no more to send (its record carries the state), so a record
-  // waits a few pushes' time: pushes become durable up to this much later
-  // (asp workers never wait for that), and records and their
+  // waits a few steps' time: pushes become durable up to this much later
+  // (no worker waits for that in these modes), and records and their
   // acknowledgements go several times less often.
   static constexpr size_t kReplicaBatchSteps = 16;
   static constexpr size_t kReplicaBatchValues = size_t{1} << 22;

@@ -1629,6 +1629,11 @@ TEST_F(ReplicationTest, BackupHoldsTheSameParametersStateAndMarksAfterEveryStep)
         RPush(kWorkerA, c, 1, Grad(c, kWorkerA), seq);
         RPush(kWorkerB, c, 3, Grad(c, kWorkerB), seq);
         ASSERT_EQ(shard_->applied_clock(), static_cast<int64_t>(c));
+        if (mode == wire::Mode::Ssp) {
+          // ssp's steps wait for more (the next test); here each goes alone.
+          clock_.Advance(ShardCore::kReplicaBatchDelay);
+          Tick();
+        }
         ExpectSameAsPrimary();
         // A promoted replica resumes from the primary's clock and step count
         // (regression: records carried those of the step before).
@@ -1646,6 +1651,44 @@ TEST_F(ReplicationTest, BackupHoldsTheSameParametersStateAndMarksAfterEveryStep)
       EXPECT_GE(backup_->replica_checks(), 1u);
       EXPECT_EQ(backup_->replica_mismatches(), 0u);
     }
+  }
+}
+
+// In ssp the steps of kReplicaBatchDelay share a record (here as the state
+// they left: 5 steps' gradients take more values than the parameters and
+// momentum); in bsp each step goes at once in a record of its own.
+TEST_F(ReplicationTest, SspStepsWithinTheBatchDelayShareARecordBspStepsDoNot) {
+  for (wire::Mode mode : {wire::Mode::Ssp, wire::Mode::Bsp}) {
+    SCOPED_TRACE(wire::EnumNameMode(mode));
+    StartReplicated(mode);
+    keep_records_ = true;
+    records_.clear();
+    for (uint64_t c = 0; c < 5; ++c) {
+      RPush(kWorkerA, c, 1, Grad(c, kWorkerA), c + 1);
+      RPush(kWorkerB, c, 3, Grad(c, kWorkerB), c + 1);
+    }
+    ASSERT_EQ(shard_->applied_clock(), 4);
+    if (mode == wire::Mode::Ssp) {
+      EXPECT_TRUE(records_.empty());  // held for more
+      clock_.Advance(ShardCore::kReplicaBatchDelay);
+      Tick();
+      ASSERT_EQ(records_.size(), 1u);
+      ASSERT_EQ(records_[0].steps.size(), 1u);
+      EXPECT_TRUE(records_[0].steps[0].assign);
+    } else {
+      ASSERT_EQ(records_.size(), 5u);
+      for (const msg::Replicate& r : records_) {
+        ASSERT_EQ(r.steps.size(), 1u);
+        EXPECT_FALSE(r.steps[0].assign);
+      }
+    }
+    ExpectSameAsPrimary();
+    const auto replica = backup_->ReplicaSnapshot(kShardId);
+    ASSERT_TRUE(replica.has_value());
+    EXPECT_EQ(replica->applied_clock, 4);
+    EXPECT_EQ(replica->steps, 5u);
+    const std::map<uint32_t, uint64_t> marks = {{kWorkerA, 5}, {kWorkerB, 5}};
+    EXPECT_EQ(backup_->replica_marks(kShardId), marks);
   }
 }
 
