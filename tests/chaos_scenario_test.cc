@@ -143,6 +143,34 @@ TEST(ChaosScenarioTest, AFaultSpecMayNameAShardsId) {
   EXPECT_EQ(s->timeline[0].spec, "delay:ms=5,type=Replicate,peers={shard:1}");
 }
 
+// The runner and the parser expand "{shard:I}" alike: each reference
+// replaced by what the resolver says, an unknown or unclosed one named.
+TEST(ChaosScenarioTest, ShardReferencesAreExpandedOrNamed) {
+  const auto ids = [](const std::string& ref) -> std::optional<std::string> {
+    if (ref == "shard:0") return "1000";
+    if (ref == "shard:1") return "7";
+    return std::nullopt;
+  };
+  auto two = ExpandShardRefs("drop:p=1,peers={shard:0}+{shard:1};delay:peers={shard:1}", ids);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, "drop:p=1,peers=1000+7;delay:peers=7");
+  EXPECT_EQ(*ExpandShardRefs("drop:p=1", ids), "drop:p=1");
+  for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
+           {"peers={shard:2}", "'{shard:2}'"},
+           {"peers={shard:0", "'{shard:0'"},
+           {"peers={shard:}", "'{shard:}'"}}) {
+    auto bad = ExpandShardRefs(spec, ids);
+    ASSERT_FALSE(bad.ok()) << spec;
+    EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status();
+  }
+  auto s = ParseScenario(
+      "name: x\ntimeline: [{at: 1, do: faults, target: server, spec: \"drop:p=1,peers={shard:5}\"}]");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("'{shard:5}' is not {shard:I} of this cluster"),
+            std::string::npos)
+      << s.status();
+}
+
 TEST(ChaosScenarioTest, MistakesAreNamed) {
   for (const auto& [yaml, why] : std::vector<std::pair<std::string, std::string>>{
            {"seconds: 5", "'name' is required"},

@@ -16,7 +16,8 @@
 #
 # Prints one row per run (steps per second: the workers' clocks over their
 # seconds, summed over the workers) and per mode the median of each and
-# their ratio, replicas 1 over replicas 0.
+# their ratio, replicas 1 over replicas 0, and each pair's ratio (the runs
+# of one rep, next to each other in time) with their median.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 reps=3 seconds=15 modes="bsp ssp asp" out="$root/bench/replication/out" pin=0
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --pin) pin=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "replication: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,15 +76,22 @@ for mode in $modes; do
     done
   done
 done
-median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+# The middle value; of an even count, the mean of the two middle ones.
+median() {
+  sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2];
+                                      else printf "%.4g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
 echo
-echo "| mode | runs | steps/s, replicas 0 (median) | steps/s, replicas 1 (median) | ratio | all runs, 0 / 1 |"
-echo "|---|---:|---:|---:|---:|---|"
+echo "| mode | runs | steps/s, replicas 0 (median) | steps/s, replicas 1 (median) | ratio | pair ratios (median; each) | all runs, 0 / 1 |"
+echo "|---|---:|---:|---:|---:|---|---|"
 for mode in $modes; do
   r0=$(grep "^$mode,0," "$csv" | cut -d, -f4 | median)
   r1=$(grep "^$mode,1," "$csv" | cut -d, -f4 | median)
   n=$(grep -c "^$mode,0," "$csv")
-  all=$(paste -d/ <(grep "^$mode,0," "$csv" | cut -d, -f4) <(grep "^$mode,1," "$csv" | cut -d, -f4) | paste -sd' ')
-  awk -v m="$mode" -v n="$n" -v a="$r0" -v b="$r1" -v all="$all" \
-    'BEGIN { printf "| %s | %d | %s | %s | %.2f | %s |\n", m, n, a, b, b / a, all }'
+  pairs=$(paste -d, <(grep "^$mode,0," "$csv" | cut -d, -f4) <(grep "^$mode,1," "$csv" | cut -d, -f4))
+  all=$(tr , / <<<"$pairs" | paste -sd' ')
+  ratios=$(awk -F, '{ printf "%.2f\n", $2 / $1 }' <<<"$pairs")
+  rmed=$(median <<<"$ratios")
+  awk -v m="$mode" -v n="$n" -v a="$r0" -v b="$r1" -v rm="$rmed" -v each="$(paste -sd' ' <<<"$ratios")" \
+    -v all="$all" 'BEGIN { printf "| %s | %d | %s | %s | %.2f | %.2f; %s | %s |\n", m, n, a, b, b / a, rm, each, all }'
 done

@@ -602,19 +602,20 @@ bool Runner::DoCut(const Action& a) {
 bool Runner::DoFaults(const Action& a, double now) {
   Injected inj;
   inj.what = a.what + " " + a.target;
-  std::string target = a.target, spec = a.spec;
+  std::string target = a.target;
   // "{shard:I}" in a spec is shard I's id (e.g. peers={shard:0}: messages
   // that shard sends).
-  for (size_t at = spec.find("{shard:"); at != std::string::npos; at = spec.find("{shard:")) {
-    const size_t end = spec.find('}', at);
-    const std::string ref = end == std::string::npos ? "" : spec.substr(at + 1, end - at - 1);
-    const std::string id = ref.empty() ? "" : FaultTarget(ref);
-    if (ref.empty() || id.rfind("server:", 0) != 0) {
-      spdlog::error("chaos: '{}' in fault spec '{}' names no shard", spec.substr(at), a.spec);
-      return false;
-    }
-    spec.replace(at, end - at + 1, id.substr(7));
+  auto expanded = ExpandShardRefs(a.spec, [&](const std::string& ref) -> std::optional<std::string> {
+    const std::string id = ref.rfind("shard:", 0) == 0 ? FaultTarget(ref) : "";
+    if (id.rfind("server:", 0) != 0) return std::nullopt;
+    return id.substr(7);
+  });
+  if (!expanded.ok()) {
+    spdlog::error("chaos: fault spec '{}': {} (names no running shard)", a.spec,
+                  std::string(expanded.status().message()));
+    return false;
   }
+  std::string spec = *expanded;
   if (a.what == "partition" && a.from == "monitor") {
     // Cut off from the monitor only: the target drops what the monitor
     // sends (set first: it hears of its rule in a heartbeat reply), then

@@ -66,6 +66,19 @@ namespace {
 absl::StatusOr<Scenario> ParseChecked(const std::string& yaml);
 }  // namespace
 
+absl::StatusOr<std::string> ExpandShardRefs(
+    std::string spec, const std::function<std::optional<std::string>(const std::string&)>& resolve) {
+  for (size_t at = spec.find("{shard:"); at != std::string::npos; at = spec.find("{shard:", at)) {
+    const size_t end = spec.find('}', at);
+    const std::string ref = end == std::string::npos ? "" : spec.substr(at + 1, end - at - 1);
+    const std::optional<std::string> id = ref.empty() ? std::nullopt : resolve(ref);
+    if (!id) return absl::InvalidArgumentError("'" + spec.substr(at) + "' is not {shard:I}");
+    spec.replace(at, end - at + 1, *id);
+    at += id->size();
+  }
+  return spec;
+}
+
 absl::StatusOr<Scenario> ParseScenario(const std::string& yaml) {
   // Every check below reports what is wrong; this catches what a check
   // missed (found by tests/fuzz/scenario_fuzz: a YAML conversion that threw).
@@ -209,17 +222,17 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
           return absl::InvalidArgumentError(where + ": faults needs a target and a spec");
         }
         // "{shard:I}" stands for shard I's id, known once it runs.
-        std::string spec = a.spec;
-        for (size_t at = spec.find("{shard:"); at != std::string::npos; at = spec.find("{shard:")) {
-          const size_t end = spec.find('}', at);
-          const std::string ref = end == std::string::npos ? "" : spec.substr(at + 1, end - at - 1);
-          if (ref.empty() || ref.rfind("shard:", 0) != 0 || !ValidProcess(ref, shards_ever, 0, false)) {
-            return absl::InvalidArgumentError(where + ".spec: '" + spec.substr(at) +
-                                              "' is not {shard:I} of this cluster");
+        auto spec = ExpandShardRefs(a.spec, [&](const std::string& ref) -> std::optional<std::string> {
+          if (ref.rfind("shard:", 0) != 0 || !ValidProcess(ref, shards_ever, 0, false)) {
+            return std::nullopt;
           }
-          spec.replace(at, end - at + 1, "0");
+          return "0";
+        });
+        if (!spec.ok()) {
+          return absl::InvalidArgumentError(where + ".spec: " + std::string(spec.status().message()) +
+                                            " of this cluster");
         }
-        auto rules = ParseFaults(spec);
+        auto rules = ParseFaults(*spec);
         if (!rules.ok()) return absl::InvalidArgumentError(where + ".spec: " + std::string(rules.status().message()));
         const bool role = a.target == "all" || a.target == "monitor" || a.target == "server" ||
                           a.target == "worker";

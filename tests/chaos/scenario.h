@@ -32,6 +32,8 @@
 #ifndef PACER_TESTS_CHAOS_SCENARIO_H_
 #define PACER_TESTS_CHAOS_SCENARIO_H_
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +99,12 @@ struct Scenario {
 
 // Parses and checks a scenario; InvalidArgument says what and where.
 absl::StatusOr<Scenario> ParseScenario(const std::string& yaml);
+
+// `spec` with each "{shard:I}" (a fault spec's reference to shard I, e.g.
+// peers={shard:0}) replaced by resolve("shard:I"); InvalidArgument naming
+// the reference when it is not closed or resolve gives nullopt.
+absl::StatusOr<std::string> ExpandShardRefs(
+    std::string spec, const std::function<std::optional<std::string>(const std::string&)>& resolve);
 
 }  // namespace pacer::chaos
 
