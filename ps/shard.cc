@@ -26,7 +26,7 @@ ShardCore::ShardCore(const ShardOptions& options, const Clock* clock)
       clock_(clock),
       registry_(options.registry ? options.registry : std::make_shared<prometheus::Registry>()),
       server_(*registry_, "shard", clock, spdlog::level::debug),
-      metrics_(*registry_),
+      metrics_(*registry_, options.metric_labels),
       table_(std::make_unique<ParamTable>(TableConfig{})) {}
 
 void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {

@@ -60,6 +60,9 @@ struct ShardOptions {
   Duration stall_report = std::chrono::seconds(5);
   // Where metrics go; a private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
+  // Labels on every pacer_shard_* series of this core (ShardMetrics): a
+  // core serving a range since a promotion has range="<id>".
+  prometheus::Labels metric_labels;
   // Transport security: the monitor's CURVE public key. Under CURVE (a
   // message whose peer key is set) a sender's id must match its key: the
   // monitor's (id 0) this one, a worker's the key of its membership entry.

@@ -12,7 +12,10 @@
 namespace pacer {
 
 struct ShardMetrics {
-  explicit ShardMetrics(prometheus::Registry& r);
+  // Every series carries `extra` beside its own labels: none for a shard's
+  // own range; range="<id>" for a range it serves since a promotion, so
+  // that both cores' series live in one registry.
+  ShardMetrics(prometheus::Registry& r, const prometheus::Labels& extra);
 
   prometheus::Histogram* push_seconds = nullptr;
   prometheus::Histogram* pull_seconds = nullptr;
@@ -38,6 +41,10 @@ struct ShardMetrics {
   // Replication (--replicas): as a primary, and as a backup.
   prometheus::Counter* records = nullptr;
   prometheus::Counter* seeds = nullptr;
+  // Payload bytes sent to backups (each backup's copy counted), of records
+  // and of seeds.
+  prometheus::Counter* record_bytes = nullptr;
+  prometheus::Counter* seed_bytes = nullptr;
   prometheus::Gauge* backups = nullptr;
   prometheus::Gauge* lag = nullptr;
   prometheus::Gauge* lag_seconds = nullptr;

@@ -331,12 +331,14 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
     }
   }
   repl_values_.reset();
+  const double bytes = static_cast<double>(payload.size());
   const Envelope env = RequestEnvelope();
   Frames frames = EncodeMessage(env, rec, std::move(payload), options_.check_crc);
   const TimePoint now = clock_->Now();
   for (auto& [id, link] : backups_) {
     if (!link.seeded) continue;  // its seed will hold this record's state
     out->push_back({Frame(), frames, id});
+    metrics_.record_bytes->Increment(bytes);
     if (link.behind_since == TimePoint::max()) link.behind_since = now;
   }
   unacked_.push_back({record_, std::move(rec.marks), now});
@@ -371,6 +373,7 @@ void ShardCore::SendSeed(uint32_t backup, std::vector<Outgoing>* out) {
   if (!slice->values.empty()) {
     payload = Frame(slice, slice->values.data(), slice->values.size() * sizeof(float));
   }
+  metrics_.seed_bytes->Increment(static_cast<double>(slice->values.size() * sizeof(float)));
   out->push_back({Frame(), EncodeMessage(RequestEnvelope(), rec, std::move(payload),
                                          options_.check_crc),
                   backup});

@@ -402,7 +402,9 @@ void ShardServer::Promote(const PromoteConfig& config) {
       continue;
     }
     ShardOptions sopts = options_.shard;
-    sopts.registry = nullptr;  // its own (not exported yet)
+    // Its series beside this shard's own, told apart by range="<id>".
+    sopts.registry = registry_;
+    sopts.metric_labels = {{"range", std::to_string(r.id)}};
     auto core = std::make_unique<ShardCore>(sopts, transport_->clock());
     core->Configure(job_, r.id);
     if (absl::Status st = core->Restore(*snapshot); !st.ok()) {

@@ -294,6 +294,7 @@ const std::map<std::string, std::string> kNoFlag = {
     {"PolicyOptions.mode", "MonitorOptions.mode (--mode)"},
     {"BatchOptions.global_batch", "MonitorOptions.global_batch (--global-batch)"},
     {"ShardOptions.registry", "made by the process; served by --metrics-addr"},
+    {"ShardOptions.metric_labels", "set by the shard for a range served since a promotion"},
     {"MonitorOptions.registry", "made by the process; served by --metrics-addr"},
     {"TrainerOptions.registry", "made by the process; served by --metrics-addr"},
     {"TrainerOptions.faults", "made by the process from --faults"},

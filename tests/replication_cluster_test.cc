@@ -143,6 +143,25 @@ void KillAPrimary(const std::string& mode) {
   const double killed_at = LocalSecondsOfDay(std::chrono::system_clock::now());
   c.shards[0]->Signal(SIGKILL);
   ASSERT_TRUE(c.shards[0]->Wait(seconds(5)).has_value());
+  // The promoted range's core exports its series beside its host's own,
+  // labelled with the range: it steps, and it replicates to a new backup.
+  std::optional<double> promoted_steps, promoted_records;
+  const auto seen_by = std::chrono::steady_clock::now() + seconds(30);
+  while ((!promoted_steps || *promoted_steps <= 0 || !promoted_records ||
+          *promoted_records <= 0) &&
+         std::chrono::steady_clock::now() < seen_by) {
+    for (size_t i = 1; i < c.shards.size(); ++i) {
+      const std::string metrics = FetchMetrics(c.shard_metrics[i]);
+      if (auto v = MetricValue(metrics, "pacer_shard_steps_total", {"range=\""})) {
+        promoted_steps = v;
+        promoted_records = MetricValue(metrics, "pacer_shard_replication_records_total",
+                                       {"range=\""});
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GT(promoted_steps.value_or(0), 0) << c.Logs();
+  EXPECT_GT(promoted_records.value_or(0), 0) << c.Logs();
   ASSERT_TRUE(c.monitor->Wait(seconds(120)).has_value()) << c.Logs();
   const std::string out = c.monitor->Stdout(), err = c.monitor->Stderr();
   EXPECT_NE(out.find("stop reason: target accuracy"), std::string::npos) << c.Logs();

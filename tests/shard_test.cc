@@ -967,6 +967,24 @@ TEST_F(ShardTest, OnlyTheMonitorDeclaresAndSetsMembership) {
   EXPECT_EQ(shard_->membership_version(), 1u);
 }
 
+// A core serving a range since a promotion sets its series in its host's
+// registry, told apart by its range label: two cores' gauges and counters
+// stay their own.
+TEST(ShardMetricsTest, APromotedRangesSeriesLiveBesideTheShardsOwn) {
+  FakeClock clock;
+  ShardOptions own;
+  own.registry = std::make_shared<prometheus::Registry>();
+  ShardOptions promoted = own;
+  promoted.metric_labels = {{"range", "5"}};
+  ShardCore a(own, &clock);
+  ShardCore b(promoted, &clock);
+  std::vector<ShardCore::Outgoing> out;
+  a.SetReplicaSet(1, {7, 8}, &out);
+  b.SetReplicaSet(1, {9}, &out);
+  EXPECT_EQ(ReadMetric(*own.registry, "pacer_shard_replication_backups", {}), 2);
+  EXPECT_EQ(ReadMetric(*own.registry, "pacer_shard_replication_backups", {{"range", "5"}}), 1);
+}
+
 TEST(ShardNotReadyTest, MessagesBeforeConfigureAreNotReady) {
   FakeClock clock;
   ShardCore shard(ShardOptions{}, &clock);
@@ -1822,6 +1840,25 @@ TEST_F(ReplicationTest, AspRecordBuffersAreUsedAgainOnlyOnceLetGo) {
     }
   }
   EXPECT_EQ(backup_->replica_mismatches(), 0u);
+}
+
+// pacer_shard_replication_bytes_total counts the payload each backup is
+// sent: the seed (the range's parameters and momentum), then each record's
+// gradient (bsp: the step's 3 floats).
+TEST_F(ReplicationTest, BytesReplicatedAreCountedBySeedAndRecord) {
+  StartReplicated(wire::Mode::Bsp);
+  const auto bytes = [&](const char* kind) {
+    return ReadMetric(shard_->registry(), "pacer_shard_replication_bytes_total", {{"kind", kind}});
+  };
+  EXPECT_EQ(bytes("seed"), 3 * 2 * sizeof(float));
+  EXPECT_EQ(bytes("record"), 0);
+  for (uint64_t c = 0; c < 4; ++c) {
+    RPush(kWorkerA, c, 1, Grad(c, kWorkerA), c + 1);
+    RPush(kWorkerB, c, 3, Grad(c, kWorkerB), c + 1);
+  }
+  EXPECT_EQ(shard_->replication_record(), 4u);
+  EXPECT_EQ(bytes("record"), 4 * 3 * sizeof(float));
+  EXPECT_EQ(bytes("seed"), 3 * 2 * sizeof(float));
 }
 
 TEST_F(ReplicationTest, APushIsDurableOnceTheBackupAcknowledgedTheStepThatHoldsIt) {

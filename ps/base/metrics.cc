@@ -1,5 +1,6 @@
 #include "ps/base/metrics.h"
 
+#include <optional>
 #include <sstream>
 
 #include "CivetServer.h"
@@ -208,6 +209,16 @@ double RejectCounters::Value(wire::ErrorCode code) const {
 
 double ReadMetric(prometheus::Registry& registry, const std::string& name,
                   const std::map<std::string, std::string>& labels) {
+  const auto value = [](const prometheus::MetricFamily& family, const prometheus::ClientMetric& m) {
+    switch (family.type) {
+      case prometheus::MetricType::Counter: return m.counter.value;
+      case prometheus::MetricType::Gauge: return m.gauge.value;
+      case prometheus::MetricType::Histogram: return static_cast<double>(m.histogram.sample_count);
+      default: return -1.0;
+    }
+  };
+  std::optional<double> best;
+  size_t best_labels = 0;
   for (const auto& family : registry.Collect()) {
     if (family.name != name) continue;
     for (const auto& m : family.metric) {
@@ -218,15 +229,16 @@ double ReadMetric(prometheus::Registry& registry, const std::string& name,
         match &= found;
       }
       if (!match) continue;
-      switch (family.type) {
-        case prometheus::MetricType::Counter: return m.counter.value;
-        case prometheus::MetricType::Gauge: return m.gauge.value;
-        case prometheus::MetricType::Histogram: return static_cast<double>(m.histogram.sample_count);
-        default: return -1;
+      if (!labels.empty()) return value(family, m);
+      // None asked: the series with the fewest labels (a shard's own, not
+      // a promoted range's, which also has range="...").
+      if (!best || m.label.size() < best_labels) {
+        best = value(family, m);
+        best_labels = m.label.size();
       }
     }
   }
-  return -1;
+  return best.value_or(-1);
 }
 
 }  // namespace pacer

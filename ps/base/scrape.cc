@@ -67,6 +67,8 @@ std::string UrlEncode(const std::string& s) {
 std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
                                   const std::vector<std::string>& labels) {
   std::istringstream in(exposition);
+  std::optional<double> best;
+  size_t best_labels = 0;
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     if (line.rfind(name, 0) != 0) continue;
@@ -77,9 +79,21 @@ std::optional<double> MetricValue(const std::string& exposition, const std::stri
     bool all = true;
     for (const auto& l : labels) all &= label_part.find(l) != std::string::npos;
     if (!all) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
+    const double value = std::stod(line.substr(line.rfind(' ') + 1));
+    if (!labels.empty()) return value;
+    // None asked: the series with the fewest labels (a shard's own, not a
+    // promoted range's, which also has range="...").
+    size_t n = 0;
+    for (size_t at = label_part.find("=\""); at != std::string::npos;
+         at = label_part.find("=\"", at + 2)) {
+      ++n;
+    }
+    if (!best || n < best_labels) {
+      best = value;
+      best_labels = n;
+    }
   }
-  return std::nullopt;
+  return best;
 }
 
 }  // namespace pacer

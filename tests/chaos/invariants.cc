@@ -52,6 +52,9 @@ double Sum(const std::map<std::string, double>& values, const std::string& name,
 struct LastSum {
   double value = 0, at = 0, done = 0;
 };
+// A shard's series of a range it serves since a promotion (range="...")
+// are left out: the process is judged on its own range's counts, the
+// promoted range by its ledgers.
 std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last,
                             const std::string& name) {
   std::optional<LastSum> r;
@@ -59,6 +62,7 @@ std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last,
     if (key.rfind(name, 0) != 0) continue;
     const char next = key.size() > name.size() ? key[name.size()] : '\0';
     if (next != '{' && next != '\0') continue;
+    if (key.find("range=\"") != std::string::npos) continue;
     if (!r) r = LastSum{0, s.at, s.done};
     r->value += s.value;
     r->at = std::min(r->at, s.at);
