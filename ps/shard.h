@@ -566,6 +566,7 @@ class ShardCore {
   static constexpr size_t kRecordBuffers = 2;
   std::shared_ptr<std::vector<float>> TakeRecordBuffer();
   std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
+  void RecycleAccumulator(std::shared_ptr<std::vector<float>> acc);
   size_t repl_batch_steps_ = 0;  // steps applied since the last record
   // The batch's record carries the state of the keys its steps changed
   // (every key, or those listed), not their gradients (ReplicaStep.assign).

@@ -156,6 +156,7 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
   if (repl_assign_) {
     // The record will carry these keys' state as SendRecord finds it.
     NoteAssignKeys(step.grad.keys);
+    RecycleAccumulator(std::move(lent));
     return;
   }
   msg::ReplicaStep rs;
@@ -170,7 +171,7 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
     std::vector<float>& values = *repl_values_;
     if (repl_lent_) {
       values.assign(repl_lent_->begin(), repl_lent_->end());
-      repl_lent_.reset();
+      RecycleAccumulator(std::move(repl_lent_));
     }
     if (step.grad.at_offsets && !step.grad.keys.empty()) {
       // Values at table offsets (a push assembled from parts): the record
@@ -185,6 +186,7 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
     } else {
       values.insert(values.end(), step.grad.values.begin(), step.grad.values.end());
     }
+    RecycleAccumulator(std::move(lent));  // copied: the next clock's, zeroed
   }
   repl_steps_.push_back(std::move(rs));
   // Gradients past the state they change (asp: a few pushes of a range):
@@ -196,6 +198,15 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
     for (const msg::ReplicaStep& s : repl_steps_) NoteAssignKeys(s.keys);
     repl_steps_.clear();
     repl_values_->clear();
+  }
+}
+
+void ShardCore::RecycleAccumulator(std::shared_ptr<std::vector<float>> acc) {
+  // A step's accumulator not lent to a record (ssp and dssp batch several
+  // steps in one): it serves a later clock (TakeBuffer) instead of a fresh
+  // table-sized allocation per step.
+  if (acc && acc.use_count() == 1 && acc->size() == table_->values()) {
+    spare_acc_.push_back(std::move(*acc));
   }
 }
 

@@ -712,8 +712,10 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   rec.range = 4;
   rec.epoch = 7;
   rec.record = 12;
-  rec.steps.push_back({{}, 0.25f, {0.1f, 0.2f}, 3});
-  rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {0.3f, 0.4f}, 1});
+  rec.steps.push_back({{}, 0.25f, {0.1f, 0.2f}, 3, false, {}});
+  rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {0.3f, 0.4f}, 1, false, {}});
+  // A batch's state, not gradients: no lr; the keys' step counts.
+  rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {}, 2, true, {17}});
   rec.marks = {{5, 30}, {6, 31}};
   rec.applied_clock = 40;
   rec.step_count = 41;
@@ -728,7 +730,11 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   EXPECT_EQ(rb.epoch, 7u);
   EXPECT_EQ(rb.record, 12u);
   EXPECT_FALSE(rb.seed.has_value());
-  ASSERT_EQ(rb.steps.size(), 2u);
+  ASSERT_EQ(rb.steps.size(), 3u);
+  EXPECT_FALSE(rb.steps[0].assign);
+  EXPECT_TRUE(rb.steps[2].assign);
+  EXPECT_EQ(rb.steps[2].key_steps, (std::vector<uint64_t>{17}));
+  EXPECT_EQ(rb.steps[2].values, 2u);
   EXPECT_TRUE(rb.steps[0].keys.empty());
   EXPECT_EQ(rb.steps[0].grad_scale, 0.25f);
   EXPECT_EQ(rb.steps[0].values, 3u);

@@ -229,9 +229,8 @@ double ReadMetric(prometheus::Registry& registry, const std::string& name,
         match &= found;
       }
       if (!match) continue;
-      if (!labels.empty()) return value(family, m);
-      // None asked: the series with the fewest labels (a shard's own, not
-      // a promoted range's, which also has range="...").
+      // Of the matches, the series with the fewest labels (a shard's own,
+      // not a promoted range's, which also has range="...").
       if (!best || m.label.size() < best_labels) {
         best = value(family, m);
         best_labels = m.label.size();

@@ -64,9 +64,9 @@ class RejectCounters {
 };
 
 // Reads one sample's value from a registry (tests and status pages): the
-// first series of `name` whose labels include all of `labels` (with none
-// asked, the first with the fewest labels: a shard's own, not a promoted
-// range's); -1 if none.
+// series of `name` whose labels include all of `labels`, of those the
+// first with the fewest (a shard's own, not a promoted range's, which also
+// has range="..."); -1 if none.
 double ReadMetric(prometheus::Registry& registry, const std::string& name,
                   const std::map<std::string, std::string>& labels = {});
 

@@ -80,9 +80,8 @@ std::optional<double> MetricValue(const std::string& exposition, const std::stri
     for (const auto& l : labels) all &= label_part.find(l) != std::string::npos;
     if (!all) continue;
     const double value = std::stod(line.substr(line.rfind(' ') + 1));
-    if (!labels.empty()) return value;
-    // None asked: the series with the fewest labels (a shard's own, not a
-    // promoted range's, which also has range="...").
+    // Of the matches, the series with the fewest labels (a shard's own, not
+    // a promoted range's, which also has range="...").
     size_t n = 0;
     for (size_t at = label_part.find("=\""); at != std::string::npos;
          at = label_part.find("=\"", at + 2)) {

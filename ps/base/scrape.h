@@ -21,11 +21,10 @@ HttpResponse HttpGet(const std::string& address, const std::string& path,
 std::string FetchMetrics(const std::string& address);
 // Percent-encodes a query-string value.
 std::string UrlEncode(const std::string& s);
-// The value of the first sample named `name` whose label set contains every
-// `k="v"` in `labels` (e.g. {"reason=\"bad_crc\""}), or nullopt. With no
-// labels asked, the first of the samples with the fewest labels (a shard's
-// own series, not those of a range it serves since a promotion, which also
-// have range="...").
+// The value of a sample named `name` whose label set contains every
+// `k="v"` in `labels` (e.g. {"reason=\"bad_crc\""}), or nullopt: of those,
+// the first with the fewest labels (a shard's own series, not those of a
+// range it serves since a promotion, which also have range="...").
 std::optional<double> MetricValue(const std::string& exposition, const std::string& name,
                                   const std::vector<std::string>& labels = {});
 

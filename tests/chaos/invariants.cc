@@ -71,9 +71,16 @@ std::optional<LastSum> Last(const std::map<std::string, Proc::Sample>& last,
   return r;
 }
 
-// The largest value seen of `name` (summed as Sum does) in `p`.
-double Seen(const Proc* p, const std::string& name, const std::vector<std::string>& labels = {}) {
-  return Sum(p->seen, name, labels);
+// The largest value seen of `name` (summed as Sum does) in `p`; own_only:
+// of the process's own range (not of one it serves since a promotion).
+double Seen(const Proc* p, const std::string& name, const std::vector<std::string>& labels = {},
+            bool own_only = false) {
+  if (!own_only) return Sum(p->seen, name, labels);
+  std::map<std::string, double> own;
+  for (const auto& [key, v] : p->seen) {
+    if (key.find("range=\"") == std::string::npos) own.emplace(key, v);
+  }
+  return Sum(own, name, labels);
 }
 
 }  // namespace
@@ -375,7 +382,7 @@ void Runner::CheckLostBound() {
       if (k.shard != i) continue;
       for (const Ack& a : all_acks_) bound += (a.at >= k.at - window && a.at <= k.at + 0.5);
     }
-    const double reported = Seen(p, "pacer_shard_lost_updates_total");
+    const double reported = Seen(p, "pacer_shard_lost_updates_total", {}, /*own_only=*/true);
     if (lost > bound) {
       v.pass = false;
       v.detail += fmt::format("shard{}: {} acknowledged, {} held: {} lost, bound {}; ", i, acked,
