@@ -574,7 +574,8 @@ class ShardCore {
   bool repl_assign_all_ = false;
   std::vector<uint64_t> repl_assign_keys_;
   void NoteAssignKeys(std::span<const wire::KeyLen> keys);
-  // True when the batch's record is to be sent now (asp: steps or values).
+  // True when the batch's record is to be sent now (asp, ssp, dssp: its
+  // steps or values reached kReplicaBatchSteps or kReplicaBatchValues).
   bool ReplicationBatchFull() const;
   std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
   std::map<uint32_t, uint64_t> applied_marks_; // each worker's last applied seq
