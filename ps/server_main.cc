@@ -118,6 +118,10 @@ int main(int argc, char** argv) {
   opts.stop_timeout = pacer::FromSeconds(stop_timeout_s);
   opts.shard.registry = std::make_shared<prometheus::Registry>();
 
+  // Signals are caught before the metrics line is printed: a SIGTERM right
+  // after it (a test, or a quick rollout) stops the shard cleanly, not with
+  // the default action.
+  const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   std::unique_ptr<pacer::MetricsServer> metrics;
   if (!pacer::ServeMetrics(metrics_flags, "server", opts.shard.registry, &metrics)) {
     return pacer::kExitFailure;
@@ -137,7 +141,6 @@ int main(int argc, char** argv) {
   transport->SetServerKey(opts.monitor, keys->monitor_key);
   opts.shard.monitor_key = keys->monitor_key;
   opts.faults = faults;
-  const std::atomic<bool>& stop_signal = pacer::StopOnSignals();
   opts.cancel = &stop_signal;
   auto server = pacer::ShardServer::Start(transport.get(), opts);
   if (!server.ok() && absl::IsCancelled(server.status())) {
