@@ -307,8 +307,11 @@ double PacerRun(size_t floats, bool apply, bool crc, double budget_s, const std:
 // --replicas: push+pull in BSP against 2 shards, the model cut in two keys
 // across them, with pacer-monitor --replicas R (1: each shard also backs up
 // the other's range; every step goes to the backup as a record, and the
-// worker keeps each push until it is durable). The median seconds.
-double ReplicaRun(size_t floats, int replicas, double budget_s, const std::string& dir) {
+// worker keeps each push until it is durable). The median seconds; in
+// `push_s` the median of the push alone (the push's replies; the rest is
+// the pull).
+double ReplicaRun(size_t floats, int replicas, double budget_s, const std::string& dir,
+                  double* push_s) {
   static int run = 0;
   const std::string tag = "r" + std::to_string(replicas) + "-" + std::to_string(++run);
   std::vector<std::string> margs = {PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--mode",
@@ -333,14 +336,19 @@ double ReplicaRun(size_t floats, int replicas, double budget_s, const std::strin
   pacer::PsClient* client = worker.client.get();
   std::fill(client->grads().begin(), client->grads().end(), 1e-6f);
   const int iters = Iterations(floats, budget_s, false);
-  std::vector<double> samples;
+  std::vector<double> samples, pushes;
   for (int i = -2; i < iters; ++i) {
     const uint64_t clock = static_cast<uint64_t>(i + 2);
     auto t0 = Clock::now();
     if (!client->Push(clock, 1).ok()) return -1;
+    auto t1 = Clock::now();
     if (!client->Pull(clock + 1).ok()) return -1;  // waits for the step of `clock`
-    if (i >= 0) samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (i >= 0) {
+      samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      pushes.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
   }
+  *push_s = Median(pushes);
   if (replicas > 0 && client->held_pushes() > 2) {
     std::fprintf(stderr, "%s: %zu pushes still not durable at the end\n", tag.c_str(),
                  client->held_pushes());
@@ -687,16 +695,21 @@ int main(int argc, char** argv) {
     for (size_t floats : floats_list) {
       std::vector<double> r0, r1, ratios;
       for (int rep = 0; rep < reps; ++rep) {
-        r0.push_back(ReplicaRun(floats, 0, budget, dir.path()));
-        r1.push_back(ReplicaRun(floats, 1, budget, dir.path()));
+        double push0 = 0, push1 = 0;
+        r0.push_back(ReplicaRun(floats, 0, budget, dir.path(), &push0));
+        r1.push_back(ReplicaRun(floats, 1, budget, dir.path(), &push1));
         if (r0.back() <= 0 || r1.back() <= 0) {
           std::fprintf(stderr, "a run failed (logs in %s)\n", dir.path().c_str());
           return 1;
         }
         ratios.push_back(r1.back() / r0.back());
-        std::fprintf(stderr, "floats %zu rep %d: replicas 0 %s, replicas 1 %s, ratio %.2f\n",
-                     floats, rep + 1, Human(r0.back()).c_str(), Human(r1.back()).c_str(),
-                     ratios.back());
+        // The push (to its replies) and the rest (the pull) apart: where
+        // the replicas' extra time falls.
+        std::fprintf(stderr,
+                     "floats %zu rep %d: replicas 0 %s (push %s), replicas 1 %s (push %s), "
+                     "ratio %.2f\n",
+                     floats, rep + 1, Human(r0.back()).c_str(), Human(push0).c_str(),
+                     Human(r1.back()).c_str(), Human(push1).c_str(), ratios.back());
       }
       std::printf("| %zu | %s | %s | %.2f | %.2f-%.2f |\n", floats, Human(Median(r0)).c_str(),
                   Human(Median(r1)).c_str(), Median(ratios),

@@ -466,6 +466,9 @@ class ShardCore {
   // The next record, of what was applied since the last (FlushReplication,
   // Leave).
   void SendRecord(bool last, std::vector<Outgoing>* out);
+  // Forgets the batch of steps, marks and applied pushes not yet in a
+  // record (after a record, or with no backups left).
+  void ClearReplicationBatch();
   void SendSeed(uint32_t backup, std::vector<Outgoing>* out);
   // After an acknowledgement or a change of the set: what is durable now.
   void UpdateDurable();

@@ -50,16 +50,10 @@ void ShardCore::SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups,
   backups_ = std::move(links);
   metrics_.backups->Set(static_cast<double>(backups_.size()));
   if (backups_.empty()) {
-    repl_steps_.clear();
+    ClearReplicationBatch();
     repl_values_.reset();
     sent_values_.clear();
     repl_lent_.reset();
-    repl_batch_steps_ = 0;
-    repl_assign_ = repl_assign_all_ = false;
-    repl_assign_keys_.clear();
-    repl_marks_.clear();
-    repl_applied_.clear();
-    repl_first_ = TimePoint::max();
     unacked_.clear();
   }
   for (auto& [id, link] : backups_) {
@@ -354,6 +348,11 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   }
   unacked_.push_back({record_, std::move(rec.marks), now});
   metrics_.records->Increment();
+  ClearReplicationBatch();
+  UpdateDurable();
+}
+
+void ShardCore::ClearReplicationBatch() {
   repl_steps_.clear();
   repl_batch_steps_ = 0;
   repl_assign_ = repl_assign_all_ = false;
@@ -361,7 +360,6 @@ void ShardCore::SendRecord(bool last, std::vector<Outgoing>* out) {
   repl_marks_.clear();
   repl_applied_.clear();
   repl_first_ = TimePoint::max();
-  UpdateDurable();
 }
 
 void ShardCore::SendSeed(uint32_t backup, std::vector<Outgoing>* out) {
