@@ -675,6 +675,15 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
     shard->replicas.clear();
     for (const msg::ShardInfo& r : hb.replicas) shard->replicas[r.id] = r.epoch;
     TakeServing(*shard, hb.serving);
+    for (const msg::RangeLag& r : hb.lag) {
+      for (ShardState& s : shards_) {
+        // From the range's primary: the shard itself, or its host since a failover.
+        const uint32_t primary = s.host == 0 ? s.id : s.host;
+        if (s.id != r.range || s.epoch != r.epoch || primary != shard->id) continue;
+        s.lag = r;
+        s.lag_at = shard->last_seen;
+      }
+    }
     if (hb.done && !shard->down) {
       shard->down = true;
       spdlog::warn("shard {} left (SIGTERM, after its final checkpoint); its keys are unserved "
@@ -1146,11 +1155,17 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   if (map_built_) r.shard_map = Map();
   r.membership_version = membership_version_;
   r.model = model_;
+  const TimePoint now = clock_->Now();
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
+    // The lag while its primary's report is recent, of this epoch, with backups.
+    const bool lag_known = !sh.backups.empty() && sh.lag_at != TimePoint{} &&
+                           sh.lag.epoch == sh.epoch && now - sh.lag_at <= kLagReportAge;
     r.shards.push_back({sh.id, sh.address, range.first, range.second, !sh.down, sh.applied_clock,
-                        sh.checkpoint_age, sh.restarts, sh.backups, sh.epoch, HostOf(i)});
+                        sh.checkpoint_age, sh.restarts, sh.backups, sh.epoch, HostOf(i),
+                        lag_known ? static_cast<int64_t>(sh.lag.records) : -1,
+                        lag_known ? sh.lag.seconds : -1.0f});
   }
   for (const auto& [id, w] : workers_) {
     msg::WorkerStatus ws{w.id,    w.rank,  w.batch, w.staleness, w.staleness_range, w.clock,

@@ -295,6 +295,11 @@ class MonitorCore {
     // dropped is in its replica, so a primary lost meanwhile fails over to
     // it instead of back to a checkpoint.
     std::vector<uint32_t> standby;
+    // Its range's replication lag as the primary last reported it (in its
+    // heartbeat), and when: pacerctl status shows it while it is recent
+    // and of the range's epoch.
+    msg::RangeLag lag;
+    TimePoint lag_at{};
   };
 
   void Reply(const Frame& peer, const Decoded& to, Frames frames, std::vector<Outgoing>* out);
@@ -352,6 +357,9 @@ class MonitorCore {
   static constexpr Duration kLagCooldown = std::chrono::seconds(60);
   // A drain whose primary has not handed its range over by then is given up.
   static constexpr Duration kHandoffTimeout = std::chrono::seconds(60);
+  // A range's lag in pacerctl status comes from its primary's heartbeat
+  // (every 0.2 s by default) of at most this age; older: not known.
+  static constexpr Duration kLagReportAge = std::chrono::seconds(3);
   void TakeServing(ShardState& host, const std::vector<msg::ShardInfo>& serving);
   // The lowest rank no live worker holds: a replacement takes the rank (and
   // so the data partition) of a worker that died.

@@ -110,7 +110,10 @@ nlohmann::json StatusJson(uint64_t job, const pacer::msg::StatusReply& r) {
                            {"restarts", s.restarts},
                            {"node", s.node},
                            {"epoch", s.epoch},
-                           {"backups", s.backups}});
+                           {"backups", s.backups},
+                           // Its range's replication lag (null: not known).
+                           {"lag_records", s.lag_records >= 0 ? json(s.lag_records) : json(nullptr)},
+                           {"lag_seconds", s.lag_seconds >= 0 ? json(s.lag_seconds) : json(nullptr)}});
   }
   j["workers"] = json::array();
   for (const auto& w : r.workers) {
@@ -151,11 +154,11 @@ void PrintTable(const nlohmann::json& j, bool wide) {
   if (!j["stop_reason"].get<std::string>().empty()) {
     std::printf("stop reason: %s\n", j["stop_reason"].get<std::string>().c_str());
   }
-  // With --replicas K: each range's backups (shard ids) and epoch.
+  // With --replicas K: each range's epoch, backups (shard ids) and lag.
   const uint32_t replicas = j["replicas"].get<uint32_t>();
   if (replicas > 0) std::printf("replicas: %u backup(s) per key range\n", replicas);
   std::printf("\n%-6s %-24s %-14s %-4s %-8s %-15s %s", "SHARD", "ADDRESS", "KEYS", "UP", "CLOCK",
-              "CHECKPOINT AGE", replicas > 0 ? "RESTARTS  EPOCH  BACKUPS    NODE" : "RESTARTS");
+              "CHECKPOINT AGE", replicas > 0 ? "RESTARTS  EPOCH  BACKUPS    LAG              NODE" : "RESTARTS");
   std::printf("\n");
   for (const auto& s : j["shards"]) {
     const uint64_t end = s["key_end"].get<uint64_t>();
@@ -181,9 +184,16 @@ void PrintTable(const nlohmann::json& j, bool wide) {
       }
       // An idle shard has no range, so no epoch and no backups of its own.
       const bool idle = end == s["key_begin"].get<uint64_t>();
-      std::printf(" %-6s %-10s %s",
+      // Records its backups have not acknowledged yet, and the age of the
+      // oldest ("-": no backups, or no recent report from its primary).
+      const std::string lag =
+          idle || s["lag_records"].is_null()
+              ? std::string("-")
+              : fmt::format("{} rec, {:.2f} s", s["lag_records"].get<int64_t>(),
+                            s["lag_seconds"].is_null() ? 0.0 : s["lag_seconds"].get<double>());
+      std::printf(" %-6s %-10s %-16s %s",
                   idle ? "-" : std::to_string(s["epoch"].get<uint64_t>()).c_str(),
-                  idle ? "-" : (backups.empty() ? "none" : backups.c_str()),
+                  idle ? "-" : (backups.empty() ? "none" : backups.c_str()), lag.c_str(),
                   s["node"].get<std::string>().c_str());
     }
     std::printf("\n");

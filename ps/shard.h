@@ -206,6 +206,10 @@ class ShardCore {
   uint64_t backup_acked(uint32_t id) const;
   // The last record every backup acknowledged (all made, with none).
   uint64_t durable_record() const;
+  // Records made and not yet acknowledged by every backup (0 without any).
+  uint64_t replication_lag_records() const {
+    return backups_.empty() ? 0 : record_ - durable_record();
+  }
   // The replicas held: range (its primary's id) -> the record held through.
   std::map<uint32_t, uint64_t> replica_records() const;
   // A replica this shard holds of range `range` (its primary's id): null

@@ -212,6 +212,7 @@ void ShardServer::HeartbeatLoop() {
       hb.replicas = report_replicas_;
       hb.serving = report_serving_;
       hb.lagging = report_lagging_;
+      hb.lag = report_lag_;
     }
     hb.handed_off = handed_off_.load();
     const TimePoint sent = clock->Now();
@@ -473,10 +474,20 @@ void ShardServer::UpdateReports() {
   };
   add_lagging(id_, *core_);
   for (const Hosted& h : hosted_) add_lagging(h.range, *h.core);
+  // Each range served with backups: how far behind they are.
+  std::vector<msg::RangeLag> lag;
+  const auto add_lag = [&](uint32_t range, uint64_t epoch, const ShardCore& core) {
+    if (!core.replicated() || core.deposed_epoch() != 0) return;
+    lag.push_back({range, epoch, core.replication_lag_records(),
+                   static_cast<float>(core.replication_lag_seconds())});
+  };
+  add_lag(id_, core_->replication_epoch(), *core_);
+  for (const Hosted& h : hosted_) add_lag(h.range, h.epoch, *h.core);
   std::lock_guard<std::mutex> lock(lr_mu_);
   report_replicas_ = std::move(replicas);
   report_serving_ = std::move(serving);
   report_lagging_ = std::move(lagging);
+  report_lag_ = std::move(lag);
 }
 
 void ShardServer::Run() {

@@ -223,6 +223,7 @@ class ShardServer {
   std::vector<msg::ShardInfo> report_replicas_;
   std::vector<msg::ShardInfo> report_serving_;
   std::vector<msg::ShardInfo> report_lagging_;  // per range served: backups behind
+  std::vector<msg::RangeLag> report_lag_;        // per range served with backups
   std::atomic<bool> heartbeat_now_{false};
   // pacerctl drain-shard with backups: the monitor asked this primary to
   // hand its range over (HeartbeatReply.hand_off); the serving thread has

@@ -60,5 +60,5 @@ add_dependencies(optimizer_cluster_test pacer-server pacer-monitor)
 target_compile_definitions(optimizer_cluster_test PRIVATE PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 
 # Replication (issue 23): --replicas 1, records to the backups, block checks.
-pacer_test(replication_cluster_test cluster pacer_test_util pacer_ps)
-add_dependencies(replication_cluster_test pacer-server pacer-monitor pacer-worker)
+pacer_test(replication_cluster_test cluster pacer_test_util pacer_ps nlohmann_json::nlohmann_json)
+add_dependencies(replication_cluster_test pacer-server pacer-monitor pacer-worker pacerctl)

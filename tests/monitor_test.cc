@@ -763,6 +763,25 @@ class HandoffTest : public ReplicaTest {
     Decoded d = Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
     return d.message == nullptr ? msg::HeartbeatReply{} : msg::Read<msg::HeartbeatReply>(d);
   }
+  // Shard `from` reports range `range`'s lag at `epoch` in its heartbeat.
+  void ReportLag(uint32_t from, uint32_t range, uint64_t epoch, uint64_t records, float seconds) {
+    msg::Heartbeat hb;
+    hb.role = wire::Role::Shard;
+    hb.lag = {{range, epoch, records, seconds}};
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(from, kJob, from, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+  }
+  // pacerctl status's row of shard `id`.
+  msg::ShardStatus StatusOf(uint32_t id) {
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(301, kJob, kTool, fbb, wire::CreateStatusRequest(fbb)),
+                     wire::Body::StatusReply);
+    if (d.message == nullptr) return {};
+    for (const msg::ShardStatus& s : msg::Read<msg::StatusReply>(d).shards) {
+      if (s.id == id) return s;
+    }
+    return {};
+  }
   // Of three shards' sets: the one that is neither p nor b.
   static uint32_t Third(const std::map<uint32_t, std::vector<uint32_t>>& sets, uint32_t p,
                         uint32_t b) {
@@ -774,6 +793,29 @@ class HandoffTest : public ReplicaTest {
   }
   static constexpr uint32_t kTool = 0xFFFFFFFFu;  // pacerctl's sender id
 };
+
+// pacerctl status shows each range's replication lag as its primary last
+// reported it: only the primary's report, only at the range's epoch, and
+// only while recent.
+TEST_F(HandoffTest, StatusShowsEachRangesLagAsItsPrimaryReportsIt) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t epoch = core_->shard_epoch(IndexOf(p));
+  EXPECT_EQ(StatusOf(p).lag_records, -1) << "nothing reported yet";
+  ReportLag(b, p, epoch, 9, 1.5f);
+  EXPECT_EQ(StatusOf(p).lag_records, -1) << "a backup's report of the range was taken";
+  ReportLag(p, p, epoch + 1, 9, 1.5f);
+  EXPECT_EQ(StatusOf(p).lag_records, -1) << "a report of another epoch was taken";
+  ReportLag(p, p, epoch, 3, 0.25f);
+  msg::ShardStatus s = StatusOf(p);
+  EXPECT_EQ(s.lag_records, 3);
+  EXPECT_EQ(s.lag_seconds, 0.25f);
+  EXPECT_EQ(StatusOf(b).lag_records, -1) << "another range's lag";
+  clock_.Advance(milliseconds(4000));
+  EXPECT_EQ(StatusOf(p).lag_records, -1) << "a report older than 3 s is still shown";
+}
 
 // pacerctl drain-shard with --replicas: the primary is asked to hand its
 // range over, and only once it says its backups hold everything is the

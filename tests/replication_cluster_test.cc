@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/cluster_harness.h"
+#include "tests/pacerctl_util.h"
 
 namespace pacer::test {
 namespace {
@@ -55,6 +56,27 @@ void TrainReplicated(const std::string& mode) {
   spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
   Cluster c(spec);
   ASSERT_TRUE(c.Start());
+  // While it trains, pacerctl status shows each range's epoch, backup and
+  // lag (from its primary's heartbeats).
+  size_t with_lag = 0;
+  nlohmann::json j;
+  for (int i = 0; i < 100 && with_lag < 3 && c.monitor->Running(); ++i) {
+    j = Status(c);
+    with_lag = 0;
+    if (!j.is_discarded() && j["state"] == "running") {
+      for (const auto& s : j["shards"]) {
+        with_lag += s["backups"].size() == 1 && s["epoch"].get<uint64_t>() > 0 &&
+                    !s["lag_records"].is_null() && s["lag_seconds"].get<double>() >= 0;
+      }
+    }
+    if (with_lag < 3) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(with_lag, 3u) << j.dump(2);
+  if (with_lag == 3) {
+    CtlRun table = Ctl(c, {"status"}, "status-table");
+    EXPECT_NE(table.out.find("LAG"), std::string::npos) << table.out;
+    EXPECT_NE(table.out.find(" rec, "), std::string::npos) << table.out;
+  }
   ASSERT_TRUE(c.monitor->Wait(seconds(120)).has_value()) << c.Logs();
   EXPECT_NE(c.monitor->Stdout().find("stop reason: target accuracy"), std::string::npos)
       << c.Logs();

@@ -770,6 +770,24 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   msg::PullReply pr;
   pr.durable_seq = 18;
   EXPECT_EQ(msg::Read<msg::PullReply>(decode(EncodeMessage(env, pr))).durable_seq, 18u);
+  // A primary's heartbeat carries each range's lag; pacerctl status shows it.
+  msg::Heartbeat hb;
+  hb.role = wire::Role::Shard;
+  hb.lag = {{4, 7, 3, 0.25f}, {9, 2, 0, 0.0f}};
+  EXPECT_EQ(msg::Read<msg::Heartbeat>(decode(EncodeMessage(env, hb))).lag, hb.lag);
+  EXPECT_TRUE(msg::Read<msg::Heartbeat>(decode(EncodeMessage(env, msg::Heartbeat{}))).lag.empty());
+  msg::StatusReply st;
+  st.shards.push_back({});
+  st.shards.back().id = 4;
+  st.shards.back().lag_records = 3;
+  st.shards.back().lag_seconds = 0.25f;
+  st.shards.push_back({});  // no lag known
+  const msg::StatusReply sr = msg::Read<msg::StatusReply>(decode(EncodeMessage(env, st)));
+  ASSERT_EQ(sr.shards.size(), 2u);
+  EXPECT_EQ(sr.shards[0].lag_records, 3);
+  EXPECT_EQ(sr.shards[0].lag_seconds, 0.25f);
+  EXPECT_EQ(sr.shards[1].lag_records, -1);
+  EXPECT_EQ(sr.shards[1].lag_seconds, -1.0f);
   // A record's payload must be whole floats.
   Decoded d;
   DecodeError err;

@@ -283,6 +283,11 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   auto serving = serving_infos.empty() ? 0 : fbb.CreateVector(serving_infos);
   auto lagging_infos = BuildShardInfos(fbb, m.lagging);
   auto lagging = lagging_infos.empty() ? 0 : fbb.CreateVector(lagging_infos);
+  std::vector<flatbuffers::Offset<wire::RangeLag>> lag_list;
+  for (const RangeLag& r : m.lag) {
+    lag_list.push_back(wire::CreateRangeLag(fbb, r.range, r.epoch, r.records, r.seconds));
+  }
+  auto lag = lag_list.empty() ? 0 : fbb.CreateVector(lag_list);
   wire::HeartbeatBuilder b(fbb);
   b.add_role(m.role);
   b.add_clock(m.clock);
@@ -307,6 +312,7 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   if (!serving.IsNull()) b.add_serving(serving);
   b.add_handed_off(m.handed_off);
   if (!lagging.IsNull()) b.add_lagging(lagging);
+  if (!lag.IsNull()) b.add_lag(lag);
   return b.Finish();
 }
 Heartbeat FromWire(const wire::Heartbeat& t) {
@@ -334,6 +340,11 @@ Heartbeat FromWire(const wire::Heartbeat& t) {
   m.serving = ShardInfosOf(t.serving());
   m.handed_off = t.handed_off();
   m.lagging = ShardInfosOf(t.lagging());
+  if (t.lag() != nullptr) {
+    for (const wire::RangeLag* r : *t.lag()) {
+      m.lag.push_back({r->range(), r->epoch(), r->records(), r->seconds()});
+    }
+  }
   return m;
 }
 
@@ -583,7 +594,8 @@ flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb
                                                    s.key_end, s.up, s.applied_clock,
                                                    s.checkpoint_age_seconds, s.restarts,
                                                    s.backups.empty() ? nullptr : &s.backups,
-                                                   s.epoch, OrNull(s.node)));
+                                                   s.epoch, OrNull(s.node), s.lag_records,
+                                                   s.lag_seconds));
   }
   std::vector<flatbuffers::Offset<wire::WorkerStatus>> workers;
   for (const WorkerStatus& w : m.workers) {
@@ -613,7 +625,8 @@ StatusReply FromWire(const wire::StatusReply& t) {
     for (const wire::ShardStatus* s : *t.shards()) {
       m.shards.push_back({s->id(), Str(s->address()), s->key_begin(), s->key_end(), s->up(),
                           s->applied_clock(), s->checkpoint_age_seconds(), s->restarts(),
-                          Scalars(s->backups()), s->epoch(), Str(s->node())});
+                          Scalars(s->backups()), s->epoch(), Str(s->node()),
+                          s->lag_records(), s->lag_seconds()});
     }
   }
   if (t.workers() != nullptr) {

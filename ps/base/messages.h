@@ -115,6 +115,15 @@ struct ShardInfo {
   bool operator==(const ShardInfo&) const = default;
 };
 
+// A range's replication lag at its primary (wire::RangeLag).
+struct RangeLag {
+  uint32_t range = 0;
+  uint64_t epoch = 0;
+  uint64_t records = 0;  // sent, not acknowledged by every backup
+  float seconds = 0;     // since the oldest of those left
+  bool operator==(const RangeLag&) const = default;
+};
+
 struct ShardMap {
   using Wire = wire::ShardMap;
   uint64_t version = 0;
@@ -177,6 +186,8 @@ struct Heartbeat {
   bool handed_off = false;
   // A primary: per range it serves (id), the backups that fall behind.
   std::vector<ShardInfo> lagging;
+  // A primary: the replication lag of each range it serves with backups.
+  std::vector<RangeLag> lag;
 };
 
 struct HeartbeatReply {
@@ -373,6 +384,10 @@ struct ShardStatus {
   std::vector<uint32_t> backups;  // the shards that back its range
   uint64_t epoch = 0;             // its range's epoch (0: no range)
   std::string node;               // what replicas are placed apart by
+  // Its range's replication lag as its primary last reported it (-1: not
+  // known: no backups, or no recent report at the range's epoch).
+  int64_t lag_records = -1;
+  float lag_seconds = -1;
 };
 
 struct WorkerStatus {
