@@ -59,4 +59,10 @@ validate "$tmp/chart2.yaml"
 node tests/k8s/render-chart.mjs deploy/helm/pacer --set metrics.serviceMonitor=false \
   --set metrics.prometheusRule=false > "$tmp/chart3.yaml" || fail "rendering the chart"
 ! grep -q "kind: ServiceMonitor" "$tmp/chart3.yaml" || fail "metrics.serviceMonitor=false did not take"
+node tests/k8s/render-chart.mjs deploy/helm/pacer --set job.replicas=1 --set job.shardLease=0.5 \
+  > "$tmp/chart4.yaml" || fail "rendering the chart"
+grep -q "^ *replicas = 1$" "$tmp/chart4.yaml" && grep -q "^ *shard-lease = 0.5$" "$tmp/chart4.yaml" ||
+  fail "job.replicas=1 and job.shardLease=0.5 did not reach monitor.toml"
+echo -n "helm chart (--replicas 1): "
+validate "$tmp/chart4.yaml"
 echo "kubernetes: ok"
