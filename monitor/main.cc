@@ -182,7 +182,9 @@ int main(int argc, char** argv) {
                  "over to a backup; a primary cut off from the monitor this long stops "
                  "answering first (shards heartbeat every 0.2 s)")
       ->capture_default_str()->check(CLI::Range(0.3, 60.0));
-  app.add_option("--lease", lease_s, "Seconds without a heartbeat before a worker is declared dead")
+  app.add_option("--lease", lease_s,
+                 "Seconds without a heartbeat before a worker is declared dead (and a shard "
+                 "marked down, without --replicas; with it, --shard-lease)")
       ->capture_default_str()->check(pacer::Positive());
   pacer::UnsafeSwitches unsafe;
   pacer::AddUnsafeDisableFlag(app, &unsafe,
