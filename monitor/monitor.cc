@@ -880,10 +880,10 @@ void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& la
       if (it == s.backups.end()) continue;
       s.backups.erase(it);
       s.lag_dropped[b] = now + kLagCooldown;
-      // Kept as a standby where its primary can be told to hold durability
-      // (a range served by its own shard; not yet one served since a
-      // promotion).
-      if (s.host == 0 && std::count(s.standby.begin(), s.standby.end(), b) == 0) {
+      // Kept as a standby; its primary is told to hold durability
+      // (hold_durable for its own range, hold_durable_ranges for one it
+      // serves since a promotion).
+      if (std::count(s.standby.begin(), s.standby.end(), b) == 0) {
         s.standby.push_back(b);
       }
       metrics_.backups_dropped->Increment();
@@ -972,6 +972,8 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
     r.backups = shards_[j].backups;
     reply->promote.push_back(std::move(r));
     add_backups(shards_[j].backups, &reply->promote_backups);
+    // A standby may be promoted: nothing it lacks may become durable.
+    if (!shards_[j].standby.empty()) reply->hold_durable_ranges.push_back(shards_[j].id);
   }
   // Its own range, unless that is served elsewhere now: then it is told
   // so (a shard cut off from the monitor while its range failed over still

@@ -239,9 +239,10 @@ void ShardServer::HeartbeatLoop() {
       } else if (!handed_off_ && r.hand_off_given_up) {
         cancel_hand_off_ = true;
       }
-      PromoteConfig promote{r.promote, r.promote_backups};
+      PromoteConfig promote{r.promote, r.promote_backups, r.hold_durable_ranges};
       if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
-                                      promote.backups != last_promote.backups)) {
+                                      promote.backups != last_promote.backups ||
+                                      promote.hold != last_promote.hold)) {
         last_promote = promote;
         std::lock_guard<std::mutex> lock(lr_mu_);
         pending_promote_ = std::move(promote);
@@ -439,7 +440,12 @@ void ShardServer::Promote(const PromoteConfig& config) {
     for (Hosted& h : hosted_) {
       if (h.range != r.id || h.epoch != r.epoch) continue;
       std::vector<uint32_t> backups = ConnectBackups(config.backups, r.backups, &h.backups);
+      // As for its own range (ApplyReplication): held before the new set
+      // takes effect, let go after.
+      const bool hold = std::count(config.hold.begin(), config.hold.end(), r.id) > 0;
+      if (hold) h.core->SetDurableHold(true);
       h.core->SetReplicaSet(r.epoch, std::move(backups), &out);
+      if (!hold) h.core->SetDurableHold(false);
       for (auto& o : out) Send(o, h.router.get(), h.backups);
       out.clear();
     }

@@ -200,6 +200,7 @@ class ShardServer {
   struct PromoteConfig {
     std::vector<msg::ShardInfo> ranges;
     std::vector<msg::ShardInfo> backups;
+    std::vector<uint32_t> hold;  // ranges whose durability is held (a standby)
   };
   std::vector<Hosted> hosted_;  // serving thread
   std::optional<PromoteConfig> pending_promote_;  // guarded by lr_mu_

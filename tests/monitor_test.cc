@@ -985,6 +985,63 @@ TEST_F(HandoffTest, ADroppedLaggingBackupStandsByUntilItsReplacementHoldsTheRang
   }
 }
 
+// The same for a range served since a promotion: its host is told to hold
+// the range's durability (hold_durable_ranges), and if the host dies
+// before the replacement holds the range, the standby takes it over.
+TEST_F(HandoffTest, APromotedRangesDroppedBackupStandsByToo) {
+  Make(1, 4);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}, {"mem://shard3", ""}});
+  auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  std::vector<uint32_t> others;  // neither p nor b
+  for (const auto& [id, unused] : sets) {
+    if (id != p && id != b) others.push_back(id);
+  }
+  ASSERT_EQ(others.size(), 2u);
+  // p dies; b holds its replica and takes the range over.
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(milliseconds(200));
+    Beat(b, {{p, e0}});
+    for (uint32_t o : others) Beat(o);
+    Heartbeat(worker_a_);
+    Heartbeat(worker_b_);
+    Tick();
+  }
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  const uint64_t e1 = core_->shard_epoch(IndexOf(p));
+  ASSERT_GT(e1, e0);
+  sets = MapBackups();
+  ASSERT_EQ(sets[p].size(), 1u);
+  const uint32_t x = sets[p][0];  // the promoted range's new backup
+  const uint32_t y = x == others[0] ? others[1] : others[0];
+  ASSERT_TRUE(x == others[0] || x == others[1]);
+  Beat(x, {{p, e1}});  // seeded
+  EXPECT_TRUE(Beat(b).hold_durable_ranges.empty());
+  // x falls behind: dropped, replaced by y, and kept as a standby.
+  ReportLagging(b, p, x);
+  EXPECT_EQ(MapBackups()[p], (std::vector<uint32_t>{y}));
+  EXPECT_EQ(core_->shard_standby(IndexOf(p)), (std::vector<uint32_t>{x}));
+  const msg::HeartbeatReply host = Beat(b);
+  EXPECT_EQ(host.hold_durable_ranges, (std::vector<uint32_t>{p}));
+  EXPECT_FALSE(host.hold_durable) << "b's own range has no standby";
+  const msg::HeartbeatReply standby = Beat(x, {{p, e1}});
+  EXPECT_TRUE(std::any_of(standby.backing.begin(), standby.backing.end(),
+                          [&](const msg::ShardInfo& r) { return r.id == p; }))
+      << "the standby must keep its replica";
+  // b dies before y holds the range: the standby serves it.
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(milliseconds(200));
+    Beat(x, {{p, e1}});
+    Beat(y);
+    Heartbeat(worker_a_);
+    Heartbeat(worker_b_);
+    Tick();
+  }
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), x);
+  EXPECT_GT(core_->shard_epoch(IndexOf(p)), e1);
+}
+
 // With no backup left in the set (two shards, the only other one dropped)
 // the primary calls every applied push durable at once, so a standby would
 // lack durable pushes: none is kept, and durability is not held.

@@ -776,6 +776,10 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   hb.lag = {{4, 7, 3, 0.25f}, {9, 2, 0, 0.0f}};
   EXPECT_EQ(msg::Read<msg::Heartbeat>(decode(EncodeMessage(env, hb))).lag, hb.lag);
   EXPECT_TRUE(msg::Read<msg::Heartbeat>(decode(EncodeMessage(env, msg::Heartbeat{}))).lag.empty());
+  msg::HeartbeatReply hr;
+  hr.hold_durable_ranges = {4, 9};
+  EXPECT_EQ(msg::Read<msg::HeartbeatReply>(decode(EncodeMessage(env, hr))).hold_durable_ranges,
+            hr.hold_durable_ranges);
   msg::StatusReply st;
   st.shards.push_back({});
   st.shards.back().id = 4;

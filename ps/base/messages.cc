@@ -369,12 +369,14 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
       promote_backups_infos.empty() ? 0 : fbb.CreateVector(promote_backups_infos);
   auto deposed_infos = BuildShardInfos(fbb, m.deposed_ranges);
   auto deposed_ranges = deposed_infos.empty() ? 0 : fbb.CreateVector(deposed_infos);
+  auto hold_ranges = m.hold_durable_ranges.empty() ? 0 : fbb.CreateVector(m.hold_durable_ranges);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
                                     backing, promote, promote_backups, m.deposed, m.hand_off,
-                                    deposed_ranges, m.hold_durable, m.hand_off_given_up);
+                                    deposed_ranges, m.hold_durable, m.hand_off_given_up,
+                                    hold_ranges);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -403,6 +405,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.deposed_ranges = ShardInfosOf(t.deposed_ranges());
   m.hold_durable = t.hold_durable();
   m.hand_off_given_up = t.hand_off_given_up();
+  m.hold_durable_ranges = Scalars(t.hold_durable_ranges());
   return m;
 }
 

@@ -230,6 +230,9 @@ struct HeartbeatReply {
   bool hold_durable = false;
   // To a primary that stopped applying for a drain: the drain was given up.
   bool hand_off_given_up = false;
+  // To a shard serving ranges since a promotion: those with a standby (as
+  // hold_durable for its own range).
+  std::vector<uint32_t> hold_durable_ranges;
 };
 
 // --- the monitor to the shards
