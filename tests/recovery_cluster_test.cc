@@ -375,7 +375,13 @@ TEST(RecoveryClusterTest, StoppedClusterResumesFromItsCheckpoints) {
     if (after <= 0) after = -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_GE(after, before - 0.05) << c.Logs();
+  // Trained, not fresh (a fresh model scores about 0.1). Not within 0.05
+  // of `before`: that reading came some clocks before the stop, and SGD's
+  // test accuracy moves more than that between evaluations at this stage
+  // (a fresh-clone run of 2026-12-05: 0.773 at clock 84 before the stop,
+  // 0.695 for the model of the stop, clock 117, right after the restart,
+  // and 0.785 at clock 173).
+  EXPECT_GE(after, before - 0.15) << c.Logs();
   for (auto& s : c.shards) {
     EXPECT_NE(s->Stderr().find("loaded checkpoint"), std::string::npos) << s->Stderr();
   }
