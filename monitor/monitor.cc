@@ -331,6 +331,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
     spdlog::info("shard {} is back from its checkpoint (map v{}) at {}{}", s.id,
                  r.checkpoint_map_version, address,
                  moved ? "; it moved: shard map v" + std::to_string(map_version_) : "");
+    FailOverRestarted(*at);
   }
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{s.id, 0, Job()})});
 }
@@ -741,6 +742,7 @@ void MonitorCore::TakeServing(ShardState& host, const std::vector<msg::ShardInfo
         continue;
       }
       s.served_at = r.address;
+      s.promoted_from = 0;  // served: nothing to go back to
       // Its keys and the membership go to the range's new address; the
       // workers take it with the map.
       s.acked_model = false;
@@ -776,10 +778,67 @@ bool MonitorCore::FailOver() {
                    s.id);
       handoff_.reset();
     }
-    changed |= PromoteBackup(i, why);
+    changed |= PromoteBackup(i, why) || RevertUnservedPromotion(i, why);
   }
   if (changed) UpdateReplicaGauges();
   return changed;
+}
+
+bool MonitorCore::RevertUnservedPromotion(size_t i, const std::string& why) {
+  ShardState& s = shards_[i];
+  if (s.host == 0 || !s.served_at.empty() || s.promoted_from == 0 || s.promoted_from == s.host) {
+    return false;
+  }
+  // No worker heard of the promoted shard's address for the range (it
+  // goes out with the map once the shard reports serving it), so it
+  // acknowledged nothing of it; what its replica held came from the
+  // primary before, which therefore has all of it (or, restarted, its
+  // checkpoint has what it had).
+  const uint32_t lost = s.host, back = s.promoted_from;
+  const auto bi = ShardIndex(back);
+  if (!bi || shards_[*bi].retired || shards_[*bi].drained) return false;  // stopped for good
+  s.host = back == s.id ? 0 : back;
+  s.promoted_from = 0;
+  s.served_at.clear();
+  s.epoch = ++epoch_;  // the lost shard, if only cut off, lets go of it
+  s.backups.clear();
+  s.standby.clear();
+  ++map_version_;
+  metrics_.map_version->Set(static_cast<double>(map_version_));
+  dirty_ = true;
+  spdlog::warn("shard {}'s keys [{}, {}) go back to shard {} at epoch {}: {}, and shard {} had "
+               "not served them since its promotion (no other replica of them is left)",
+               s.id, ranges_[i].first, ranges_[i].second, back, s.epoch, why, lost);
+  return true;
+}
+
+void MonitorCore::FailOverRestarted(size_t at) {
+  ShardState& s = shards_[at];
+  // A new process: it holds no replica until its heartbeats say so (a
+  // failover must not count on what the old one held).
+  s.replicas.clear();
+  if (options_.replicas == 0 || !map_built_ || state_ == wire::JobState::Stopped) return;
+  bool changed = false;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || shards_[i].drained ||
+        shard_host(i) != s.id) {
+      continue;
+    }
+    // It restarted before its lease ran out (else the range failed over
+    // already). Its checkpoint lacks what was applied since; a backup that
+    // holds the range has every durable push, and takes it over now. With
+    // none, the range comes back from the checkpoint (pushes since lost).
+    if (handoff_ && handoff_->shard == i) {
+      spdlog::warn("drain of shard {}: it restarted before handing its range over; a failover "
+                   "takes it",
+                   shards_[i].id);
+      handoff_.reset();
+    }
+    const std::string why = fmt::format(
+        "shard {} restarted (a new process: its checkpoint lacks what it applied since)", s.id);
+    changed |= PromoteBackup(i, why, /*restarted=*/true) || RevertUnservedPromotion(i, why);
+  }
+  if (changed) UpdateReplicaGauges();
 }
 
 std::optional<uint32_t> MonitorCore::InSyncBackup(size_t i, bool standby) const {
@@ -830,7 +889,7 @@ bool MonitorCore::PruneStandby(size_t i) {
   return true;
 }
 
-bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
+bool MonitorCore::PromoteBackup(size_t i, const std::string& reason, bool restarted) {
   ShardState& s = shards_[i];
   const uint32_t before = s.host == 0 ? s.id : s.host;
   // A live backup that reported a replica of this epoch takes over (a
@@ -841,6 +900,9 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
     const bool from_standby =
         std::count(s.standby.begin(), s.standby.end(), b) > 0 &&
         std::count(s.backups.begin(), s.backups.end(), b) == 0;
+    // Kept until b serves the range (TakeServing): if b is lost before,
+    // the range goes back to `before` (RevertUnservedPromotion).
+    s.promoted_from = before;
     s.host = b;
     s.served_at.clear();
     s.epoch = ++epoch_;
@@ -856,7 +918,8 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason) {
                    "backup in the set was known to hold the range)",
                    s.id, b);
     }
-    (drain ? metrics_.handoffs : metrics_.failovers)->Increment();
+    (drain ? metrics_.handoffs : restarted ? metrics_.restart_failovers : metrics_.failovers)
+        ->Increment();
     dirty_ = true;
     spdlog::warn("failover: {}; shard {}'s keys [{}, {}) go from shard {} to its backup, shard {}, "
                  "at epoch {}",

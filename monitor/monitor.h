@@ -280,6 +280,12 @@ class MonitorCore {
     uint32_t host = 0;
     std::string served_at;
     TimePoint failed_over_at{};
+    // The range's primary before the last promotion, until the promoted
+    // shard reports serving it (0: none). If that shard is lost before it
+    // does (it never answered for the range, and held the only replica),
+    // the range goes back to this one, whose state or checkpoint has
+    // everything it acknowledged.
+    uint32_t promoted_from = 0;
     // From its heartbeats: the replicas it holds (range -> epoch).
     std::map<uint32_t, uint64_t> replicas;
     // pacerctl drain-shard handed its range to a backup: the process stops
@@ -335,10 +341,20 @@ class MonitorCore {
   // one did. The backup learns it from its heartbeat reply (promote) and
   // reports the address it serves the range at (TakeServing).
   bool FailOver();
+  // Shard `at` registered again as a new process (from its checkpoints):
+  // it holds no replica now, and each range it was the primary of goes to
+  // a backup that holds it, as if the shard had died (it restarted within
+  // its lease). A range with none is served from the checkpoint.
+  void FailOverRestarted(size_t at);
   // Gives range i to a live backup that reported a replica of its current
-  // epoch, at a new epoch (saved before anyone hears of it); `reason`
-  // ("lease", "drain") is logged and counted. False when no backup can.
-  bool PromoteBackup(size_t i, const std::string& reason);
+  // epoch, at a new epoch (saved before anyone hears of it); `reason` is
+  // logged, and counted as a drain, a restart (`restarted`) or a lease
+  // expiry. False when no backup can.
+  bool PromoteBackup(size_t i, const std::string& reason, bool restarted = false);
+  // Range i was promoted to a shard that is lost (`why`) before it served
+  // the range: it goes back to the primary before (promoted_from), at a new
+  // epoch. False when there is none or the range was served.
+  bool RevertUnservedPromotion(size_t i, const std::string& why);
   // A live backup of range i, not being drained, that reported a replica of
   // the range's current epoch (nullopt: none can take it over); with
   // `standby`, a standby (ShardState::standby) when no backup in the set

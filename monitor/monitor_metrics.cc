@@ -144,10 +144,12 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
                               .Name("pacer_monitor_failovers_total")
                               .Help(
                                   "Key ranges handed to a backup (--replicas), by reason: lease "
-                                  "(the primary missed its shard lease), drain (pacerctl "
+                                  "(the primary missed its shard lease), restart (the primary "
+                                  "registered again as a new process), drain (pacerctl "
                                   "drain-shard handed the range over)")
                               .Register(r);
   failovers = &failover_family.Add({{"reason", "lease"}});
+  restart_failovers = &failover_family.Add({{"reason", "restart"}});
   handoffs = &failover_family.Add({{"reason", "drain"}});
   backups_dropped = &prometheus::BuildCounter()
                          .Name("pacer_monitor_backups_dropped_total")

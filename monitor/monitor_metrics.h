@@ -42,9 +42,11 @@ struct MonitorMetrics {
   prometheus::Gauge* replicas_wanted = nullptr;
   prometheus::Family<prometheus::Gauge>* range_backups = nullptr;
   prometheus::Gauge* under_replicated = nullptr;
-  // By reason: "lease" (the primary missed its shard lease), "drain"
+  // By reason: "lease" (the primary missed its shard lease), "restart"
+  // (it registered again as a new process within its lease), "drain"
   // (pacerctl drain-shard handed the range to its backup).
   prometheus::Counter* failovers = nullptr;
+  prometheus::Counter* restart_failovers = nullptr;
   prometheus::Counter* handoffs = nullptr;
   prometheus::Counter* backups_dropped = nullptr;
   prometheus::Gauge* test_loss = nullptr;

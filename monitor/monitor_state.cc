@@ -40,7 +40,8 @@ std::string MonitorCore::SaveState() const {
     const auto range = i < ranges_.size() ? ranges_[i] : std::pair<uint64_t, uint64_t>{0, 0};
     r.shards.push_back({sh.id, sh.address, sh.incarnation, range.first, range.second,
                         sh.applied_clock, sh.restarts, sh.drained, sh.public_key, sh.backups,
-                        sh.epoch, sh.node, sh.host, sh.served_at, sh.standby, sh.retired});
+                        sh.epoch, sh.node, sh.host, sh.served_at, sh.standby, sh.retired,
+                        sh.promoted_from});
   }
   for (size_t p = 0; p < partitions_.size(); ++p) {
     r.partitions.push_back({static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset,
@@ -126,6 +127,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
     s.served_at = ms.served_at;
     s.standby = ms.standby;
     s.retired = ms.retired;
+    s.promoted_from = ms.promoted_from;
     s.last_seen = now;
     shards_.push_back(s);
     ranges_.emplace_back(ms.key_begin, ms.key_end);

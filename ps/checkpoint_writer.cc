@@ -101,7 +101,8 @@ void CheckpointWriter::State::Write(const ShardSnapshot& snap) {
 CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
                                    std::shared_ptr<prometheus::Registry> registry,
                                    Duration interval, const Clock* clock,
-                                   std::shared_ptr<FaultInjector> faults, uint32_t shard)
+                                   std::shared_ptr<FaultInjector> faults, uint32_t shard,
+                                   const prometheus::Labels& labels)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.store = std::move(store);
@@ -110,7 +111,7 @@ CheckpointWriter::CheckpointWriter(std::unique_ptr<CheckpointStore> store,
   s.faults = std::move(faults);
   s.shard = shard;
   s.started_unix = UnixSeconds();
-  s.metrics.emplace(*s.registry, interval);
+  s.metrics.emplace(*s.registry, interval, labels);
   // The thread holds the state too: it can outlive this object.
   thread_ = std::thread([state = state_] { state->Loop(); });
 }

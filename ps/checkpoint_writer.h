@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "prometheus/labels.h"
 #include "ps/base/clock.h"
 #include "ps/base/fault.h"
 #include "ps/checkpoint.h"
@@ -24,10 +25,13 @@ class CheckpointWriter {
   // Starts the writer thread on `store`, registering the checkpoint metrics
   // (pacer_shard_checkpoint_*) in `registry`; `interval` is only reported
   // (pacer_shard_checkpoint_interval_seconds). `faults` may be null; its
-  // slow_disk rules delay each write. `shard` names the shard in logs.
+  // slow_disk rules delay each write. `shard` names the shard in logs;
+  // `labels` go on every series (range="<id>" for a range the shard serves
+  // since a promotion).
   CheckpointWriter(std::unique_ptr<CheckpointStore> store,
                    std::shared_ptr<prometheus::Registry> registry, Duration interval,
-                   const Clock* clock, std::shared_ptr<FaultInjector> faults, uint32_t shard);
+                   const Clock* clock, std::shared_ptr<FaultInjector> faults, uint32_t shard,
+                   const prometheus::Labels& labels = {});
   // Stops and joins the thread, so the store is closed on return. One stuck
   // in the disk past a second is left to finish on its own (it owns what it
   // uses), so that destruction never hangs.

@@ -72,6 +72,14 @@ void ShardCore::Handle(Frames frames, std::vector<Outgoing>* out) {
                           " has not heard from the monitor for its shard lease",
                       out);
   }
+  if (awaiting_monitor_ && (d.type() == wire::Body::Push || d.type() == wire::Body::Pull ||
+                            d.type() == wire::Body::Init)) {
+    return ReplyError(peer, d.env, wire::ErrorCode::NotReady,
+                      "shard " + std::to_string(shard_id_) +
+                          " restarted from its checkpoint and waits for the monitor's word on "
+                          "its range",
+                      out);
+  }
   if (deposed_epoch_ != 0 && (d.type() == wire::Body::Push || d.type() == wire::Body::Pull ||
                               d.type() == wire::Body::Init)) {
     // Another shard serves this range since a failover (this one was cut

@@ -229,6 +229,11 @@ class ShardCore {
   // Fencing (the shard lease): while set, a shard with backups answers
   // pushes, pulls and inits NotReady.
   void SetFenced(bool fenced) { fenced_ = fenced; }
+  // Restored from a checkpoint, until the monitor's first word on the range
+  // has been taken (ShardServer): pushes, pulls and inits are answered
+  // NotReady, with or without backups (a backup may be serving the range
+  // already, promoted because this process restarted).
+  void SetAwaitingMonitor(bool awaiting) { awaiting_monitor_ = awaiting; }
   // The monitor gave this shard's own range to another shard at `epoch` (a
   // failover while this one was cut off from it): from now on pushes,
   // pulls and inits are answered NotOwner, so that a worker whose map is
@@ -610,6 +615,7 @@ class ShardCore {
   uint64_t replica_checks_ = 0;
   uint64_t replica_mismatches_ = 0;
   bool fenced_ = false;  // SetFenced
+  bool awaiting_monitor_ = false;  // SetAwaitingMonitor
   uint64_t deposed_epoch_ = 0;  // Depose (0: not deposed)
   bool leaving_ = false;  // Leave
   bool durable_hold_ = false;  // SetDurableHold

@@ -187,44 +187,49 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r, const prometheus::Labels& ex
                 .Add(L({}));
 }
 
-CheckpointMetrics::CheckpointMetrics(prometheus::Registry& r, Duration interval) {
+CheckpointMetrics::CheckpointMetrics(prometheus::Registry& r, Duration interval,
+                                     const prometheus::Labels& extra) {
+  const auto with = [&](prometheus::Labels l) {
+    l.insert(extra.begin(), extra.end());
+    return l;
+  };
   seconds = &prometheus::BuildHistogram()
                  .Name("pacer_shard_checkpoint_duration_seconds")
                  .Help("Time to write one checkpoint (synced)")
                  .Register(r)
-                 .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
+                 .Add(extra, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
                                                                   0.25, 0.5, 1, 2.5, 5, 10});
   bytes = &prometheus::BuildGauge()
                .Name("pacer_shard_checkpoint_size_bytes")
                .Help("Bytes written by the last successful checkpoint")
                .Register(r)
-               .Add({});
+               .Add(extra);
   age = &prometheus::BuildGauge()
              .Name("pacer_shard_checkpoint_age_seconds")
              .Help(
                  "Age of the state in the last successful checkpoint, in seconds "
                  "(since start when none)")
              .Register(r)
-             .Add({});
+             .Add(extra);
   last = &prometheus::BuildGauge()
               .Name("pacer_shard_checkpoint_last_success_timestamp_seconds")
               .Help(
                   "Unix time the state in the last successful checkpoint was "
                   "captured (0: none yet)")
               .Register(r)
-              .Add({});
+              .Add(extra);
   prometheus::BuildGauge()
       .Name("pacer_shard_checkpoint_interval_seconds")
       .Help("The configured seconds between checkpoints (--checkpoint-interval; 0: by count only)")
       .Register(r)
-      .Add({})
+      .Add(extra)
       .Set(ToSeconds(interval));
   auto& done = prometheus::BuildCounter()
                    .Name("pacer_shard_checkpoints_total")
                    .Help("Checkpoints attempted, by result")
                    .Register(r);
-  ok = &done.Add({{"result", "ok"}});
-  failed = &done.Add({{"result", "failed"}});
+  ok = &done.Add(with({{"result", "ok"}}));
+  failed = &done.Add(with({{"result", "failed"}}));
 }
 
 }  // namespace pacer

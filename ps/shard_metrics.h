@@ -55,9 +55,11 @@ struct ShardMetrics {
 };
 
 // A shard's checkpoint series (pacer_shard_checkpoint_*, --data-dir only),
-// registered by its CheckpointWriter; `interval` is reported as set.
+// registered by its CheckpointWriter; `interval` is reported as set. Every
+// series carries `extra`, as ShardMetrics' do (range="<id>" for a range
+// served since a promotion, which is checkpointed apart).
 struct CheckpointMetrics {
-  CheckpointMetrics(prometheus::Registry& r, Duration interval);
+  CheckpointMetrics(prometheus::Registry& r, Duration interval, const prometheus::Labels& extra);
 
   prometheus::Histogram* seconds = nullptr;
   prometheus::Gauge* bytes = nullptr;

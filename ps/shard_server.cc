@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -109,6 +110,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       if (snapshot) {
         if (absl::Status st = s->core_->Restore(*snapshot); !st.ok()) return st;
         s->restored_ = true;
+        s->awaiting_monitor_ = true;
+        s->core_->SetAwaitingMonitor(true);
       }
       s->monitor_->options().job_id = job.job_id;
       s->monitor_->options().sender = s->id_;
@@ -151,49 +154,103 @@ void ShardServer::Wait() {
 }
 
 void ShardServer::MaybeCheckpoint(bool final) {
-  if (!writer_) return;
-  writer_->AgeSeconds();
-  if (!core_->initialized()) return;  // nothing worth keeping yet
+  const TimePoint deadline = transport_->clock()->Now() + options_.stop_timeout;
+  if (writer_) Checkpoint(*core_, *writer_, checkpointed_, final, deadline, 0);
+  for (Hosted& h : hosted_) {
+    // Served elsewhere now: its writer was let go (the checkpoint stays).
+    if (h.writer) Checkpoint(*h.core, *h.writer, h.checkpointed, final, deadline, h.range);
+  }
+}
+
+void ShardServer::Checkpoint(ShardCore& core, CheckpointWriter& writer,
+                             CheckpointProgress& p, bool final, TimePoint deadline,
+                             uint32_t range) {
+  writer.AgeSeconds();
+  if (!core.initialized()) return;  // nothing worth keeping yet
   const Clock* clock = transport_->clock();
   if (final) {
+    const std::string what =
+        range == 0 ? "" : " of shard " + std::to_string(range) + "'s range";
     const TimePoint t0 = clock->Now();
-    ShardSnapshot snap = core_->Snapshot();
+    ShardSnapshot snap = core.Snapshot();
     snap.taken_unix = UnixSeconds();
-    absl::Status st = writer_->Final(std::move(snap), t0 + options_.stop_timeout);
+    absl::Status st = writer.Final(std::move(snap), deadline);
     if (!st.ok()) {
-      stop_status_ = absl::DeadlineExceededError(
-          "final checkpoint at applied clock " + std::to_string(core_->applied_clock()) +
+      const std::string why =
+          "final checkpoint" + what + " at applied clock " + std::to_string(core.applied_clock()) +
           " given up after " + absl::StrFormat("%.1f", ToSeconds(options_.stop_timeout)) +
-          " s (--stop-timeout): " + std::string(st.message()) + "; the previous checkpoint stays");
-      spdlog::error("shard {}: {}", id_, std::string(stop_status_.message()));
+          " s (--stop-timeout): " + std::string(st.message()) + "; the previous checkpoint stays";
+      if (stop_status_.ok()) stop_status_ = absl::DeadlineExceededError(why);
+      spdlog::error("shard {}: {}", id_, why);
       return;
     }
-    spdlog::info("shard {}: final checkpoint at applied clock {} in {:.3f} s", id_,
-                 core_->applied_clock(), ToSeconds(clock->Now() - t0));
+    spdlog::info("shard {}: final checkpoint{} at applied clock {} in {:.3f} s", id_, what,
+                 core.applied_clock(), ToSeconds(clock->Now() - t0));
     return;
   }
-  const bool keys_moved = core_->key_version() != keys_at_checkpoint_;
-  if (core_->updates_applied() == updates_at_checkpoint_ &&
-      core_->applied_clock() == clock_at_checkpoint_ && !keys_moved) {
+  const bool keys_moved = core.key_version() != p.keys;
+  if (core.updates_applied() == p.updates && core.applied_clock() == p.clock && !keys_moved) {
     return;  // nothing new since the last one
   }
   const TimePoint now = clock->Now();
   // Keys that moved in or out: at once, so that a restart has the new set.
   const bool on_time = keys_moved || (options_.checkpoint_interval > Duration::zero() &&
-                                      now - last_checkpoint_ >= options_.checkpoint_interval);
+                                      now - p.last >= options_.checkpoint_interval);
   const bool on_count = options_.checkpoint_updates > 0 &&
-                        core_->updates_applied() - updates_at_checkpoint_ >= options_.checkpoint_updates;
+                        core.updates_applied() - p.updates >= options_.checkpoint_updates;
   if (!on_time && !on_count) return;
-  if (!keys_moved && !options_.periodic_checkpoints && periodic_taken_ > 0) return;
-  if (!keys_moved) ++periodic_taken_;
+  if (!keys_moved && !options_.periodic_checkpoints && p.periodic_taken > 0) return;
+  if (!keys_moved) ++p.periodic_taken;
   // Shares the buffers: the copy-free hand-over that keeps this cheap.
-  ShardSnapshot snap = core_->Snapshot();
+  ShardSnapshot snap = core.Snapshot();
   snap.taken_unix = UnixSeconds();
-  if (!writer_->Offer(std::move(snap))) return;  // the previous one is still being written
-  last_checkpoint_ = now;
-  updates_at_checkpoint_ = core_->updates_applied();
-  clock_at_checkpoint_ = core_->applied_clock();
-  keys_at_checkpoint_ = core_->key_version();
+  if (!writer.Offer(std::move(snap))) return;  // the previous one is still being written
+  p.last = now;
+  p.updates = core.updates_applied();
+  p.clock = core.applied_clock();
+  p.keys = core.key_version();
+}
+
+std::unique_ptr<CheckpointWriter> ShardServer::RangeWriter(uint32_t range) {
+  if (options_.data_dir.empty()) return nullptr;
+  auto path = RangeCheckpointPath(range);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
+      path.ok() ? CheckpointStore::Open(*path) : path.status();
+  if (!store.ok()) {
+    spdlog::error("shard {}: shard {}'s range will not be checkpointed: {}", id_, range,
+                  ErrorText(store.status()));
+    return nullptr;
+  }
+  return std::make_unique<CheckpointWriter>(
+      std::move(*store), registry_, options_.checkpoint_interval, transport_->clock(),
+      options_.faults, id_, prometheus::Labels{{"range", std::to_string(range)}});
+}
+
+absl::StatusOr<std::string> ShardServer::RangeCheckpointPath(uint32_t range) const {
+  return DataDirPath(options_.data_dir, "range-" + std::to_string(range));
+}
+
+absl::StatusOr<std::optional<ShardSnapshot>> ShardServer::LoadRangeCheckpoint(
+    uint32_t range) const {
+  if (options_.data_dir.empty()) return std::optional<ShardSnapshot>();
+  auto path = RangeCheckpointPath(range);
+  if (!path.ok()) return path.status();
+  std::error_code ec;
+  if (!std::filesystem::exists(*path, ec)) return std::optional<ShardSnapshot>();
+  auto store = CheckpointStore::Open(*path);
+  if (!store.ok()) return store.status();
+  auto loaded = (*store)->Load();
+  if (!loaded.ok()) {
+    return absl::DataLossError("the checkpoint in " + *path + " cannot be read (" +
+                               std::string(loaded.status().message()) + ")");
+  }
+  if (*loaded && ((*loaded)->shard_id != range || (*loaded)->job_id != job_.job_id)) {
+    return absl::FailedPreconditionError(
+        "the checkpoint in " + *path + " is of shard " + std::to_string((*loaded)->shard_id) +
+        "'s range in job " + std::to_string((*loaded)->job_id) + ", not of shard " +
+        std::to_string(range) + "'s in job " + std::to_string(job_.job_id));
+  }
+  return std::move(*loaded);
 }
 
 void ShardServer::HeartbeatLoop() {
@@ -225,6 +282,7 @@ void ShardServer::HeartbeatLoop() {
       const auto renew = [&] {
         std::lock_guard<std::mutex> lock(lr_mu_);
         lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
+        heard_monitor_ = true;
       };
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
       // Asked to hand its range over; a request the monitor no longer asks
@@ -356,6 +414,15 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
     core_->SetReplicaSet(0, {}, out);
     return;
   }
+  if (core_->deposed_epoch() != 0 && config.epoch > core_->deposed_epoch()) {
+    // Given back: the shard its range failed over to was lost before it
+    // served it (so it acknowledged nothing of it), and this shard's state
+    // holds everything acknowledged.
+    spdlog::warn("shard {}: serves its range again at epoch {}: the shard it failed over to "
+                 "was lost before serving it",
+                 id_, config.epoch);
+    core_->Depose(0);
+  }
   // Held before the new set takes effect (its backups' acknowledgements
   // must not make durable what the standby lacks), let go after.
   if (config.hold_durable) core_->SetDurableHold(true);
@@ -386,10 +453,49 @@ void ShardServer::Promote(const PromoteConfig& config) {
     }
     std::optional<ShardSnapshot> snapshot = core_->ReplicaSnapshot(r.id);
     if (!snapshot) {
-      spdlog::error("shard {}: told to serve shard {}'s range (epoch {}) but holds no replica "
-                    "of it",
-                    id_, r.id, r.epoch);
-      continue;
+      // Served here at an older epoch: given back (the shard it failed over
+      // to was lost before serving it, so acknowledged nothing of it), and
+      // this core holds everything acknowledged.
+      auto old = std::find_if(hosted_.begin(), hosted_.end(), [&](const Hosted& h) {
+        return h.range == r.id && h.epoch < r.epoch;
+      });
+      if (old != hosted_.end()) {
+        old->epoch = r.epoch;
+        old->core->Depose(0);
+        if (!old->writer) old->writer = RangeWriter(r.id);
+        spdlog::warn("shard {}: serves shard {}'s range again at {} (epoch {}): the shard it "
+                     "failed over to was lost before serving it",
+                     id_, r.id, old->address, r.epoch);
+        heartbeat_now_ = true;
+        continue;
+      }
+    }
+    bool from_checkpoint = false;
+    if (!snapshot) {
+      // Restarted since it was given the range, and nobody else holds it
+      // (the monitor promotes a live replica first): its checkpoint here.
+      auto loaded = LoadRangeCheckpoint(r.id);
+      if (!loaded.ok()) {
+        spdlog::error("shard {}: told to serve shard {}'s range (epoch {}); holds no replica of "
+                      "it, and its checkpoint here is of no use: {}",
+                      id_, r.id, r.epoch, ErrorText(loaded.status()));
+        continue;
+      }
+      if (!*loaded) {
+        spdlog::error("shard {}: told to serve shard {}'s range (epoch {}) but holds no replica "
+                      "of it{}",
+                      id_, r.id, r.epoch,
+                      options_.data_dir.empty() ? " (and has no --data-dir)"
+                                                : " and no checkpoint of it");
+        continue;
+      }
+      snapshot = std::move(*loaded);
+      from_checkpoint = true;
+    }
+    for (Hosted& old : hosted_) {
+      // An older epoch of the same range, served elsewhere meanwhile: its
+      // store is this one's now.
+      if (old.range == r.id) old.writer.reset();
     }
     // The range keeps its id (the workers' and the monitor's name for it)
     // and gets a socket of its own here, so its messages reach its core.
@@ -428,9 +534,17 @@ void ShardServer::Promote(const PromoteConfig& config) {
         h.address = adv.substr(0, a) + h.address.substr(b);
       }
     }
-    spdlog::warn("shard {}: promoted: serves shard {}'s range at {} (epoch {}) from its replica "
-                 "at applied clock {}",
-                 id_, r.id, h.address, r.epoch, snapshot->applied_clock);
+    h.writer = RangeWriter(r.id);
+    if (from_checkpoint) {
+      spdlog::warn("shard {}: serves shard {}'s range at {} (epoch {}) from its checkpoint at "
+                   "applied clock {}: no replica of it was left; the pushes acknowledged "
+                   "since are lost and counted",
+                   id_, r.id, h.address, r.epoch, snapshot->applied_clock);
+    } else {
+      spdlog::warn("shard {}: promoted: serves shard {}'s range at {} (epoch {}) from its "
+                   "replica at applied clock {}",
+                   id_, r.id, h.address, r.epoch, snapshot->applied_clock);
+    }
     hosted_.push_back(std::move(h));
     heartbeat_now_ = true;
   }
@@ -564,9 +678,15 @@ void ShardServer::Run() {
                      id_, h.range, h.epoch, d->second);
         h.core->Depose(d->second);
         h.core->SetReplicaSet(0, {}, &out);
+        h.writer.reset();  // its checkpoint stays, of the state it had
       }
       pending_deposed_.clear();
       lease_until = lease_until_ns_.load();
+      if (awaiting_monitor_ && heard_monitor_) {
+        // The reply's configs (a deposing among them) are in effect.
+        awaiting_monitor_ = false;
+        core_->SetAwaitingMonitor(false);
+      }
     }
     if (cancel_hand_off_.exchange(false) && left_for_hand_off_ && !handed_off_ && !leave_by) {
       core_->CancelLeave(&out);

@@ -45,7 +45,9 @@ struct ShardServerOptions {
   Duration heartbeat_interval = std::chrono::milliseconds(200);
   // Checkpoints (--data-dir): empty means none. The shard keeps its RocksDB
   // store in DATA_DIR/checkpoint, loads the latest snapshot at start and
-  // registers again under its old id.
+  // registers again under its old id. Each range it serves since a
+  // promotion is checkpointed in DATA_DIR/range-<id>, and served from there
+  // if the monitor gives it that range again after a restart.
   std::string data_dir;
   // A checkpoint is taken this long after the previous one (0: never on
   // time) or after this many applied pushes (0: never on count), whichever
@@ -119,8 +121,9 @@ class ShardServer {
   // serving loop waits on one socket only; notices when the job stops.
   // After a shutdown it tells the monitor that this shard leaves.
   void HeartbeatLoop();
-  // Hands a snapshot to the writer when one is due (or `final`: one last
-  // snapshot, given up after stop_timeout).
+  // Hands a snapshot of each core (its own range's, and each range's it
+  // serves since a promotion) to its writer when one is due (or `final`:
+  // one last snapshot of each, given up after stop_timeout).
   void MaybeCheckpoint(bool final);
   // Leaving: how long the shard waits for its last records to be held by
   // its backups and for its replicas' last records.
@@ -149,14 +152,42 @@ class ShardServer {
   std::thread thread_;
   std::thread heartbeat_thread_;
 
+  // Where a core's checkpoints stand (serving thread only): what the last
+  // one offered held, and how many were taken on time or count.
+  struct CheckpointProgress {
+    TimePoint last{};
+    uint64_t updates = 0;
+    int64_t clock = -2;
+    uint64_t keys = 0;
+    uint64_t periodic_taken = 0;
+  };
+  // Offers `core`'s snapshot to `writer` when one is due; `final`: one last
+  // snapshot, given up at `deadline`. `range` names a range served since a
+  // promotion in logs (0: this shard's own).
+  void Checkpoint(ShardCore& core, CheckpointWriter& writer, CheckpointProgress& progress,
+                  bool final, TimePoint deadline, uint32_t range);
+  // DATA_DIR/range-<id>: where a range served since a promotion is
+  // checkpointed, apart from this shard's own (DATA_DIR/checkpoint).
+  absl::StatusOr<std::string> RangeCheckpointPath(uint32_t range) const;
+  // A writer to that store (null, logged, when it cannot be opened; null
+  // without --data-dir).
+  std::unique_ptr<CheckpointWriter> RangeWriter(uint32_t range);
+  // That range's latest checkpoint here (nullopt: none), for when the
+  // monitor tells this shard to serve it and it holds no replica of it (it
+  // restarted, and every other holder of the range is gone too).
+  absl::StatusOr<std::optional<ShardSnapshot>> LoadRangeCheckpoint(uint32_t range) const;
+
   // Checkpoints (null: no --data-dir).
   std::unique_ptr<CheckpointWriter> writer_;
-  TimePoint last_checkpoint_{};            // serving thread only
-  uint64_t updates_at_checkpoint_ = 0;     // serving thread only
-  int64_t clock_at_checkpoint_ = -2;       // serving thread only
-  uint64_t keys_at_checkpoint_ = 0;        // serving thread only
-  uint64_t periodic_taken_ = 0;            // checkpoints on time or count (serving thread)
+  CheckpointProgress checkpointed_;
   absl::Status stop_status_;               // serving thread; read after Wait()
+  // Restored from a checkpoint: its own range answers no push, pull or init
+  // until the serving thread has taken the monitor's first heartbeat reply
+  // (which may say that a backup serves the range now, promoted because
+  // this process restarted), so that nothing is acknowledged from the
+  // checkpoint's older state beside that backup.
+  bool awaiting_monitor_ = false;            // serving thread
+  std::atomic<bool> heard_monitor_{false};   // set with a reply's configs, under lr_mu_
 
   // pacerctl set-lr's overrides (version, by group) from a heartbeat reply,
   // until the serving thread hands them to core_.
@@ -194,6 +225,10 @@ class ShardServer {
     std::string address;  // as advertised
     bool stopped = false;
     std::map<uint32_t, BackupSocket> backups;  // its range's backups
+    // Its checkpoints, in DATA_DIR/range-<id> (null: no --data-dir, or
+    // let go once the range is served elsewhere).
+    std::unique_ptr<CheckpointWriter> writer;
+    CheckpointProgress checkpointed;
   };
   // The list from the last heartbeat reply that changed it: the ranges to
   // serve (each with its backups' ids) and those backups.
@@ -207,8 +242,9 @@ class ShardServer {
   // Served ranges that failed over again elsewhere (range -> its new
   // epoch), from a heartbeat reply; guarded by lr_mu_.
   std::map<uint32_t, uint64_t> pending_deposed_;
-  // Serves the ranges new to the list from their replicas, and sets every
-  // served range's backups.
+  // Serves the ranges new to the list from their replicas (from their
+  // checkpoints here when it holds none), and sets every served range's
+  // backups.
   void Promote(const PromoteConfig& config);
   // Connects to the backups named by `ids` (addresses and keys from
   // `infos`), keeping connections that stay; returns the ids connected.

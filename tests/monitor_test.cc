@@ -791,6 +791,26 @@ class HandoffTest : public ReplicaTest {
     }
     return other;
   }
+  // Shard `id` registers again from its checkpoints as a new process.
+  void ReturnShard(uint32_t id, uint64_t incarnation) {
+    const std::string address = core_->shard_address(IndexOf(id));
+    flatbuffers::FlatBufferBuilder fbb;
+    Only(Send(100 + IndexOf(id), 0, 0, fbb,
+              wire::CreateRegisterDirect(fbb, wire::Role::Shard, address.c_str(), id, kJob, 1,
+                                         incarnation)),
+         wire::Body::RegisterReply);
+  }
+  // Time passes (the shard lease and more), with heartbeats from the
+  // workers and from `live` only (shard id -> the replicas it reports).
+  void OnlyHeard(const std::map<uint32_t, std::map<uint32_t, uint64_t>>& live) {
+    for (int i = 0; i < 8; ++i) {
+      clock_.Advance(milliseconds(200));
+      for (const auto& [id, replicas] : live) Beat(id, replicas);
+      Heartbeat(worker_a_);
+      Heartbeat(worker_b_);
+      Tick();
+    }
+  }
   static constexpr uint32_t kTool = 0xFFFFFFFFu;  // pacerctl's sender id
 };
 
@@ -1040,6 +1060,98 @@ TEST_F(HandoffTest, APromotedRangesDroppedBackupStandsByToo) {
   }
   EXPECT_EQ(core_->shard_host(IndexOf(p)), x);
   EXPECT_GT(core_->shard_epoch(IndexOf(p)), e1);
+}
+
+// A primary that registers again as a new process before its lease ran out
+// (so no failover happened yet) would serve its range from its checkpoint,
+// which lacks what its backup's replica holds: the backup takes the range
+// over at once, counted as a restart, and the new process is deposed.
+TEST_F(HandoffTest, APrimaryRestartedWithinItsLeaseFailsOverAtOnce) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  Beat(b, {{p, e0}});
+  ReturnShard(p, 99);
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), b);
+  EXPECT_GT(core_->shard_epoch(IndexOf(p)), e0);
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_failovers_total", {{"reason", "restart"}}), 1);
+  EXPECT_EQ(ReadMetric(core_->registry(), "pacer_monitor_failovers_total", {{"reason", "lease"}}), 0);
+  EXPECT_TRUE(Beat(p).deposed);
+}
+
+// A shard registered again as a new process holds no replica until its
+// heartbeats say so: a range it backed whose primary is down is not given
+// to it on the strength of what the old process reported.
+TEST_F(HandoffTest, ARestartedShardHoldsNoReplicaUntilItSaysSo) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  // q's range is backed by p; t is the third shard.
+  const uint32_t q = sets.begin()->first, p = sets.begin()->second.at(0);
+  const uint32_t t = Third(sets, q, p);
+  const uint64_t eq = core_->shard_epoch(IndexOf(q));
+  Beat(p, {{q, eq}});
+  // p and q die together; p is back before its lease runs out, and q's
+  // runs out before the new p's first heartbeat.
+  const auto pass = [&](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      clock_.Advance(milliseconds(200));
+      Beat(t);
+      Heartbeat(worker_a_);
+      Heartbeat(worker_b_);
+      Tick();
+    }
+  };
+  pass(3);
+  ReturnShard(p, 99);
+  pass(3);
+  EXPECT_EQ(core_->shard_host(IndexOf(q)), q) << "promoted to a process holding no replica";
+}
+
+// A range promoted to a backup that is lost before it serves the range (so
+// no worker was told where, and it acknowledged nothing of it) goes back to
+// the primary before, at a new epoch; one that was served stays.
+TEST_F(HandoffTest, APromotionLostBeforeItIsServedGoesBack) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint32_t x = Third(sets, p, b);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{b, {{p, e0}}}, {x, {}}});  // p dies; b takes its range
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  const uint64_t e1 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{x, {}}});  // b dies before it reports serving the range
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), p);
+  EXPECT_GT(core_->shard_epoch(IndexOf(p)), e1);
+  ReturnShard(p, 99);  // from its checkpoint, with nothing newer anywhere
+  const msg::HeartbeatReply r = Beat(p);
+  EXPECT_FALSE(r.deposed);
+  EXPECT_EQ(r.replica_epoch, core_->shard_epoch(IndexOf(p)));
+}
+
+TEST_F(HandoffTest, APromotionServedStaysWhenItsHostIsLost) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint32_t x = Third(sets, p, b);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{b, {{p, e0}}}, {x, {}}});
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  msg::Heartbeat hb;  // b serves the range
+  hb.role = wire::Role::Shard;
+  msg::ShardInfo r;
+  r.id = p;
+  r.epoch = core_->shard_epoch(IndexOf(p));
+  r.address = "mem://b-serves-p";
+  hb.serving = {r};
+  flatbuffers::FlatBufferBuilder fbb;
+  Only(Send(b, kJob, b, fbb, msg::Build(fbb, hb)), wire::Body::HeartbeatReply);
+  OnlyHeard({{x, {}}});  // then dies
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), b) << "its checkpoint holds what it acknowledged";
 }
 
 // With no backup left in the set (two shards, the only other one dropped)

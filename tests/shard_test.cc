@@ -2043,6 +2043,24 @@ TEST_F(ReplicationTest, AFencedOrLeavingPrimaryAcknowledgesNoPush) {
   EXPECT_TRUE(backup_->replicas_final());
 }
 
+// A shard restored from its checkpoint waits for the monitor's word on its
+// range (the server calls SetAwaitingMonitor until its first heartbeat
+// reply is in effect): NotReady meanwhile, with or without backups, since
+// the monitor may have promoted a backup because this process restarted.
+TEST_F(ReplicationTest, ARestartedShardAnswersNothingUntilTheMonitorSpoke) {
+  StartReplicated(wire::Mode::Asp);
+  std::vector<ShardCore::Outgoing> out;
+  shard_->SetReplicaSet(0, {}, &out);  // no backups (as before the first reply)
+  Route(std::move(out));
+  shard_->SetAwaitingMonitor(true);
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1)), wire::ErrorCode::NotReady);
+  EXPECT_EQ(ErrorOf(Route(Pull(kWorkerA, 0))), wire::ErrorCode::NotReady);
+  EXPECT_EQ(shard_->ledger().size(), 0u);
+  shard_->SetAwaitingMonitor(false);
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1)), std::nullopt);
+  EXPECT_EQ(shard_->ledger().size(), 1u);
+}
+
 // Durability held (a dropped backup stands by): records still go out and
 // are acknowledged, but no push becomes durable until the hold is let go.
 TEST_F(ReplicationTest, ADurableHoldKeepsDurabilityWhereItIs) {

@@ -591,8 +591,9 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   r.workers.push_back({5, 1, 64, 2, 3, 10, 12, 6, true, false, "tok", "KEY"});
   r.workers.push_back({6, 2, 32, 0, 0, 0, 11, 7, false, true, "", ""});
   r.shards.push_back({1, "tcp://127.0.0.1:1", 77, 0, 2, 11, 1, false, "", {2}, 5, "node-a", 3,
-                      "tcp://127.0.0.1:9", {4}, false});
-  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2", {}, 0, "", 0, "", {}, true});
+                      "tcp://127.0.0.1:9", {4}, false, 2});
+  r.shards.push_back({2, "tcp://127.0.0.1:2", 78, 2, 2, -1, 0, true, "K2", {}, 0, "", 0, "", {}, true,
+                      0});
   r.partitions.push_back({0, 1, 640, 5, 0});
   r.partitions.push_back({1, 0, 0, 6, 5});
   r.seconds_running = 12.5;
@@ -640,6 +641,8 @@ TEST(RecordsTest, AMonitorRecordRoundTripsAndGarbageIsDataLoss) {
   EXPECT_TRUE(back->shards[1].standby.empty());
   EXPECT_FALSE(back->shards[0].retired);
   EXPECT_TRUE(back->shards[1].retired);
+  EXPECT_EQ(back->shards[0].promoted_from, 2u);
+  EXPECT_EQ(back->shards[1].promoted_from, 0u);
   ASSERT_EQ(back->partitions.size(), 2u);
   EXPECT_EQ(back->partitions[0].offset, 640u);
   EXPECT_EQ(back->partitions[1].owner, 6u);

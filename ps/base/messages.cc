@@ -702,7 +702,7 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
         fbb, s.id, s.address.c_str(), s.incarnation, s.key_begin, s.key_end, s.applied_clock,
         s.restarts, s.drained, OrNull(s.public_key), s.backups.empty() ? nullptr : &s.backups,
         s.epoch, OrNull(s.node), s.host, OrNull(s.served_at),
-        s.standby.empty() ? nullptr : &s.standby, s.retired));
+        s.standby.empty() ? nullptr : &s.standby, s.retired, s.promoted_from));
   }
   auto model = fbb.CreateVectorOfStructs(r.model);
   auto reason = fbb.CreateString(r.stop_reason);
@@ -832,6 +832,7 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
       s.served_at = Str(ms->served_at());
       s.standby = Scalars(ms->standby());
       s.retired = ms->retired();
+      s.promoted_from = ms->promoted_from();
       r.shards.push_back(std::move(s));
     }
   }

@@ -546,6 +546,7 @@ struct MonitorRecord {
     std::string served_at;          // and at which address
     std::vector<uint32_t> standby;  // dropped lagging backups kept until replaced
     bool retired = false;           // handed its range over (drain-shard) and stopped
+    uint32_t promoted_from = 0;     // the primary before a promotion not yet served
   };
   // A data partition: its read position, owner and previous owner (worker
   // ids; 0: none).
