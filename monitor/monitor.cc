@@ -677,13 +677,12 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
     for (const msg::ShardInfo& r : hb.replicas) shard->replicas[r.id] = r.epoch;
     TakeServing(*shard, hb.serving);
     for (const msg::RangeLag& r : hb.lag) {
-      for (ShardState& s : shards_) {
-        // From the range's primary: the shard itself, or its host since a failover.
-        const uint32_t primary = s.host == 0 ? s.id : s.host;
-        if (s.id != r.range || s.epoch != r.epoch || primary != shard->id) continue;
-        s.lag = r;
-        s.lag_at = shard->last_seen;
-      }
+      // From the range's primary (the shard itself, or its host since a
+      // failover), at the range's epoch.
+      const auto ri = ShardIndex(r.range);
+      if (!ri || shards_[*ri].epoch != r.epoch || shard_host(*ri) != shard->id) continue;
+      shards_[*ri].lag = r;
+      shards_[*ri].lag_at = shard->last_seen;
     }
     if (hb.done && !shard->down) {
       shard->down = true;
