@@ -777,25 +777,29 @@ bool MonitorCore::FailOver() {
                    s.id);
       handoff_.reset();
     }
-    changed |= PromoteBackup(i, why) || RevertUnservedPromotion(i, why);
+    // A promotion lost before it was served goes back at once only to a
+    // live shard; to a dead one when it returns (FailOverRestarted), so
+    // that a backup seeded meanwhile may still report and take it.
+    changed |= PromoteBackup(i, why) || RevertUnservedPromotion(i, why, /*to_down=*/false);
   }
   if (changed) UpdateReplicaGauges();
   return changed;
 }
 
-bool MonitorCore::RevertUnservedPromotion(size_t i, const std::string& why) {
+bool MonitorCore::RevertUnservedPromotion(size_t i, const std::string& why, bool to_down) {
   ShardState& s = shards_[i];
   if (s.host == 0 || !s.served_at.empty() || s.promoted_from == 0 || s.promoted_from == s.host) {
     return false;
   }
   // No worker heard of the promoted shard's address for the range (it
   // goes out with the map once the shard reports serving it), so it
-  // acknowledged nothing of it; what its replica held came from the
-  // primary before, which therefore has all of it (or, restarted, its
-  // checkpoint has what it had).
+  // acknowledged nothing of it; what its replica held came from the last
+  // shard that served the range, whose state has all of it (or, if it
+  // died, its checkpoint is what is left).
   const uint32_t lost = s.host, back = s.promoted_from;
   const auto bi = ShardIndex(back);
   if (!bi || shards_[*bi].retired || shards_[*bi].drained) return false;  // stopped for good
+  if (shards_[*bi].down && !to_down) return false;
   s.host = back == s.id ? 0 : back;
   s.promoted_from = 0;
   s.served_at.clear();
@@ -805,8 +809,8 @@ bool MonitorCore::RevertUnservedPromotion(size_t i, const std::string& why) {
   ++map_version_;
   metrics_.map_version->Set(static_cast<double>(map_version_));
   dirty_ = true;
-  spdlog::warn("shard {}'s keys [{}, {}) go back to shard {} at epoch {}: {}, and shard {} had "
-               "not served them since its promotion (no other replica of them is left)",
+  spdlog::warn("shard {}'s keys [{}, {}) go back to shard {} at epoch {}: {}, shard {} had not "
+               "served them since its promotion, and no backup reported holding them",
                s.id, ranges_[i].first, ranges_[i].second, back, s.epoch, why, lost);
   return true;
 }
@@ -835,7 +839,22 @@ void MonitorCore::FailOverRestarted(size_t at) {
     }
     const std::string why = fmt::format(
         "shard {} restarted (a new process: its checkpoint lacks what it applied since)", s.id);
-    changed |= PromoteBackup(i, why, /*restarted=*/true) || RevertUnservedPromotion(i, why);
+    // Promoted here and not served: the new process holds neither a
+    // replica nor a checkpoint of it; back to the last that served it.
+    changed |= PromoteBackup(i, why, /*restarted=*/true) ||
+               RevertUnservedPromotion(i, why, /*to_down=*/true);
+  }
+  for (size_t i = 0; i < shards_.size() && i < ranges_.size(); ++i) {
+    // Ranges promoted away from it to a shard lost before serving them
+    // (FailOver waits for a backup to report, or for this shard): back.
+    ShardState& r = shards_[i];
+    const auto h = r.host == 0 ? std::nullopt : ShardIndex(r.host);
+    if (r.promoted_from != s.id || !r.served_at.empty() || !h || !shards_[*h].down ||
+        r.drained || ranges_[i].first == ranges_[i].second) {
+      continue;
+    }
+    const std::string why = fmt::format("shard {} is lost and shard {} is back", r.host, s.id);
+    changed |= PromoteBackup(i, why) || RevertUnservedPromotion(i, why, /*to_down=*/false);
   }
   if (changed) UpdateReplicaGauges();
 }
@@ -900,8 +919,9 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason, bool restar
         std::count(s.standby.begin(), s.standby.end(), b) > 0 &&
         std::count(s.backups.begin(), s.backups.end(), b) == 0;
     // Kept until b serves the range (TakeServing): if b is lost before,
-    // the range goes back to `before` (RevertUnservedPromotion).
-    s.promoted_from = before;
+    // the range goes back to the last shard that served it (Revert-
+    // UnservedPromotion): `before`, unless `before` never served it either.
+    if (s.host == 0 || !s.served_at.empty() || s.promoted_from == 0) s.promoted_from = before;
     s.host = b;
     s.served_at.clear();
     s.epoch = ++epoch_;

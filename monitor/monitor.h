@@ -280,11 +280,13 @@ class MonitorCore {
     uint32_t host = 0;
     std::string served_at;
     TimePoint failed_over_at{};
-    // The range's primary before the last promotion, until the promoted
-    // shard reports serving it (0: none). If that shard is lost before it
-    // does (it never answered for the range, and held the only replica),
-    // the range goes back to this one, whose state or checkpoint has
-    // everything it acknowledged.
+    // The last shard that served the range before the current promotion,
+    // until the promoted shard reports serving it (0: none). If that shard
+    // is lost before it does (no worker had its address for the range, so
+    // it acknowledged nothing of it) and no backup reports holding the
+    // range, the range goes back to this one: at once if it is live (its
+    // state has everything it acknowledged), else when it returns (its
+    // checkpoint is what is left).
     uint32_t promoted_from = 0;
     // From its heartbeats: the replicas it holds (range -> epoch).
     std::map<uint32_t, uint64_t> replicas;
@@ -344,7 +346,10 @@ class MonitorCore {
   // Shard `at` registered again as a new process (from its checkpoints):
   // it holds no replica now, and each range it was the primary of goes to
   // a backup that holds it, as if the shard had died (it restarted within
-  // its lease). A range with none is served from the checkpoint.
+  // its lease); a range with none is served from the checkpoint, unless it
+  // was promoted to the shard and not served yet (then back to the last
+  // that served it). Ranges promoted away from it to a shard lost before
+  // serving them come back to it.
   void FailOverRestarted(size_t at);
   // Gives range i to a live backup that reported a replica of its current
   // epoch, at a new epoch (saved before anyone hears of it); `reason` is
@@ -352,9 +357,10 @@ class MonitorCore {
   // expiry. False when no backup can.
   bool PromoteBackup(size_t i, const std::string& reason, bool restarted = false);
   // Range i was promoted to a shard that is lost (`why`) before it served
-  // the range: it goes back to the primary before (promoted_from), at a new
-  // epoch. False when there is none or the range was served.
-  bool RevertUnservedPromotion(size_t i, const std::string& why);
+  // the range: it goes back to the last shard that served it
+  // (promoted_from), at a new epoch; to one that is down too only with
+  // `to_down`. False when there is none or the range was served.
+  bool RevertUnservedPromotion(size_t i, const std::string& why, bool to_down);
   // A live backup of range i, not being drained, that reported a replica of
   // the range's current epoch (nullopt: none can take it over); with
   // `standby`, a standby (ShardState::standby) when no backup in the set

@@ -455,11 +455,17 @@ void ShardServer::Promote(const PromoteConfig& config) {
     if (!snapshot) {
       // Served here at an older epoch: given back (the shard it failed over
       // to was lost before serving it, so acknowledged nothing of it), and
-      // this core holds everything acknowledged.
-      auto old = std::find_if(hosted_.begin(), hosted_.end(), [&](const Hosted& h) {
-        return h.range == r.id && h.epoch < r.epoch;
-      });
-      if (old != hosted_.end()) {
+      // the latest core of it here holds everything acknowledged.
+      Hosted* old = nullptr;
+      for (Hosted& h : hosted_) {
+        if (h.range == r.id && h.epoch < r.epoch && (old == nullptr || h.epoch > old->epoch)) {
+          old = &h;
+        }
+      }
+      if (old != nullptr) {
+        for (Hosted& h : hosted_) {
+          if (&h != old && h.range == r.id) h.writer.reset();  // the store is the latest's
+        }
         old->epoch = r.epoch;
         old->core->Depose(0);
         if (!old->writer) old->writer = RangeWriter(r.id);
@@ -651,26 +657,34 @@ void ShardServer::Run() {
     {
       // From the heartbeat thread, taken between messages: pacerctl set-lr,
       // promotions (before the replica set, which no longer lists a range
-      // promoted here as backed up), and the replica set.
-      std::lock_guard<std::mutex> lock(lr_mu_);
-      if (pending_lr_) {
-        core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
-        for (Hosted& h : hosted_) h.core->SetLrOverrides(pending_lr_->first, pending_lr_->second);
-        pending_lr_.reset();
+      // promoted here as backed up), the replica set, the deposed ranges,
+      // and the lease that came with them. Taken under lr_mu_, applied
+      // after (a promotion may read a checkpoint from disk, and a writer
+      // let go may wait for one; the heartbeats must not wait for that).
+      std::optional<PromoteConfig> promote;
+      std::optional<ReplicaConfig> replication;
+      std::map<uint32_t, uint64_t> deposed;
+      bool heard = false;
+      {
+        std::lock_guard<std::mutex> lock(lr_mu_);
+        if (pending_lr_) {
+          core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
+          for (Hosted& h : hosted_) h.core->SetLrOverrides(pending_lr_->first, pending_lr_->second);
+          pending_lr_.reset();
+        }
+        promote.swap(pending_promote_);
+        replication.swap(pending_replication_);
+        deposed.swap(pending_deposed_);
+        lease_until = lease_until_ns_.load();
+        heard = heard_monitor_;
       }
-      if (pending_promote_) {
-        Promote(*pending_promote_);
-        pending_promote_.reset();
-      }
-      if (pending_replication_) {
-        ApplyReplication(*pending_replication_, &out);
-        pending_replication_.reset();
-      }
+      if (promote) Promote(*promote);
+      if (replication) ApplyReplication(*replication, &out);
       for (Hosted& h : hosted_) {
         // Served since a promotion, and failed over again elsewhere while
         // this shard was cut off: no longer its to answer for.
-        auto d = pending_deposed_.find(h.range);
-        if (d == pending_deposed_.end() || d->second <= h.epoch || h.core->deposed_epoch() != 0) {
+        auto d = deposed.find(h.range);
+        if (d == deposed.end() || d->second <= h.epoch || h.core->deposed_epoch() != 0) {
           continue;
         }
         spdlog::warn("shard {}: shard {}'s range, which it served since epoch {}, is served "
@@ -680,9 +694,7 @@ void ShardServer::Run() {
         h.core->SetReplicaSet(0, {}, &out);
         h.writer.reset();  // its checkpoint stays, of the state it had
       }
-      pending_deposed_.clear();
-      lease_until = lease_until_ns_.load();
-      if (awaiting_monitor_ && heard_monitor_) {
+      if (awaiting_monitor_ && heard) {
         // The reply's configs (a deposing among them) are in effect.
         awaiting_monitor_ = false;
         core_->SetAwaitingMonitor(false);

@@ -1112,7 +1112,9 @@ TEST_F(HandoffTest, ARestartedShardHoldsNoReplicaUntilItSaysSo) {
 
 // A range promoted to a backup that is lost before it serves the range (so
 // no worker was told where, and it acknowledged nothing of it) goes back to
-// the primary before, at a new epoch; one that was served stays.
+// the last shard that served it, at a new epoch: at once if that one is
+// live, else when it returns (a backup seeded meanwhile may still report);
+// one that was served stays.
 TEST_F(HandoffTest, APromotionLostBeforeItIsServedGoesBack) {
   Make(1, 3);
   Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
@@ -1124,12 +1126,54 @@ TEST_F(HandoffTest, APromotionLostBeforeItIsServedGoesBack) {
   ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
   const uint64_t e1 = core_->shard_epoch(IndexOf(p));
   OnlyHeard({{x, {}}});  // b dies before it reports serving the range
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), b) << "p is down: nothing to go back to yet";
+  ReturnShard(p, 99);  // from its checkpoint, with nothing newer anywhere
   EXPECT_EQ(core_->shard_host(IndexOf(p)), p);
   EXPECT_GT(core_->shard_epoch(IndexOf(p)), e1);
-  ReturnShard(p, 99);  // from its checkpoint, with nothing newer anywhere
   const msg::HeartbeatReply r = Beat(p);
   EXPECT_FALSE(r.deposed);
   EXPECT_EQ(r.replica_epoch, core_->shard_epoch(IndexOf(p)));
+}
+
+// The same with the old primary only cut off: heard again, it has
+// everything it acknowledged, and the range goes back to it at once.
+TEST_F(HandoffTest, APromotionLostBeforeItIsServedGoesBackToALivePrimaryAtOnce) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint32_t x = Third(sets, p, b);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{b, {{p, e0}}}, {x, {}}});  // p cut off; b takes its range
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  const uint64_t e1 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{p, {}}, {x, {}}});  // p heard again; b dies before serving
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), p);
+  EXPECT_GT(core_->shard_epoch(IndexOf(p)), e1);
+  const msg::HeartbeatReply r = Beat(p);
+  EXPECT_FALSE(r.deposed);
+  EXPECT_EQ(r.replica_epoch, core_->shard_epoch(IndexOf(p)));
+}
+
+// Promoted on from a shard that never served the range: it would go back
+// to the last shard that did, not to that one (which holds nothing of it).
+TEST_F(HandoffTest, AChainOfUnservedPromotionsGoesBackToTheLastThatServed) {
+  Make(1, 3);
+  Start({{"mem://shard0", ""}, {"mem://shard1", ""}, {"mem://shard2", ""}});
+  const auto sets = MapBackups();
+  const uint32_t p = sets.begin()->first, b = sets.begin()->second.at(0);
+  const uint32_t x = Third(sets, p, b);
+  const uint64_t e0 = core_->shard_epoch(IndexOf(p));
+  OnlyHeard({{b, {{p, e0}}}, {x, {}}});  // p cut off; b takes its range
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), b);
+  ASSERT_EQ(MapBackups()[p], (std::vector<uint32_t>{x}));
+  const uint64_t e1 = core_->shard_epoch(IndexOf(p));
+  // b seeds x and dies before it reports serving; x holds the range.
+  OnlyHeard({{x, {{p, e1}}}});
+  ASSERT_EQ(core_->shard_host(IndexOf(p)), x);
+  // p is heard again, and x dies before it reports serving: back to p.
+  OnlyHeard({{p, {}}});
+  EXPECT_EQ(core_->shard_host(IndexOf(p)), p);
 }
 
 TEST_F(HandoffTest, APromotionServedStaysWhenItsHostIsLost) {

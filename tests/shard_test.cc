@@ -2043,11 +2043,11 @@ TEST_F(ReplicationTest, AFencedOrLeavingPrimaryAcknowledgesNoPush) {
   EXPECT_TRUE(backup_->replicas_final());
 }
 
-// A shard restored from its checkpoint waits for the monitor's word on its
-// range (the server calls SetAwaitingMonitor until its first heartbeat
-// reply is in effect): NotReady meanwhile, with or without backups, since
-// the monitor may have promoted a backup because this process restarted.
-TEST_F(ReplicationTest, ARestartedShardAnswersNothingUntilTheMonitorSpoke) {
+// A core awaiting the monitor's word on its range (ShardServer sets it for
+// a shard restored from its checkpoint, until its first heartbeat reply is
+// in effect): NotReady meanwhile, with or without backups, since the
+// monitor may have promoted a backup because this process restarted.
+TEST_F(ReplicationTest, ACoreAwaitingTheMonitorAcknowledgesNothing) {
   StartReplicated(wire::Mode::Asp);
   std::vector<ShardCore::Outgoing> out;
   shard_->SetReplicaSet(0, {}, &out);  // no backups (as before the first reply)

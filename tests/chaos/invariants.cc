@@ -32,12 +32,13 @@ std::string LastLinesWith(const std::string& path, const std::string& needle,
 }
 
 // How many pushes the worker whose log is `path` sent again to range `id`
-// at a new address (after a failover, or its shard's restart): each kept
-// push not yet durable (ps/client.cc: "sending N push(es) not yet durable
-// (seq A..B) again to shard ID at ADDRESS, ...").
-double PushesResentTo(const std::string& path, uint32_t id) {
+// at `address` (its new address after a failover, or its shard's
+// restart): each kept push not yet durable (ps/client.cc: "sending N
+// push(es) not yet durable (seq A..B) again to shard ID at ADDRESS, ...").
+double PushesResentTo(const std::string& path, uint32_t id, const std::string& address) {
+  if (address.empty()) return 0;
   std::ifstream in(path);
-  const std::string to = " again to shard " + std::to_string(id) + " at ";
+  const std::string to = " again to shard " + std::to_string(id) + " at " + address + ",";
   double n = 0;
   for (std::string line; std::getline(in, line);) {
     const size_t at = line.find("sending ");
@@ -431,7 +432,8 @@ void Runner::CheckNoDoubleApply() {
   // its last scrape is at most what was acknowledged from its start to the
   // end of that scrape, plus one push per worker in flight. A restarted
   // shard of a replicated job also applies the pushes its workers send it
-  // again (acknowledged before it started, not yet durable then).
+  // again (acknowledged before it started, not yet durable then): those
+  // sent to its own range at its address.
   std::vector<std::string> worker_logs;
   for (Proc* p : All()) {
     if (p->name().rfind("worker", 0) == 0) worker_logs.push_back(dir_ + "/" + p->name() + ".log");
@@ -446,8 +448,10 @@ void Runner::CheckNoDoubleApply() {
     double slack = static_cast<double>(workers_.size());
     double resent = 0;
     const size_t i = std::strtoul(p->name().c_str() + 5, nullptr, 10);
-    if (p->name().find("-restarted") != std::string::npos && i < shard_ids_.size()) {
-      for (const std::string& log : worker_logs) resent += PushesResentTo(log, shard_ids_[i]);
+    if (i < shard_ids_.size()) {
+      for (const std::string& log : worker_logs) {
+        resent += PushesResentTo(log, shard_ids_[i], p->address);
+      }
       slack += resent;
     }
     if (applied > acked + slack) v.pass = false;

@@ -327,7 +327,10 @@ bool Runner::StartShard(size_t i) {
   if (!m) return false;
   shards_[i]->metrics = *m;
   // Registered (and restored, after a restart) once it prints its address.
-  return shards_[i]->WaitLine("listening ", Millis(60000)).has_value();
+  auto listening = shards_[i]->WaitLine("listening ", Millis(60000));
+  if (!listening) return false;
+  shards_[i]->address = *listening;
+  return true;
 }
 
 bool Runner::StartWorker() {

@@ -74,6 +74,7 @@ class Proc {
   bool drained = false;    // drain-shard: its keys moved away and it left
   double counts_from = 0;  // a shard: acknowledged pushes reach it from then (unix s)
   std::string metrics;     // its /metrics address
+  std::string address;     // a shard's: the address it listens at
   // Largest value seen of each scraped series key (metric + labels).
   std::map<std::string, double> seen;
   // Each series' value at the last scrape that had it, with when that
