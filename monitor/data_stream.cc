@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "spdlog/spdlog.h"
+
 namespace pacer {
 
 DataStream::DataStream(const DataStreamOptions& options) : options_(options) {}
@@ -169,6 +171,10 @@ void DataStream::MaybeTakeOver(uint32_t taker, TimePoint now) {
     c.cut = cut;
     c.taker = taker;
     changed_ = true;
+    SPDLOG_DEBUG(
+        "data stream: worker {} asked to stop chunk {} (epoch {}, {}..{} at {}) at {} "
+        "for worker {} ({:.2f} s left there, {:.2f} s at the taker)",
+        holder, id, e, c.begin, c.end, c.pos, cut, taker, worst, tt);
   }
 }
 
@@ -185,6 +191,9 @@ void DataStream::Report(uint32_t worker, const std::vector<wire::DataChunk>& rep
     if (r.end() < c.end && r.end() >= pos) {
       const uint64_t stop = r.end();
       const bool taker_live = c.taker != 0 && paces_.count(c.taker);
+      SPDLOG_DEBUG("data stream: worker {} stops chunk {} at {} (of {}); the rest to {}", worker,
+                   c.id, stop, c.end,
+                   taker_live ? "worker " + std::to_string(c.taker) : "the pool");
       if (taker_live) {
         Chunk tail;
         tail.id = next_id_++;

@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "ps/base/clock.h"
+#include "ps/base/messages.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -62,30 +63,7 @@ struct DataStreamOptions {
   double chunk_seconds = 2.0;
   // A tail is taken over only when that ends the epoch at least this much
   // sooner (a hand-over costs about two heartbeats).
-  double min_gain_seconds = 0.25;
-};
-
-// The stream's whole state, as the monitor saves it.
-struct DataStreamRecord {
-  struct Chunk {
-    uint64_t id = 0;
-    uint32_t epoch = 0;
-    uint64_t begin = 0, end = 0, pos = 0;
-    uint32_t owner = 0;
-    // A tail hand-over asked of the owner: stop at `cut`, the rest to
-    // `taker` (0: none asked).
-    uint64_t cut = 0;
-    uint32_t taker = 0;
-  };
-  struct Span {
-    uint32_t epoch = 0;
-    uint64_t begin = 0, end = 0;
-  };
-  uint32_t cursor_epoch = 0;
-  uint64_t cursor = 0;
-  uint64_t next_id = 1;
-  std::vector<Chunk> chunks;
-  std::vector<Span> pool;
+  double min_gain_seconds = 0.1;
 };
 
 class DataStream {

@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
   app.add_option("--global-batch", opts.global_batch,
                  "Global batch B, split evenly across the workers present at the start")
       ->capture_default_str()->check(pacer::Positive());
-  app.add_option("--epochs", opts.epochs, "Epochs each worker runs over its partition (0: no cap)")
+  app.add_option("--epochs", opts.epochs,
+                 "Epochs (0: no cap): with --data-stream, passes over the whole training set by "
+                 "the job; without, each worker's over its own partition")
       ->capture_default_str();
   app.add_option("--time-cap", opts.time_cap_seconds, "Stop after this many seconds of training "
                  "(0: no cap)")->capture_default_str()->check(pacer::NonNegative());
@@ -212,10 +214,19 @@ int main(int argc, char** argv) {
   app.add_flag("--rescale-batch", opts.rescale_batch,
                "As workers join or leave, scale the global batch with their number (each keeps "
                "its share); default: keep --global-batch and split it anew");
+  CLI::Option* stream_flag = app.add_flag(
+      "--data-stream", opts.data_stream,
+      "Read the training set as one data stream: one shuffled order per epoch, handed to the "
+      "workers in chunks that follow their speed, every sample once per epoch, the epoch's "
+      "tail taken over by quicker workers (default: one partition per worker)");
+  app.add_option("--chunk-samples", opts.chunk_samples,
+                 "With --data-stream: samples per chunk (0: two seconds of each worker's "
+                 "measured speed)")
+      ->capture_default_str()->needs(stream_flag);
   app.add_option("--data-partitions", opts.data_partitions,
                  "Data partitions the training set is cut into, each read by one live worker at a "
                  "time from where the last one stopped (0: one per worker at the start)")
-      ->capture_default_str();
+      ->capture_default_str()->excludes(stream_flag);
   app.add_option("--data-dir", opts.data_dir,
                  "Directory for the monitor's state (RocksDB, in DIR/state; created if missing): "
                  "membership, shard map, assignments. A monitor restarted on it carries on with "

@@ -96,6 +96,7 @@ msg::JobConfig MonitorCore::Job() const {
   j.eval_interval_clocks = options_.eval_interval_clocks;
   j.shard_lease_ms = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.shard_lease).count());
+  j.data_stream = options_.data_stream;
   return j;
 }
 
@@ -625,6 +626,23 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   if (std::all_of(groups.begin(), groups.end(), [](uint32_t g) { return g == kDefaultGroup; })) {
     groups.clear();
   }
+  if (options_.data_stream && m.samples == 0) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
+                      "this job reads its training set as one data stream (pacer-monitor "
+                      "--data-stream): the model's declaration must say how many samples the "
+                      "training set has",
+                      out);
+  }
+  if (data_samples_ != 0 && m.samples != 0 && m.samples != data_samples_) {
+    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
+                      "this worker's training set has " + std::to_string(m.samples) +
+                          " samples; the job's has " + std::to_string(data_samples_),
+                      out);
+  }
+  if (data_samples_ == 0 && m.samples != 0) {
+    data_samples_ = m.samples;
+    dirty_ = true;
+  }
   if (model_.empty()) {
     model_ = std::move(keys);
     model_names_ = std::move(names);
@@ -1116,6 +1134,7 @@ void MonitorCore::OnWorkerHeartbeat(const Frame& peer, const Envelope& env,
   w.clock = std::max(w.clock, hb.clock);
   // Read positions first: a worker's last heartbeat (done) carries its final ones.
   TakePositions(w, hb.positions);
+  if (stream_) stream_->Report(w.id, hb.chunks, w.last_seen);
   if (hb.done && !w.done) {
     w.done = true;
     spdlog::info("worker {} (rank {}) finished at clock {}", w.id, w.rank, hb.clock);
@@ -1124,7 +1143,84 @@ void MonitorCore::OnWorkerHeartbeat(const Frame& peer, const Envelope& env,
   } else {
     ReportTimings(w, hb);
   }
-  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), WorkerReply(w))});
+  msg::HeartbeatReply reply = WorkerReply(w);
+  StreamHeartbeat(w, hb, &reply);
+  out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(env), reply)});
+}
+
+void MonitorCore::StreamHeartbeat(WorkerState& w, const msg::Heartbeat& hb,
+                                  msg::HeartbeatReply* reply) {
+  if (!stream_) return;
+  if (w.alive && !w.done && reply->state == wire::JobState::Running &&
+      state_ == wire::JobState::Running) {
+    stream_->SetPace(w.id, hb.samples_per_second, w.batch);
+    reply->chunks = stream_->Assign(w.id, w.last_seen);
+  }
+  reply->data_epoch = stream_->epoch();
+  if (stream_->TakeChanged()) dirty_ = true;  // saved before the reply goes out
+  LogEpochsEnded();
+}
+
+void MonitorCore::LogEpochsEnded() {
+  if (!stream_) return;
+  for (; logged_epoch_ < stream_->epoch(); ++logged_epoch_) {
+    const uint32_t e = logged_epoch_;
+    std::string shares;
+    uint64_t total = 0;
+    for (const auto& [id, n] : stream_->samples_in_epoch(e)) total += n;
+    for (const auto& [id, n] : stream_->samples_in_epoch(e)) {
+      auto it = workers_.find(id);
+      shares += fmt::format("{}worker {} (rank {}) {:.1f}%", shares.empty() ? "" : ", ", id,
+                            it == workers_.end() ? 0u : it->second.rank,
+                            100.0 * static_cast<double>(n) / static_cast<double>(std::max<uint64_t>(1, total)));
+    }
+    const std::optional<double> tail = stream_->tail_seconds(e);
+    spdlog::info("epoch {} done{}: tail {}; samples by worker: {}", e,
+                 started_at_ ? fmt::format(" at {:.2f} s", ToSeconds(clock_->Now() - *started_at_))
+                             : std::string(),
+                 tail ? fmt::format("{:.2f} s", *tail) : std::string("not measured"), shares);
+  }
+}
+
+void MonitorCore::ReleaseDeparted() {
+  if (!stream_) return;
+  const TimePoint now = clock_->Now();
+  for (const auto& [id, w] : workers_) {
+    if (!w.alive || w.done) stream_->Release(id, now);
+  }
+  if (stream_->TakeChanged()) dirty_ = true;
+}
+
+void MonitorCore::UpdateStreamGauges() {
+  if (!stream_) return;
+  const DataStream& s = *stream_;
+  metrics_.data_epoch->Set(s.epoch());
+  metrics_.data_epoch_progress->Set(s.epoch_progress());
+  auto count = [&](const char* event, uint64_t now, uint64_t* counted) {
+    if (now > *counted) metrics_.data_chunks[event]->Increment(static_cast<double>(now - *counted));
+    *counted = now;
+  };
+  count("handed_out", s.chunks_handed_out(), &counted_handed_out_);
+  count("taken_over", s.tails_taken_over(), &counted_taken_over_);
+  count("returned", s.chunks_returned(), &counted_returned_);
+  const auto& samples = s.samples_in_epoch(s.epoch());
+  std::set<uint32_t> ranks;
+  for (uint32_t id : LiveWorkers()) {
+    const uint32_t rank = workers_.at(id).rank;
+    auto it = samples.find(id);
+    metrics_.data_samples->Add({{"worker_rank", std::to_string(rank)}})
+        .Set(it == samples.end() ? 0 : static_cast<double>(it->second));
+    ranks.insert(rank);
+  }
+  for (uint32_t rank : gauged_stream_ranks_) {
+    if (!ranks.count(rank)) {
+      metrics_.data_samples->Remove(&metrics_.data_samples->Add({{"worker_rank", std::to_string(rank)}}));
+    }
+  }
+  gauged_stream_ranks_ = std::move(ranks);
+  if (s.epoch() > 0) {
+    if (auto tail = s.tail_seconds(s.epoch() - 1)) metrics_.data_tail->Set(*tail);
+  }
 }
 
 void MonitorCore::TakePositions(WorkerState& w,
@@ -1556,6 +1652,7 @@ void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {
     it->second->Increment();
   }
   AssignPartitions();
+  ReleaseDeparted();
   ++membership_version_;
   metrics_.membership->Set(static_cast<double>(membership_version_));
   metrics_.live_workers->Set(static_cast<double>(LiveWorkers().size()));
@@ -1765,6 +1862,7 @@ void MonitorCore::UpdateWorkerGauges() {
                       : state_ == wire::JobState::Stopped ? "stopped"
                                                           : "waiting";
   for (auto& [name, g] : metrics_.state) g->Set(name == state ? 1 : 0);
+  UpdateStreamGauges();
   const std::vector<uint32_t> live = LiveWorkers();
   std::vector<double> speeds;
   uint64_t newest = 0;
@@ -1873,9 +1971,25 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     metrics_.map_version->Set(1);
     AssignReplicas();
     std::vector<uint32_t> live = LiveWorkers();
-    partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
-                                                     : static_cast<uint32_t>(live.size());
-    partitions_.assign(partition_count_, PartitionState{});
+    if (options_.data_stream) {
+      // One stream over the whole training set instead of partitions.
+      DataStreamOptions so;
+      so.samples = data_samples_;
+      so.epochs = options_.epochs;
+      so.chunk_samples = options_.chunk_samples;
+      stream_.emplace(so);
+      for (uint32_t id : live) stream_->SetPace(id, 0, 1);
+      partition_count_ = 0;
+      partitions_.clear();
+      spdlog::info("data stream over {} samples: {} epoch(s), chunks of {}", data_samples_,
+                   options_.epochs == 0 ? std::string("no cap on") : std::to_string(options_.epochs),
+                   options_.chunk_samples > 0 ? std::to_string(options_.chunk_samples) + " samples"
+                                              : std::string("2 s of each worker's speed"));
+    } else {
+      partition_count_ = options_.data_partitions > 0 ? options_.data_partitions
+                                                       : static_cast<uint32_t>(live.size());
+      partitions_.assign(partition_count_, PartitionState{});
+    }
     batch_per_worker_ = static_cast<double>(options_.global_batch) / static_cast<double>(live.size());
     policy_.SetWorkers(live);
     ApplyAssignments();
@@ -1913,7 +2027,9 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       bool any_done = false;
       for (const auto& [id, w] : workers_) any_done |= w.done;
       // (Not while a resumed job waits for its new workers.)
-      if (any_done && LiveWorkers().empty() && !awaiting_workers_) {
+      if (stream_ && stream_->finished()) {
+        StopJob(fmt::format("{} epoch(s) over the training set done", options_.epochs), out);
+      } else if (any_done && LiveWorkers().empty() && !awaiting_workers_) {
         StopJob("all workers finished", out);
       }
     }

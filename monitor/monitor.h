@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "monitor/data_stream.h"
 #include "monitor/fault_table.h"
 #include "monitor/key_move.h"
 #include "monitor/monitor_metrics.h"
@@ -60,8 +61,18 @@ struct MonitorOptions {
   // As workers join or leave, scale B with their number, so each keeps its
   // share (--rescale-batch); false: B is kept and re-split.
   bool rescale_batch = false;
-  // Epochs each worker runs over its partition (--epochs); 0: no cap.
+  // Epochs (--epochs); 0: no cap. With data_stream: passes over the whole
+  // training set by the job; without: each worker's over its partition.
   uint32_t epochs = 0;
+  // Read the training set as one data stream (--data-stream;
+  // monitor/data_stream.h): one shuffled order per epoch handed to the
+  // workers in chunks that follow their speed, every sample once per
+  // epoch, and the epoch's tail taken over by quicker workers. Off: one
+  // partition per worker (--data-partitions).
+  bool data_stream = false;
+  // With data_stream: a fixed chunk size (--chunk-samples); 0: two seconds
+  // of the worker's measured speed.
+  uint32_t chunk_samples = 0;
   // Stop after this many seconds of training (--time-cap); 0: no cap.
   double time_cap_seconds = 0;
   // Stop once the reported test accuracy reaches this (--target-accuracy); 0: never.
@@ -223,6 +234,8 @@ class MonitorCore {
   uint64_t pause_at() const { return pause_at_; }
   bool moving() const { return move_.has_value() || handoff_.has_value(); }
   const std::vector<PartitionState>& partitions() const { return partitions_; }
+  // The data stream (--data-stream), once the job has started; else null.
+  const DataStream* data_stream() const { return stream_ ? &*stream_ : nullptr; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::optional<double> seconds_running() const;
@@ -401,6 +414,15 @@ class MonitorCore {
   // A worker's read positions: only the partitions it reads move, and only
   // forward; one it handed over and no longer reports is released.
   void TakePositions(WorkerState& w, const std::vector<wire::PartitionPosition>& positions);
+  // --data-stream: a worker's chunk report, and what it holds now (chunks
+  // handed out, the job's epoch) into its reply.
+  void StreamHeartbeat(WorkerState& w, const msg::Heartbeat& hb, msg::HeartbeatReply* reply);
+  // --data-stream: workers no longer live give their chunks back.
+  void ReleaseDeparted();
+  void UpdateStreamGauges();
+  // Logs each epoch that ended since the last call: when, its tail, and
+  // each worker's share of its samples.
+  void LogEpochsEnded();
   // A worker's timings since its last heartbeat, to the policy (and a
   // round at once after a confirmed shift).
   void ReportTimings(WorkerState& w, const msg::Heartbeat& hb);
@@ -490,6 +512,12 @@ class MonitorCore {
   policy::StragglerPolicy policy_;
   uint32_t partition_count_ = 0;
   std::vector<PartitionState> partitions_;
+  uint64_t data_samples_ = 0;  // the training set's size, as declared
+  std::optional<DataStream> stream_;  // --data-stream, from the job's start
+  // Stream counters already added to the metrics.
+  uint64_t counted_handed_out_ = 0, counted_taken_over_ = 0, counted_returned_ = 0;
+  std::set<uint32_t> gauged_stream_ranks_;
+  uint32_t logged_epoch_ = 0;  // epochs before it are logged as ended
   double batch_per_worker_ = 0;  // B / workers at the start (rescale_batch)
   std::map<uint32_t, WorkerState> workers_;
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id

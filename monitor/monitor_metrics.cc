@@ -58,6 +58,36 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
        {"joined", "finished", "removed", "lost", "bounds", "started", "restarted"}) {
     membership_changes[r] = &changes.Add({{"reason", r}});
   }
+  data_epoch = &prometheus::BuildGauge()
+                    .Name("pacer_monitor_data_epoch")
+                    .Help("The job's epoch over the whole training set (--data-stream): the oldest "
+                          "not trained in full")
+                    .Register(r)
+                    .Add({});
+  data_epoch_progress = &prometheus::BuildGauge()
+                             .Name("pacer_monitor_data_epoch_progress_ratio")
+                             .Help("Fraction of the job's current epoch trained (--data-stream)")
+                             .Register(r)
+                             .Add({});
+  auto& chunks = prometheus::BuildCounter()
+                     .Name("pacer_monitor_data_chunks_total")
+                     .Help("Data stream chunks by event: handed_out, taken_over (an epoch's tail "
+                           "handed from its holder to a quicker worker), returned (given back by "
+                           "a worker that left or died)")
+                     .Register(r);
+  for (const char* e : {"handed_out", "taken_over", "returned"}) {
+    data_chunks[e] = &chunks.Add({{"event", e}});
+  }
+  data_samples = &prometheus::BuildGauge()
+                      .Name("pacer_monitor_data_epoch_samples")
+                      .Help("Samples each worker trained in the job's current epoch (--data-stream)")
+                      .Register(r);
+  data_tail = &prometheus::BuildGauge()
+                   .Name("pacer_monitor_data_epoch_tail_seconds")
+                   .Help("The last ended epoch's tail: seconds from the first worker left with "
+                         "nothing of it to read to its end (--data-stream)")
+                   .Register(r)
+                   .Add({});
   auto& states = prometheus::BuildGauge()
                      .Name("pacer_monitor_state")
                      .Help("The job's state: 1 for the current one (waiting, running, stopped)")

@@ -51,6 +51,16 @@ struct MonitorMetrics {
   prometheus::Counter* backups_dropped = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
+  // The data stream (--data-stream): the job's epoch and its trained
+  // fraction, chunks by event (handed_out, taken_over: a tail handed to
+  // another worker, returned: given back by a worker that left), samples
+  // each worker trained in the current epoch, and the last ended epoch's
+  // tail (from the first worker left with nothing of it to its end).
+  prometheus::Gauge* data_epoch = nullptr;
+  prometheus::Gauge* data_epoch_progress = nullptr;
+  std::map<std::string, prometheus::Counter*> data_chunks;
+  prometheus::Family<prometheus::Gauge>* data_samples = nullptr;
+  prometheus::Gauge* data_tail = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;
   std::map<std::string, prometheus::Gauge*> state;
 };

@@ -54,6 +54,8 @@ std::string MonitorCore::SaveState() const {
   r.slack_open = policy_.slack_open();
   r.batch_per_worker = batch_per_worker_;
   r.epoch = epoch_;
+  r.data_samples = data_samples_;
+  if (stream_) r.stream = stream_->Save();
   return EncodeMonitorRecord(r);
 }
 
@@ -83,6 +85,26 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   partition_count_ = st.partition_count;
   batch_per_worker_ = st.batch_per_worker;
   epoch_ = st.epoch;
+  if (st.stream.has_value() != (options_.data_stream && st.map_built)) {
+    return absl::InvalidArgumentError(
+        std::string("the saved job ") + (st.stream ? "reads" : "does not read") +
+        " its training set as one data stream; start the monitor " +
+        (st.stream ? "with" : "without") + " --data-stream");
+  }
+  data_samples_ = st.data_samples;
+  stream_.reset();
+  if (st.stream) {
+    DataStreamOptions so;
+    so.samples = data_samples_;
+    so.epochs = options_.epochs;
+    so.chunk_samples = options_.chunk_samples;
+    stream_.emplace(so);
+    if (absl::Status s = stream_->Restore(*st.stream); !s.ok()) {
+      stream_.reset();
+      return absl::DataLossError(s.message());
+    }
+    logged_epoch_ = stream_->epoch();
+  }
   partitions_.assign(partition_count_, PartitionState{});
   for (const auto& p : st.partitions) {
     if (p.index >= partitions_.size()) continue;
@@ -151,6 +173,9 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   if (map_built_) {
     RescaleBatch(LiveWorkers().size());
     policy_.SetWorkers(LiveWorkers());
+    if (stream_) {
+      for (uint32_t id : LiveWorkers()) stream_->SetPace(id, 0, workers_.at(id).batch);
+    }
     policy_.Restore(saved, st.slack_open);
     ApplyAssignments();
     metrics_.map_version->Set(static_cast<double>(map_version_));

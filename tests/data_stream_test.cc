@@ -313,7 +313,7 @@ TEST(DataStreamTest, TailIsHandedOverOnlyOnceTheHolderConfirms) {
   // The holder had read 30 past the cut: it stops there, and says so.
   const uint64_t stop = cut + 30;
   s.Report(1, {wire::DataChunk(held[0].id(), 0, stop, 510, 0)}, t0);
-  auto tail = s.Assign(2, t0);
+  auto tail = s.Grants(2);
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0].begin(), stop);
   EXPECT_EQ(tail[0].end(), 1000u);

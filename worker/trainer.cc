@@ -1,4 +1,5 @@
 #include "worker/trainer.h"
+#include "worker/chunk_reader.h"
 
 #include <fnmatch.h>
 #include <unistd.h>
@@ -125,6 +126,7 @@ struct JobView {
   uint64_t pause_at = 0;         // hold before running this clock (0: no pause)
   // The data partitions this worker owns, with the monitor's positions.
   std::vector<wire::PartitionPosition> partitions;
+  uint32_t data_epoch = 0;  // --data-stream: the job's epoch
   std::string stop_reason;
   absl::Status error;  // set when the monitor refuses us
 };
@@ -299,6 +301,8 @@ struct Trainer::Impl {
   uint64_t job_id = 0;
   // Job settings from the register reply.
   uint32_t epochs = 0;
+  bool data_stream = false;  // the job reads one data stream (chunks)
+  wire::Mode mode = wire::Mode::Bsp;
   uint64_t seed = 1;
   OptimizerKind optimizer = OptimizerKind::kSgd;
   double eval_interval = 1.0;
@@ -366,6 +370,8 @@ struct Trainer::Impl {
     uint32_t order_epoch = UINT32_MAX;
   };
   size_t samples = 0;  // in the data set
+  // --data-stream: the chunks the monitor gives us (guarded by mu).
+  std::optional<ChunkReader> chunks;
   uint32_t partition_count = 1;
   std::map<uint32_t, Reader> readers;
   uint32_t last_read = UINT32_MAX;  // round-robin over the owned partitions
@@ -373,6 +379,7 @@ struct Trainer::Impl {
   // The iteration in progress (NextBatch to FinishPush).
   BatchPlan plan;
   Reader* reader = nullptr;  // plan's partition; null: an empty push
+  bool stream_batch = false;  // the plan's samples come from a chunk
   bool planned = false;
   int batch = 1;            // the assignment in force
   uint64_t clock_next = 0;  // the clock the next iteration runs
@@ -413,6 +420,20 @@ struct Trainer::Impl {
   // The acknowledged push's bookkeeping: logs, read position, metrics,
   // progress.
   void Acknowledged(double compute_seconds, double communication);
+  // --sample-log: "SOURCE EPOCH INDEX..." for the plan's samples (SOURCE:
+  // the partition, or with --data-stream the chunk).
+  void LogSamples(const std::string& source) {
+    std::FILE* f = sample_log.get();
+    if (f == nullptr) return;
+    std::string line = source + " " + std::to_string(plan.epoch);
+    for (uint32_t sample : plan.samples) {
+      line += ' ';
+      line += std::to_string(sample);
+    }
+    line += '\n';
+    std::fputs(line.c_str(), f);
+    std::fflush(f);
+  }
   void Progress();
   // Stops the side threads (after the heartbeat told the monitor we are
   // done).
@@ -456,6 +477,8 @@ absl::Status Trainer::Impl::Register(RpcChannel& monitor) {
       job_id = reply->env.job_id;
       if (r.job) {
         epochs = r.job->epochs;
+        data_stream = r.job->data_stream;
+        mode = r.job->mode;
         optimizer = r.job->optimizer;
         seed = r.job->seed;
         eval_interval = r.job->eval_interval_seconds;
@@ -483,6 +506,7 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     const TimePoint next = clock->Now() + heartbeat_interval;
     const bool finishing = done.load();
     Window t;
+    msg::Heartbeat hb;
     std::vector<wire::PartitionPosition> pos;
     uint64_t sending = 0;
     bool paused_now = false;
@@ -491,11 +515,11 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
       t = window;
       window = Window{};
       for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
+      if (chunks) hb.chunks = chunks->Report();
       sending = progress;
       paused_now = paused;
     }
     const double iters = std::max<uint32_t>(1, t.iterations);
-    msg::Heartbeat hb;
     hb.role = wire::Role::Worker;
     hb.clock = clock_now.load();
     hb.samples_per_second = samples_per_second.load();
@@ -540,6 +564,9 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         runtime_faults.Apply(r.faults_version, r.faults);
         view.state = r.state;
         view.partitions = r.partitions;
+        view.data_epoch = r.data_epoch;
+        // Only a running job's reply lists our chunks.
+        if (chunks && r.state == wire::JobState::Running) chunks->Sync(r.chunks);
         if (r.shard_map && !view.have_map) {
           view.map = ShardMapFromWire(*r.shard_map);
           view.have_map = true;
@@ -731,6 +758,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   if (o.max_batch == 0) o.max_batch = model->max_batch();  // before heartbeats
   auto declaration = Declaration(model->tensors(), o.block_floats, o.param_groups);
   if (!declaration.ok()) return declaration.status();
+  declaration->samples = samples;
   w.keys = declaration->keys;
 
   w.phase = Impl::Phase::kRegistering;
@@ -748,6 +776,10 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
     if (!reply.ok()) return reply.status();
   }
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
+  if (w.data_stream) {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.chunks.emplace(w.seed, samples);
+  }
   w.phase = Impl::Phase::kWaitingForRun;
   w.heartbeat =
       std::thread([&w, m = std::move(*monitor)]() mutable { w.HeartbeatLoop(std::move(m)); });
@@ -803,8 +835,13 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
     if (!opened.ok()) return opened.status();
     *file = std::move(*opened);
   }
-  spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
-               w.readers.size(), w.partition_count, w.batch, view.start_clock);
+  if (w.data_stream) {
+    spdlog::info("worker {}: reads the job's data stream, batch {}, from clock {}", w.id, w.batch,
+                 view.start_clock);
+  } else {
+    spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
+                 w.readers.size(), w.partition_count, w.batch, view.start_clock);
+  }
   w.result.id = w.id;
   w.result.rank = w.rank;
   w.clock_next = view.start_clock;
@@ -891,6 +928,36 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     owned = w.view.partitions;
   }
   if (w.Stopping()) return std::nullopt;
+  if (w.data_stream) {
+    // The oldest chunk with samples left; the job stops when every epoch
+    // is trained (the monitor says so), not when our chunks run out.
+    BatchPlan& plan = w.plan;
+    plan.clock = w.clock_next;
+    plan.assigned = static_cast<uint32_t>(w.batch);
+    plan.partition = 0;
+    plan.chunk = 0;
+    plan.samples.clear();
+    w.reader = nullptr;
+    std::unique_lock<std::mutex> lock(w.mu);
+    std::optional<ChunkReader::Batch> b = w.chunks->Plan(static_cast<size_t>(w.batch));
+    if (!b && w.mode == wire::Mode::Asp) {
+      // Nothing at hand, and no clock of ours holds anyone back (asp): wait
+      // for the next heartbeat's chunks rather than spin on empty pushes.
+      // (In the other modes the others wait for our clock.)
+      w.clock->WaitUntil(w.cv, lock, w.clock->Now() + w.heartbeat_interval);
+      if (!w.Stopping()) b = w.chunks->Plan(static_cast<size_t>(w.batch));
+    }
+    w.stream_batch = b.has_value();
+    if (b) {
+      plan.chunk = b->chunk;
+      plan.epoch = w.epoch = b->epoch;
+      plan.samples = std::move(b->samples);
+    } else {
+      plan.epoch = w.view.data_epoch;
+    }
+    w.planned = true;
+    return plan;
+  }
   w.SyncPartitions(owned);
   // The next partition with samples left (round-robin), and its batch: the
   // rest of the epoch when less than a batch is left, so none is skipped.
@@ -1104,16 +1171,7 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   }
   if (reader != nullptr) {
     // Consumed: record it, move the partition's position, tell the monitor.
-    if (std::FILE* f = sample_log.get()) {
-      std::string line = std::to_string(plan.partition) + " " + std::to_string(reader->epoch);
-      for (uint32_t sample : plan.samples) {
-        line += ' ';
-        line += std::to_string(sample);
-      }
-      line += '\n';
-      std::fputs(line.c_str(), f);
-      std::fflush(f);
-    }
+    LogSamples(std::to_string(plan.partition));
     reader->offset += this_batch;
     if (reader->offset >= reader->order.size()) {
       ++reader->epoch;
@@ -1122,6 +1180,15 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
     {
       std::lock_guard<std::mutex> lock(mu);
       positions[plan.partition] = {reader->epoch, reader->offset};
+      ++progress;
+    }
+    progress_cv.notify_all();
+  } else if (stream_batch) {
+    // Consumed: record it, move the chunk's position, tell the monitor.
+    LogSamples(std::to_string(plan.chunk));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      chunks->Ack();
       ++progress;
     }
     progress_cv.notify_all();

@@ -110,8 +110,9 @@ struct TrainerOptions {
   // each labelled worker_rank once registered); null: none kept.
   std::shared_ptr<prometheus::Registry> registry;
 
-  // Appends one line per acknowledged push (--sample-log): the partition,
-  // its epoch, and the training-set indices of the batch. Empty: none.
+  // Appends one line per acknowledged push (--sample-log): the partition
+  // (with --data-stream: the chunk), the epoch, and the training-set
+  // indices of the batch. Empty: none.
   std::string sample_log;
   // Appends one line per acknowledged push (--ack-log), written and flushed
   // the moment the client reports the acknowledgement: Unix time (ms), the
@@ -165,12 +166,16 @@ struct BatchPlan {
   // The batch size the monitor assigns this worker now.
   uint32_t assigned = 0;
   // The data partition and epoch the samples come from (when there are
-  // samples).
+  // samples); with the monitor's --data-stream, `chunk` names the chunk of
+  // the whole training set's order (partition: 0) and `epoch` is the job's
+  // epoch over the whole set that the samples belong to.
   uint32_t partition = 0;
   uint32_t epoch = 0;
-  // Fewer than `assigned` at the end of an epoch (none is skipped); none
-  // when this worker has no partition to read (more workers than
-  // partitions): the push is then empty and only keeps the barrier moving.
+  uint64_t chunk = 0;
+  // Fewer than `assigned` at the end of an epoch or chunk (none is
+  // skipped); none when this worker has nothing to read (more workers than
+  // partitions, or no chunk at hand): the push is then empty and only keeps
+  // the barrier moving.
   std::vector<uint32_t> samples;
 };
 

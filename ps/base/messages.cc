@@ -188,7 +188,8 @@ flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, 
                                m.target_accuracy, m.seed, m.eval_interval_seconds,
                                m.heartbeat_interval_ms, m.backup_workers, m.policy,
                                m.staleness_aware_lr, m.eval_interval_clocks,
-                               WireKind(m.optimizer), settings, m.shard_lease_ms);
+                               WireKind(m.optimizer), settings, m.shard_lease_ms,
+                               m.data_stream);
 }
 JobConfig FromWire(const wire::JobConfig& t) {
   JobConfig m;
@@ -207,6 +208,7 @@ JobConfig FromWire(const wire::JobConfig& t) {
   m.staleness_aware_lr = t.staleness_aware_lr();
   m.eval_interval_clocks = t.eval_interval_clocks();
   m.shard_lease_ms = t.shard_lease_ms();
+  m.data_stream = t.data_stream();
   return m;
 }
 
@@ -288,6 +290,7 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
     lag_list.push_back(wire::CreateRangeLag(fbb, r.range, r.epoch, r.records, r.seconds));
   }
   auto lag = lag_list.empty() ? 0 : fbb.CreateVector(lag_list);
+  auto chunks = m.chunks.empty() ? 0 : fbb.CreateVectorOfStructs(m.chunks);
   wire::HeartbeatBuilder b(fbb);
   b.add_role(m.role);
   b.add_clock(m.clock);
@@ -313,6 +316,7 @@ flatbuffers::Offset<wire::Heartbeat> Build(flatbuffers::FlatBufferBuilder& fbb, 
   b.add_handed_off(m.handed_off);
   if (!lagging.IsNull()) b.add_lagging(lagging);
   if (!lag.IsNull()) b.add_lag(lag);
+  if (!chunks.IsNull()) b.add_chunks(chunks);
   return b.Finish();
 }
 Heartbeat FromWire(const wire::Heartbeat& t) {
@@ -345,6 +349,7 @@ Heartbeat FromWire(const wire::Heartbeat& t) {
       m.lag.push_back({r->range(), r->epoch(), r->records(), r->seconds()});
     }
   }
+  m.chunks = Structs(t.chunks());
   return m;
 }
 
@@ -370,13 +375,14 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
   auto deposed_infos = BuildShardInfos(fbb, m.deposed_ranges);
   auto deposed_ranges = deposed_infos.empty() ? 0 : fbb.CreateVector(deposed_infos);
   auto hold_ranges = m.hold_durable_ranges.empty() ? 0 : fbb.CreateVector(m.hold_durable_ranges);
+  auto chunks = m.chunks.empty() ? 0 : fbb.CreateVectorOfStructs(m.chunks);
   return wire::CreateHeartbeatReply(fbb, m.state, map, m.membership_version, m.start_clock,
                                     m.partition_index, m.partition_count, assignment, reason,
                                     m.evaluate, partitions, m.pause_at, faults, m.faults_version,
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
                                     backing, promote, promote_backups, m.deposed, m.hand_off,
                                     deposed_ranges, m.hold_durable, m.hand_off_given_up,
-                                    hold_ranges);
+                                    hold_ranges, chunks, m.data_epoch);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -406,6 +412,8 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.hold_durable = t.hold_durable();
   m.hand_off_given_up = t.hand_off_given_up();
   m.hold_durable_ranges = Scalars(t.hold_durable_ranges());
+  m.chunks = Structs(t.chunks());
+  m.data_epoch = t.data_epoch();
   return m;
 }
 
@@ -415,11 +423,12 @@ flatbuffers::Offset<wire::DeclareModel> Build(flatbuffers::FlatBufferBuilder& fb
   auto names = m.names.empty() ? 0 : fbb.CreateVectorOfStrings(m.names);
   auto groups = m.groups.empty() ? 0 : fbb.CreateVector(m.groups);
   auto param_groups = m.param_groups.empty() ? 0 : BuildGroups(fbb, m.param_groups);
-  return wire::CreateDeclareModel(fbb, keys, m.shard_map_version, names, groups, param_groups);
+  return wire::CreateDeclareModel(fbb, keys, m.shard_map_version, names, groups, param_groups,
+                                  m.samples);
 }
 DeclareModel FromWire(const wire::DeclareModel& t) {
   DeclareModel m{Keys(t.keys()), t.shard_map_version(), {}, Scalars(t.groups()),
-                 GroupsOf(t.param_groups())};
+                 GroupsOf(t.param_groups()), t.samples()};
   if (t.names() != nullptr) {
     for (const flatbuffers::String* n : *t.names()) m.names.push_back(Str(n));
   }
@@ -722,6 +731,17 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   auto model_groups = fbb.CreateVector(r.model_groups);
   auto param_groups = BuildGroups(fbb, r.param_groups);
   auto overrides = BuildOverrides(fbb, r.lr_overrides);
+  flatbuffers::Offset<wire::DataStreamState> stream;
+  if (r.stream) {
+    std::vector<wire::StreamChunk> chunks;
+    for (const auto& c : r.stream->chunks) {
+      chunks.emplace_back(c.id, c.begin, c.end, c.pos, c.cut, c.epoch, c.owner, c.taker);
+    }
+    std::vector<wire::StreamSpan> pool;
+    for (const auto& p : r.stream->pool) pool.emplace_back(p.begin, p.end, p.epoch);
+    stream = wire::CreateDataStreamStateDirect(fbb, r.stream->cursor_epoch, r.stream->cursor,
+                                               r.stream->next_id, &chunks, &pool);
+  }
   wire::MonitorStateBuilder b(fbb);
   b.add_format(kMonitorStateFormat);
   b.add_job_id(r.job_id);
@@ -751,6 +771,8 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   b.add_lr_overrides(overrides);
   b.add_epoch(r.epoch);
   b.add_lr_overrides_version(r.lr_overrides_version);
+  b.add_data_samples(r.data_samples);
+  if (!stream.IsNull()) b.add_stream(stream);
   fbb.Finish(b.Finish());
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
 }
@@ -849,6 +871,23 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
   r.lr_overrides = OverridesOf(st->lr_overrides());
   r.lr_overrides_version = st->lr_overrides_version();
   r.epoch = st->epoch();
+  r.data_samples = st->data_samples();
+  if (const wire::DataStreamState* ds = st->stream(); ds != nullptr) {
+    DataStreamRecord d;
+    d.cursor_epoch = ds->cursor_epoch();
+    d.cursor = ds->cursor();
+    d.next_id = ds->next_id();
+    if (ds->chunks() != nullptr) {
+      for (const wire::StreamChunk* c : *ds->chunks()) {
+        d.chunks.push_back({c->id(), c->epoch(), c->begin(), c->end(), c->pos(), c->owner(),
+                            c->cut(), c->taker()});
+      }
+    }
+    if (ds->pool() != nullptr) {
+      for (const wire::StreamSpan* p : *ds->pool()) d.pool.push_back({p->epoch(), p->begin(), p->end()});
+    }
+    r.stream = std::move(d);
+  }
   return r;
 }
 

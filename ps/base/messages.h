@@ -101,6 +101,7 @@ struct JobConfig {
   bool staleness_aware_lr = true;
   uint32_t eval_interval_clocks = 0;
   uint32_t shard_lease_ms = 1000;  // --shard-lease
+  bool data_stream = false;        // --data-stream: workers read chunks
 };
 
 struct ShardInfo {
@@ -188,6 +189,8 @@ struct Heartbeat {
   std::vector<ShardInfo> lagging;
   // A primary: the replication lag of each range it serves with backups.
   std::vector<RangeLag> lag;
+  // A worker, with --data-stream: the chunks it holds.
+  std::vector<wire::DataChunk> chunks;
 };
 
 struct HeartbeatReply {
@@ -233,6 +236,9 @@ struct HeartbeatReply {
   // To a shard serving ranges since a promotion: those with a standby (as
   // hold_durable for its own range).
   std::vector<uint32_t> hold_durable_ranges;
+  // To a worker, with --data-stream: its chunks, and the job's epoch.
+  std::vector<wire::DataChunk> chunks;
+  uint32_t data_epoch = 0;
 };
 
 // --- the monitor to the shards
@@ -246,6 +252,7 @@ struct DeclareModel {
   std::vector<std::string> names;
   std::vector<uint32_t> groups;
   std::vector<GroupSettings> param_groups;
+  uint64_t samples = 0;  // the training set's size (0: not said)
 };
 
 struct Membership {
@@ -521,6 +528,29 @@ Frames EncodeMessage(const Envelope& env, const M& m, Frame payload = {}, bool w
   return EncodeBody(env, fbb, msg::Build(fbb, m), std::move(payload), with_crc);
 }
 
+// The monitor's data stream (monitor/data_stream.h) as it is saved.
+struct DataStreamRecord {
+  struct Chunk {
+    uint64_t id = 0;
+    uint32_t epoch = 0;
+    uint64_t begin = 0, end = 0, pos = 0;
+    uint32_t owner = 0;
+    // A tail hand-over asked of the owner: stop at `cut`, the rest to
+    // `taker` (0: none asked).
+    uint64_t cut = 0;
+    uint32_t taker = 0;
+  };
+  struct Span {
+    uint32_t epoch = 0;
+    uint64_t begin = 0, end = 0;
+  };
+  uint32_t cursor_epoch = 0;
+  uint64_t cursor = 0;
+  uint64_t next_id = 1;
+  std::vector<Chunk> chunks;
+  std::vector<Span> pool;
+};
+
 // What a restarted monitor needs to go on with its job (--data-dir).
 struct MonitorRecord {
   struct Worker {
@@ -580,6 +610,9 @@ struct MonitorRecord {
   std::vector<std::pair<std::string, float>> lr_overrides;  // pacerctl set-lr
   uint64_t lr_overrides_version = 0;
   uint64_t epoch = 0;  // the last range epoch given
+  // --data-stream: the training set's size and the stream's state.
+  uint64_t data_samples = 0;
+  std::optional<DataStreamRecord> stream;
 };
 
 // The record as a MonitorState flatbuffer (format 1).

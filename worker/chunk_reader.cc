@@ -1,0 +1,110 @@
+#include "worker/chunk_reader.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+namespace pacer::worker {
+
+std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples) {
+  std::vector<uint32_t> order(samples);
+  std::iota(order.begin(), order.end(), 0u);
+  // Not the partitions' seeding (seed, partition, epoch): a stream epoch's
+  // order must not equal a partition's.
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + uint64_t{epoch} * 1000003 + 17);
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+void ChunkReader::Sync(const std::vector<wire::DataChunk>& grants) {
+  std::set<uint64_t> listed;
+  for (const wire::DataChunk& g : grants) {
+    listed.insert(g.id());
+    if (done_.count(g.id())) continue;  // trained; the monitor hears next
+    auto it = held_.find(g.id());
+    if (it == held_.end()) {
+      if (g.end() > samples_ || g.begin() > g.pos() || g.pos() > g.end()) continue;
+      held_[g.id()] = {g.epoch(), g.begin(), g.end(), g.pos()};
+      continue;
+    }
+    // Ours already: we are ahead of the monitor's position. Its end only
+    // comes down (a tail asked for another worker), never below what we
+    // have read.
+    Held& h = it->second;
+    const uint64_t read = h.pos + (inflight_chunk_ == g.id() ? inflight_n_ : 0);
+    h.end = std::max(std::min(h.end, g.end()), read);
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    it = listed.count(it->first) ? std::next(it) : held_.erase(it);
+  }
+  for (uint64_t id : reported_) {
+    if (!listed.count(id)) done_.erase(id);
+  }
+  reported_.clear();
+  // Orders of epochs no longer held.
+  for (auto it = orders_.begin(); it != orders_.end();) {
+    const uint32_t e = it->first;
+    const bool used = std::any_of(held_.begin(), held_.end(),
+                                  [e](const auto& kv) { return kv.second.epoch == e; });
+    it = used ? std::next(it) : orders_.erase(it);
+  }
+}
+
+const std::vector<uint32_t>& ChunkReader::Order(uint32_t epoch) {
+  auto it = orders_.find(epoch);
+  if (it == orders_.end()) it = orders_.emplace(epoch, EpochOrder(seed_, epoch, samples_)).first;
+  return it->second;
+}
+
+std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
+  inflight_chunk_ = inflight_n_ = 0;
+  std::pair<const uint64_t, Held>* next = nullptr;
+  for (auto& kv : held_) {
+    if (kv.second.pos >= kv.second.end) continue;
+    if (next == nullptr || std::make_pair(kv.second.epoch, kv.first) <
+                               std::make_pair(next->second.epoch, next->first)) {
+      next = &kv;
+    }
+  }
+  if (next == nullptr || n == 0) return std::nullopt;
+  const Held& h = next->second;
+  const uint64_t take = std::min<uint64_t>(n, h.end - h.pos);
+  const std::vector<uint32_t>& order = Order(h.epoch);
+  Batch b;
+  b.chunk = next->first;
+  b.epoch = h.epoch;
+  b.samples.assign(order.begin() + static_cast<long>(h.pos),
+                   order.begin() + static_cast<long>(h.pos + take));
+  inflight_chunk_ = next->first;
+  inflight_n_ = take;
+  return b;
+}
+
+void ChunkReader::Ack() {
+  auto it = held_.find(inflight_chunk_);
+  if (it != held_.end()) {
+    it->second.pos = std::min(it->second.end, it->second.pos + inflight_n_);
+    if (it->second.pos >= it->second.end) {
+      done_[it->first] = it->second;
+      held_.erase(it);
+    }
+  }
+  inflight_chunk_ = inflight_n_ = 0;
+}
+
+std::vector<wire::DataChunk> ChunkReader::Report() {
+  std::vector<wire::DataChunk> out;
+  for (const auto& [id, h] : held_) out.emplace_back(id, h.begin, h.end, h.pos, h.epoch);
+  for (const auto& [id, h] : done_) {
+    out.emplace_back(id, h.begin, h.end, h.pos, h.epoch);
+    reported_.insert(id);
+  }
+  return out;
+}
+
+bool ChunkReader::has_data() const {
+  return std::any_of(held_.begin(), held_.end(),
+                     [](const auto& kv) { return kv.second.pos < kv.second.end; });
+}
+
+}  // namespace pacer::worker

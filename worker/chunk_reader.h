@@ -1,0 +1,83 @@
+// A worker's side of the job's data stream (pacer-monitor --data-stream;
+// the monitor's side is monitor/data_stream.h): the chunks the monitor gave
+// this worker, read one batch at a time, the oldest (epoch, chunk) first,
+// each epoch in the one shuffled order of the whole training set that
+// depends only on (seed, epoch).
+//
+// Its rules towards the monitor:
+//  - A chunk's position moves only when a batch's push is acknowledged
+//    (Ack); the heartbeat reports every chunk held, and each one trained to
+//    its end until a reply shows the monitor took it (Report, Sync).
+//  - A chunk never is read past the end it last confirmed. A reply that
+//    lowers a chunk's end (its tail is asked for another worker) is
+//    confirmed at that end, or past it by the batch in flight: the next
+//    report says where it stops.
+//  - A chunk the monitor no longer lists for this worker is dropped.
+//
+// Not thread-safe: the trainer calls it under its mutex.
+#ifndef PACER_WORKER_CHUNK_READER_H_
+#define PACER_WORKER_CHUNK_READER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "ps/base/wire.h"
+
+namespace pacer::worker {
+
+// Epoch `epoch`'s order of a training set of `samples` samples: a shuffle
+// of 0..samples-1 that depends only on (seed, epoch).
+std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples);
+
+class ChunkReader {
+ public:
+  ChunkReader(uint64_t seed, size_t samples) : seed_(seed), samples_(samples) {}
+
+  // One batch to train: training-set indices from one chunk.
+  struct Batch {
+    uint64_t chunk = 0;
+    uint32_t epoch = 0;
+    std::vector<uint32_t> samples;
+  };
+
+  // Takes the chunks a heartbeat reply lists for this worker (only a reply
+  // of a running job lists them).
+  void Sync(const std::vector<wire::DataChunk>& grants);
+  // The next batch of at most `n` samples, from the oldest chunk with
+  // samples left; it is in flight until Ack or the next Plan. nullopt:
+  // nothing to read.
+  std::optional<Batch> Plan(size_t n);
+  // The planned batch's push was acknowledged: its chunk's position moves.
+  void Ack();
+  // The chunks for a heartbeat: those held, and those trained to their end
+  // that no reply has shown taken.
+  std::vector<wire::DataChunk> Report();
+
+  // Whether any chunk has samples left to read.
+  bool has_data() const;
+  size_t held() const { return held_.size(); }
+
+ private:
+  struct Held {
+    uint32_t epoch = 0;
+    uint64_t begin = 0, end = 0, pos = 0;
+  };
+  const std::vector<uint32_t>& Order(uint32_t epoch);
+
+  const uint64_t seed_;
+  const size_t samples_;
+  std::map<uint64_t, Held> held_;  // by chunk id
+  // Trained to their end, with their final state; `reported_` those of
+  // them the last Report carried (dropped once a reply does not list them).
+  std::map<uint64_t, Held> done_;
+  std::set<uint64_t> reported_;
+  uint64_t inflight_chunk_ = 0, inflight_n_ = 0;
+  std::map<uint32_t, std::vector<uint32_t>> orders_;  // by epoch
+};
+
+}  // namespace pacer::worker
+
+#endif  // PACER_WORKER_CHUNK_READER_H_
