@@ -520,5 +520,143 @@ TEST(RecoveryClusterTest, WorkerChurnSkipsNoSampleAndRepeatsAtMostTheKilledWorke
   EXPECT_NE(c.monitor->Stderr().find("missed its lease"), std::string::npos);
 }
 
+
+// --data-stream's sample logs ("CHUNK EPOCH INDEX..." per acknowledged
+// push): the count of each training index per epoch, and each worker's
+// last batch.
+struct StreamRecord {
+  std::map<int, std::map<uint32_t, int>> trained;  // epoch -> index -> count
+  std::vector<std::vector<uint32_t>> last_batch;   // per worker log
+};
+StreamRecord ReadStreamLogs(const Cluster& c, int logs, int epochs) {
+  StreamRecord r;
+  r.last_batch.resize(static_cast<size_t>(logs));
+  for (int n = 0; n < logs; ++n) {
+    std::istringstream log(ReadFile(c.dir.path() + "/samples-" + std::to_string(n) + ".log"));
+    std::string line;
+    while (std::getline(log, line)) {
+      std::istringstream in(line);
+      long chunk = -1;
+      int epoch = -1;
+      in >> chunk >> epoch;
+      EXPECT_TRUE(chunk > 0 && epoch >= 0 && epoch < epochs) << line;
+      std::vector<uint32_t> batch;
+      for (uint32_t sample; in >> sample;) {
+        ++r.trained[epoch][sample];
+        batch.push_back(sample);
+      }
+      r.last_batch[static_cast<size_t>(n)] = batch;
+    }
+  }
+  return r;
+}
+
+// Every index of [0, train) trained once in each of `epochs` epochs; a
+// second time only if it is in `may_repeat` (a killed worker's last batch).
+void ExpectEachIndexOncePerEpoch(const StreamRecord& r, int epochs, uint32_t train,
+                                 const std::vector<uint32_t>& may_repeat) {
+  size_t repeated = 0;
+  for (int e = 0; e < epochs; ++e) {
+    auto it = r.trained.find(e);
+    ASSERT_TRUE(it != r.trained.end()) << "epoch " << e << " trained nothing";
+    const auto& counts = it->second;
+    size_t missing = 0;
+    for (uint32_t i = 0; i < train; ++i) missing += !counts.count(i);
+    EXPECT_EQ(missing, 0u) << "epoch " << e << " skipped samples";
+    for (const auto& [sample, count] : counts) {
+      EXPECT_LT(sample, train);
+      if (count == 1) continue;
+      repeated += static_cast<size_t>(count - 1);
+      EXPECT_EQ(count, 2) << "sample " << sample << " epoch " << e;
+      EXPECT_NE(std::find(may_repeat.begin(), may_repeat.end(), sample), may_repeat.end())
+          << "sample " << sample << " of epoch " << e
+          << " was trained twice, and not in a killed worker's last batch";
+    }
+  }
+  EXPECT_LE(repeated, may_repeat.size());
+}
+
+// --data-stream, worker churn: one worker is killed with SIGKILL mid-epoch
+// and another joins. The killed worker's chunks go back to the pool at the
+// positions it reported; by the test's own record (the workers' sample
+// logs), every training index is trained exactly once in every epoch of
+// the whole set, except that the killed worker's last batch may be
+// trained twice; the job stops once its epochs are done.
+TEST(RecoveryClusterTest, DataStreamWorkerChurnTrainsEachSampleOncePerEpoch) {
+  constexpr int kEpochs = 8;
+  constexpr uint32_t kTrain = 6000;
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 3;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--data-stream",
+                        "--chunk-samples", "400", "--epochs", std::to_string(kEpochs),
+                        "--lease", "1.5", "--time-cap", "150", "--eval-interval", "5"};
+  spec.worker_flags = {"--train-limit", std::to_string(kTrain), "--test-limit", "500",
+                       "--sample-log", "{dir}/samples-{n}.log"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 15, seconds(60))) << c.Logs();
+  c.workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(c.workers[1]->Wait(seconds(5)).has_value());
+  c.StartWorker();  // joins mid-run
+
+  ASSERT_TRUE(c.monitor->Wait(seconds(150)).has_value()) << c.Logs();
+  EXPECT_NE(c.monitor->Stdout().find("stop reason: 8 epoch(s) over the training set done"),
+            std::string::npos)
+      << c.Logs();
+  for (size_t i = 0; i < c.workers.size(); ++i) {
+    if (i == 1) continue;
+    auto rc = c.workers[i]->Wait(seconds(20));
+    ASSERT_TRUE(rc.has_value()) << c.workers[i]->name() << " did not exit\n" << c.Logs();
+    EXPECT_EQ(*rc, 0) << c.Logs();
+  }
+  const StreamRecord r = ReadStreamLogs(c, 4, kEpochs);
+  ASSERT_FALSE(r.last_batch[1].empty()) << "the killed worker trained nothing";
+  EXPECT_FALSE(r.last_batch[3].empty()) << "the new worker trained nothing\n" << c.Logs();
+  ExpectEachIndexOncePerEpoch(r, kEpochs, kTrain, r.last_batch[1]);
+  if (HasFailure()) ADD_FAILURE() << c.Logs();
+  EXPECT_NE(c.monitor->Stderr().find("missed its lease"), std::string::npos);
+  EXPECT_NE(c.monitor->Stderr().find("epoch 7 done"), std::string::npos);
+}
+
+// --data-stream, the monitor killed with SIGKILL mid-epoch and restarted on
+// its --data-dir: the workers keep the chunks they hold (and train them
+// while it is down), the restarted monitor carries on from its saved state,
+// and no training index is skipped or trained twice in any epoch.
+TEST(RecoveryClusterTest, DataStreamMonitorKilledMidEpochSkipsAndRepeatsNothing) {
+  constexpr int kEpochs = 6;
+  constexpr uint32_t kTrain = 6000;
+  ClusterSpec spec;
+  spec.shards = 2;
+  spec.workers = 2;
+  spec.monitor_data_dir = true;
+  spec.monitor_flags = {"--mode", "bsp", "--global-batch", "64", "--data-stream",
+                        "--chunk-samples", "1500", "--epochs", std::to_string(kEpochs),
+                        "--lease", "5", "--time-cap", "150", "--eval-interval", "5"};
+  spec.worker_flags = {"--train-limit", std::to_string(kTrain), "--test-limit", "500",
+                       "--sample-log", "{dir}/samples-{n}.log", "--slowdown", "20"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(WaitForClock(c, 30, seconds(60))) << c.Logs();
+  const std::string address = c.monitor_address;
+  c.monitor->Signal(SIGKILL);
+  ASSERT_TRUE(c.monitor->Wait(seconds(5)).has_value());
+  // Back at once, while the workers are still reading the chunks they held
+  // (each is a quarter of an epoch, at about 4 s a epoch).
+  ASSERT_TRUE(c.StartMonitor(address)) << c.Logs();
+  ASSERT_TRUE(c.monitor->Wait(seconds(150)).has_value()) << c.Logs();
+  EXPECT_NE(c.monitor->Stdout().find("stop reason: 6 epoch(s) over the training set done"),
+            std::string::npos)
+      << c.Logs();
+  EXPECT_NE(c.monitor->Stderr().find("resumed job"), std::string::npos) << c.Logs();
+  for (auto& w : c.workers) {
+    auto rc = w->Wait(seconds(20));
+    ASSERT_TRUE(rc.has_value()) << w->name() << " did not exit\n" << c.Logs();
+    EXPECT_EQ(*rc, 0) << c.Logs();
+  }
+  ExpectEachIndexOncePerEpoch(ReadStreamLogs(c, 2, kEpochs), kEpochs, kTrain, {});
+  if (HasFailure()) ADD_FAILURE() << c.Logs();
+}
+
 }  // namespace
 }  // namespace pacer::test
