@@ -1295,6 +1295,7 @@ msg::HeartbeatReply MonitorCore::WorkerReply(const WorkerState& w) const {
   }
   reply.partition_index = reply.partitions.empty() ? 0 : reply.partitions[0].index();
   reply.evaluate = state == wire::JobState::Running && Evaluator() == w.id;
+  if (reply.evaluate) reply.evaluate_now = final_eval_;
   reply.pause_at = pause_at_;
   reply.faults = faults_.For("worker", w.id);
   reply.faults_version = faults_.version();
@@ -1321,6 +1322,9 @@ void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Ou
   if (options_.target_accuracy > 0 && a.accuracy >= options_.target_accuracy &&
       state_ == wire::JobState::Running) {
     StopJob(fmt::format("target accuracy {:g} reached", options_.target_accuracy), out);
+  } else if (final_eval_ != 0 && a.request == final_eval_ && state_ == wire::JobState::Running) {
+    spdlog::info("final test accuracy after {} epoch(s): {:.4f}", options_.epochs, a.accuracy);
+    StopJob(fmt::format("{} epoch(s) over the training set done", options_.epochs), out);
   }
 }
 
@@ -2028,7 +2032,21 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       for (const auto& [id, w] : workers_) any_done |= w.done;
       // (Not while a resumed job waits for its new workers.)
       if (stream_ && stream_->finished()) {
-        StopJob(fmt::format("{} epoch(s) over the training set done", options_.epochs), out);
+        const std::string reason =
+            fmt::format("{} epoch(s) over the training set done", options_.epochs);
+        if (!last_accuracy_ || Evaluator() == 0) {
+          StopJob(reason, out);  // no evaluator on a schedule of its own: none to wait for
+        } else if (final_eval_ == 0) {
+          // Hold the workers and have the final model evaluated first.
+          final_eval_ = 1;
+          final_eval_since_ = now;
+          if (pause_at_ == 0) pause_at_ = PauseClock();
+          spdlog::info("{}: the workers are held for a final evaluation", reason);
+        } else if (now - final_eval_since_ >= kFinalEvaluationWait) {
+          spdlog::warn("no final evaluation came in {:.0f} s; stopping without it",
+                       ToSeconds(kFinalEvaluationWait));
+          StopJob(reason, out);
+        }
       } else if (any_done && LiveWorkers().empty() && !awaiting_workers_) {
         StopJob("all workers finished", out);
       }

@@ -518,6 +518,13 @@ class MonitorCore {
   uint64_t counted_handed_out_ = 0, counted_taken_over_ = 0, counted_returned_ = 0;
   std::set<uint32_t> gauged_stream_ranks_;
   uint32_t logged_epoch_ = 0;  // epochs before it are logged as ended
+  // --data-stream with --epochs: once the last epoch is trained the workers
+  // are held and the evaluator asked for a final evaluation (this number;
+  // 0: not asked yet); the job stops when it comes, or after
+  // kFinalEvaluationWait.
+  uint64_t final_eval_ = 0;
+  TimePoint final_eval_since_{};
+  static constexpr Duration kFinalEvaluationWait = std::chrono::seconds(10);
   double batch_per_worker_ = 0;  // B / workers at the start (rescale_batch)
   std::map<uint32_t, WorkerState> workers_;
   std::map<std::string, uint32_t> worker_tokens_;  // registration token -> id

@@ -123,6 +123,7 @@ struct JobView {
   uint32_t staleness_bound = 0;  // its s (ssp) or s_L (dssp)
   uint32_t staleness_range = 0;  // its r_max (dssp)
   bool evaluate = false;         // this worker evaluates the test set
+  uint64_t evaluate_now = 0;     // the monitor asks for an evaluation at once
   uint64_t pause_at = 0;         // hold before running this clock (0: no pause)
   // The data partitions this worker owns, with the monitor's positions.
   std::vector<wire::PartitionPosition> partitions;
@@ -580,6 +581,7 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
           map_version = view.map.version;
         }
         view.evaluate = r.evaluate;
+        view.evaluate_now = r.evaluate_now;
         view.pause_at = r.pause_at;
         if (r.assignment && r.assignment->batch_size > 0) {
           view.batch = r.assignment->batch_size;
@@ -640,11 +642,13 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
   // eval_clocks of this worker's clocks; each evaluation says which asked.
   TimePoint next = clock->Now() + FromSeconds(eval_interval);
   uint64_t next_clock = eval_clocks;
+  uint64_t answered = 0;  // the last evaluate_now answered
   while (!heartbeat_exit) {
     // `cv` also wakes on every heartbeat and as clocks pass: wait for a
-    // deadline of one schedule or the other.
+    // deadline of one schedule or the other, or the monitor's request.
     bool by_time = false;
-    while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock)) {
+    while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock) &&
+           view.evaluate_now <= answered) {
       if (clock->WaitUntil(cv, lock, next)) {
         by_time = true;
         break;
@@ -652,7 +656,10 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
     }
     if (heartbeat_exit) break;
     uint32_t every_clocks = 0;
-    if (by_time) {
+    uint64_t request = 0;
+    if (view.evaluate_now > answered) {
+      request = answered = view.evaluate_now;
+    } else if (by_time) {
       next = clock->Now() + FromSeconds(eval_interval);
     } else {
       every_clocks = eval_clocks;
@@ -674,7 +681,8 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
       }
       const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
                                        static_cast<float>(r->accuracy), static_cast<float>(r->loss),
-                                       static_cast<uint32_t>(r->samples), every_clocks};
+                                       static_cast<uint32_t>(r->samples), every_clocks,
+                                       request};
       auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
       if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
     }

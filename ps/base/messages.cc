@@ -382,7 +382,7 @@ flatbuffers::Offset<wire::HeartbeatReply> Build(flatbuffers::FlatBufferBuilder& 
                                     overrides, m.lr_overrides_version, m.replica_epoch, backups,
                                     backing, promote, promote_backups, m.deposed, m.hand_off,
                                     deposed_ranges, m.hold_durable, m.hand_off_given_up,
-                                    hold_ranges, chunks, m.data_epoch);
+                                    hold_ranges, chunks, m.data_epoch, m.evaluate_now);
 }
 HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   HeartbeatReply m;
@@ -414,6 +414,7 @@ HeartbeatReply FromWire(const wire::HeartbeatReply& t) {
   m.hold_durable_ranges = Scalars(t.hold_durable_ranges());
   m.chunks = Structs(t.chunks());
   m.data_epoch = t.data_epoch();
+  m.evaluate_now = t.evaluate_now();
   return m;
 }
 
@@ -586,10 +587,11 @@ ReplicateReply FromWire(const wire::ReplicateReply& t) {
 
 flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb,
                                                 const AccuracyReport& m) {
-  return wire::CreateAccuracyReport(fbb, m.clock, m.accuracy, m.loss, m.samples, m.every_clocks);
+  return wire::CreateAccuracyReport(fbb, m.clock, m.accuracy, m.loss, m.samples, m.every_clocks,
+                                    m.request);
 }
 AccuracyReport FromWire(const wire::AccuracyReport& t) {
-  return {t.clock(), t.accuracy(), t.loss(), t.samples(), t.every_clocks()};
+  return {t.clock(), t.accuracy(), t.loss(), t.samples(), t.every_clocks(), t.request()};
 }
 
 flatbuffers::Offset<wire::StatusRequest> Build(flatbuffers::FlatBufferBuilder& fbb,

@@ -239,6 +239,7 @@ struct HeartbeatReply {
   // To a worker, with --data-stream: its chunks, and the job's epoch.
   std::vector<wire::DataChunk> chunks;
   uint32_t data_epoch = 0;
+  uint64_t evaluate_now = 0;  // to the evaluator: evaluate at once (0: no)
 };
 
 // --- the monitor to the shards
@@ -375,6 +376,7 @@ struct AccuracyReport {
   uint64_t clock = 0;
   float accuracy = 0, loss = 0;
   uint32_t samples = 0, every_clocks = 0;
+  uint64_t request = 0;  // the evaluate_now it answers (0: scheduled)
 };
 
 // --- pacerctl and the monitor
