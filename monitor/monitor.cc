@@ -1305,6 +1305,7 @@ msg::HeartbeatReply MonitorCore::WorkerReply(const WorkerState& w) const {
 void MonitorCore::OnAccuracy(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   const msg::AccuracyReport a = msg::Read<msg::AccuracyReport>(d);
   last_accuracy_ = a.accuracy;
+  scheduled_evaluator_ |= a.scheduled;
   metrics_.accuracy->Set(a.accuracy);
   metrics_.test_loss->Set(a.loss);
   metrics_.accuracy_reports->Increment();
@@ -2034,7 +2035,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       if (stream_ && stream_->finished()) {
         const std::string reason =
             fmt::format("{} epoch(s) over the training set done", options_.epochs);
-        if (!last_accuracy_ || Evaluator() == 0) {
+        if (!scheduled_evaluator_ || Evaluator() == 0) {
           StopJob(reason, out);  // no evaluator on a schedule of its own: none to wait for
         } else if (final_eval_ == 0) {
           // Hold the workers and have the final model evaluated first.

@@ -524,6 +524,9 @@ class MonitorCore {
   // kFinalEvaluationWait.
   uint64_t final_eval_ = 0;
   TimePoint final_eval_since_{};
+  // An evaluation came from a runtime's own loop (not a program's report):
+  // only such an evaluator answers evaluate_now.
+  bool scheduled_evaluator_ = false;
   static constexpr Duration kFinalEvaluationWait = std::chrono::seconds(10);
   double batch_per_worker_ = 0;  // B / workers at the start (rescale_batch)
   std::map<uint32_t, WorkerState> workers_;

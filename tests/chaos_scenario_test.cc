@@ -54,7 +54,7 @@ TEST(ChaosScenarioTest, EveryInvariantHasANegativeScenario) {
                                           "no_hang", "lost_bound", "no_double_apply",
                                           "faults_in_metrics", "durable_kept",
                                           "acked_kept", "replicas_identical",
-                                          "no_split_brain"}));
+                                          "no_split_brain", "once_per_epoch"}));
 }
 
 TEST(ChaosScenarioTest, ExpectFailNamesCheckedInvariants) {

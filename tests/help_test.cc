@@ -282,6 +282,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
     {"TrainerOptions.interrupt_on_stop", "--unsafe-disable"},
     {"TrainerOptions.resend_held", "--unsafe-disable"},
+    {"TrainerOptions.exact_positions", "--unsafe-disable"},
 };
 
 const std::map<std::string, std::string> kNoFlag = {

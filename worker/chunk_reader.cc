@@ -76,7 +76,7 @@ std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
   b.samples.assign(order.begin() + static_cast<long>(h.pos),
                    order.begin() + static_cast<long>(h.pos + take));
   inflight_chunk_ = next->first;
-  inflight_n_ = take;
+  inflight_n_ = last_batch_ = take;
   return b;
 }
 
@@ -94,7 +94,10 @@ void ChunkReader::Ack() {
 
 std::vector<wire::DataChunk> ChunkReader::Report() {
   std::vector<wire::DataChunk> out;
-  for (const auto& [id, h] : held_) out.emplace_back(id, h.begin, h.end, h.pos, h.epoch);
+  for (const auto& [id, h] : held_) {
+    const uint64_t pos = exact_positions_ ? h.pos : std::min(h.end, h.pos + last_batch_);
+    out.emplace_back(id, h.begin, h.end, pos, h.epoch);
+  }
   for (const auto& [id, h] : done_) {
     out.emplace_back(id, h.begin, h.end, h.pos, h.epoch);
     reported_.insert(id);

@@ -34,7 +34,11 @@ std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples);
 
 class ChunkReader {
  public:
-  ChunkReader(uint64_t seed, size_t samples) : seed_(seed), samples_(samples) {}
+  // `exact_positions` false only to show a chaos invariant failing
+  // (pacer-worker --unsafe-disable exact-positions): each chunk's position
+  // is reported one batch past what was acknowledged.
+  ChunkReader(uint64_t seed, size_t samples, bool exact_positions = true)
+      : seed_(seed), samples_(samples), exact_positions_(exact_positions) {}
 
   // One batch to train: training-set indices from one chunk.
   struct Batch {
@@ -69,6 +73,8 @@ class ChunkReader {
 
   const uint64_t seed_;
   const size_t samples_;
+  const bool exact_positions_;
+  uint64_t last_batch_ = 0;  // the size of the last batch planned
   std::map<uint64_t, Held> held_;  // by chunk id
   // Trained to their end, with their final state; `reported_` those of
   // them the last Report carried (dropped once a reply does not list them).

@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
   opts.resend = !unsafe.Off("retry");
   opts.resend_held = !unsafe.Off("resend-held");
   opts.interrupt_on_stop = !unsafe.Off("stop-interrupt");
+  opts.exact_positions = !unsafe.Off("exact-positions");
   pacer::TuneAllocatorForLargeBuffers();
   std::unique_ptr<pacer::worker::CpuContention> contention_threads;
   if (contention > 0 || pin_cpu >= 0) {

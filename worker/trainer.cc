@@ -682,7 +682,7 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
       const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
                                        static_cast<float>(r->accuracy), static_cast<float>(r->loss),
                                        static_cast<uint32_t>(r->samples), every_clocks,
-                                       request};
+                                       request, /*scheduled=*/true};
       auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
       if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
     }
@@ -741,6 +741,8 @@ std::span<float> Trainer::grads() {
 
 OptimizerKind Trainer::optimizer() const { return impl_->optimizer; }
 
+bool Trainer::data_stream() const { return impl_->data_stream; }
+
 void Trainer::SetLearningRates(std::vector<wire::GroupLr> lrs) {
   if (impl_->client) impl_->client->SetLearningRates(std::move(lrs));
 }
@@ -786,7 +788,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
   if (w.data_stream) {
     std::lock_guard<std::mutex> lock(w.mu);
-    w.chunks.emplace(w.seed, samples);
+    w.chunks.emplace(w.seed, samples, o.exact_positions);
   }
   w.phase = Impl::Phase::kWaitingForRun;
   w.heartbeat =

@@ -61,7 +61,10 @@ inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = 
     {"resend-held",
      "with replicas, pushes not yet durable are dropped instead of sent again "
      "to a range's new owner after a failover, so what the dead primary had "
-     "not replicated is lost"}};
+     "not replicated is lost"},
+    {"exact-positions",
+     "with --data-stream, each chunk's position is reported one batch past "
+     "what was acknowledged, so a chunk a dead worker gives back skips samples"}};
 
 struct TrainerOptions {
   // The monitor's address (--monitor). Required.
@@ -101,6 +104,10 @@ struct TrainerOptions {
   bool resend = true;
   bool interrupt_on_stop = true;
   bool resend_held = true;
+  // --data-stream: a chunk's position is reported as acknowledged (off: one
+  // batch past it, so a dead worker's chunk goes back past samples never
+  // trained).
+  bool exact_positions = true;
 
   // This process's fault layer (ps/base/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.
@@ -241,6 +248,11 @@ class Trainer {
 
   // The job's optimizer (pacer-monitor --optimizer), known from Start.
   OptimizerKind optimizer() const;
+  // Whether the job reads one data stream (pacer-monitor --data-stream),
+  // known from Start: then BatchPlan::epoch is the job's epoch over the
+  // whole training set, and a program may end its epoch loop's iteration
+  // when the next batch's epoch is higher.
+  bool data_stream() const;
   // The lr each push carries for each group from now on (the user's
   // scheduler, on this side; ps/client.h); empty: none. The shards' order
   // of precedence is in the README's optimizer section.

@@ -588,10 +588,11 @@ ReplicateReply FromWire(const wire::ReplicateReply& t) {
 flatbuffers::Offset<wire::AccuracyReport> Build(flatbuffers::FlatBufferBuilder& fbb,
                                                 const AccuracyReport& m) {
   return wire::CreateAccuracyReport(fbb, m.clock, m.accuracy, m.loss, m.samples, m.every_clocks,
-                                    m.request);
+                                    m.request, m.scheduled);
 }
 AccuracyReport FromWire(const wire::AccuracyReport& t) {
-  return {t.clock(), t.accuracy(), t.loss(), t.samples(), t.every_clocks(), t.request()};
+  return {t.clock(), t.accuracy(), t.loss(), t.samples(), t.every_clocks(), t.request(),
+          t.scheduled()};
 }
 
 flatbuffers::Offset<wire::StatusRequest> Build(flatbuffers::FlatBufferBuilder& fbb,

@@ -377,6 +377,7 @@ struct AccuracyReport {
   float accuracy = 0, loss = 0;
   uint32_t samples = 0, every_clocks = 0;
   uint64_t request = 0;  // the evaluate_now it answers (0: scheduled)
+  bool scheduled = false;  // from the runtime's evaluation loop
 };
 
 // --- pacerctl and the monitor

@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <deque>
 #include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
 #include <set>
 
 #include "spdlog/fmt/fmt.h"
@@ -126,6 +129,87 @@ void Runner::CheckInvariants() {
   if (replicated && inv.acked_kept) CheckAckedKept();
   if (replicated && inv.replicas_identical) CheckReplicasIdentical();
   if (replicated && inv.no_split_brain) CheckNoSplitBrain();
+  if (inv.once_per_epoch) CheckOncePerEpoch();
+}
+
+void Runner::CheckOncePerEpoch() {
+  Verdict v{"once_per_epoch", "each training sample once per epoch (--data-stream)", true, ""};
+  // The training set's size and the epochs done, from every monitor's log.
+  uint64_t samples = 0;
+  int done = -1;  // the last epoch logged as done
+  for (Proc* p : All()) {
+    if (p->name().rfind("monitor", 0) != 0) continue;
+    std::ifstream log(dir_ + "/" + p->name() + ".log");
+    const std::regex over("data stream over ([0-9]+) samples"), ended("epoch ([0-9]+) done");
+    std::smatch m;
+    for (std::string line; std::getline(log, line);) {
+      if (std::regex_search(line, m, over)) samples = std::stoull(m[1]);
+      if (std::regex_search(line, m, ended)) done = std::max(done, std::stoi(m[1]));
+    }
+  }
+  if (samples == 0) {
+    v.applicable = false;
+    v.detail = "the job does not read a data stream";
+    verdicts_.push_back(v);
+    return;
+  }
+  // (epoch, index) -> times trained; and what a killed worker may repeat:
+  // its last batch.
+  std::map<uint32_t, std::vector<uint8_t>> counts;
+  std::set<std::pair<uint32_t, uint32_t>> may_repeat;
+  size_t lines = 0;
+  for (size_t w = 0; w < sample_logs_.size(); ++w) {
+    std::ifstream log(sample_logs_[w]);
+    std::vector<std::pair<uint32_t, uint32_t>> last;
+    for (std::string line; std::getline(log, line);) {
+      std::istringstream in(line);
+      uint64_t chunk = 0;
+      uint32_t epoch = 0;
+      if (!(in >> chunk >> epoch)) continue;
+      ++lines;
+      last.clear();
+      std::vector<uint8_t>& c = counts[epoch];
+      c.resize(samples);
+      for (uint32_t i; in >> i;) {
+        if (i >= samples) {
+          v.pass = false;
+          v.detail += fmt::format("worker{} trained index {} of {}; ", w, i, samples);
+          continue;
+        }
+        c[i] = static_cast<uint8_t>(std::min(255, c[i] + 1));
+        last.emplace_back(epoch, i);
+      }
+    }
+    if (w < workers_.size() && workers_[w]->killed_on_purpose) {
+      may_repeat.insert(last.begin(), last.end());
+    }
+  }
+  size_t skipped = 0, twice = 0, repeats = 0;
+  std::string first;
+  for (const auto& [epoch, c] : counts) {
+    for (uint32_t i = 0; i < c.size(); ++i) {
+      const bool complete = static_cast<int>(epoch) <= done;
+      if (complete && c[i] == 0) {
+        if (++skipped <= 3) first += fmt::format("epoch {} index {} never trained; ", epoch, i);
+      } else if (c[i] == 2 && may_repeat.count({epoch, i})) {
+        ++repeats;
+      } else if (c[i] >= 2) {
+        if (++twice <= 3) first += fmt::format("epoch {} index {} trained {} times; ", epoch, i, c[i]);
+      }
+    }
+  }
+  if (done < 0 && lines > 0) first += "no epoch ended; ";
+  if (skipped > 0 || twice > 0 || done < 0) {
+    v.pass = false;
+    v.detail += fmt::format("{} skipped, {} repeated outside a killed worker's last batch: {}",
+                            skipped, twice, first);
+  } else if (v.pass) {
+    v.detail = fmt::format(
+        "epochs 0..{} each trained every one of {} samples once ({} repeats, all in a killed "
+        "worker's last batch); none twice in the epoch under way",
+        done, samples, repeats);
+  }
+  verdicts_.push_back(v);
 }
 
 namespace {

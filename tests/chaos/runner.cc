@@ -336,11 +336,14 @@ bool Runner::StartShard(size_t i) {
 bool Runner::StartWorker() {
   const size_t i = workers_.size();
   journals_.push_back(dir_ + "/worker" + std::to_string(i) + ".acks");
+  sample_logs_.push_back(dir_ + "/worker" + std::to_string(i) + ".samples");
   std::vector<std::string> a = {Bin("pacer-worker"),
                                 "--monitor",
                                 monitor_address_,
                                 "--ack-log",
                                 journals_.back(),
+                                "--sample-log",
+                                sample_logs_.back(),
                                 "--metrics-addr",
                                 Host("worker" + std::to_string(i)) + ":0",
                                 "--fault-seed",

@@ -230,6 +230,9 @@ class Runner {
   void CheckNoSplitBrain();
   void CheckFinalAccuracy();
   void CheckFaultsInMetrics();
+  // --data-stream: each training index once per epoch (the workers'
+  // --sample-log files against the monitor's "epoch E done" lines).
+  void CheckOncePerEpoch();
   // Prints the verdicts; true when the run passed.
   bool Report();
 
@@ -246,6 +249,7 @@ class Runner {
   std::vector<Proc*> shards_, workers_;  // current incarnations, by index
   std::vector<uint32_t> shard_ids_, worker_ids_;
   std::vector<std::string> journals_;  // by worker index
+  std::vector<std::string> sample_logs_;  // by worker index (--sample-log)
   // Training started: in Unix seconds (what the journals and heals are
   // compared with) and on the runner's clock (what its waits count from).
   double t0_ = 0;

@@ -271,7 +271,7 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                             {"progress_within", "final_accuracy", "no_crash", "no_hang",
                              "lost_bound", "no_double_apply", "faults_in_metrics",
                              "durable_kept", "acked_kept", "replicas_identical",
-                             "no_split_brain"});
+                             "no_split_brain", "once_per_epoch"});
         !st.ok()) {
       return st;
     }
@@ -290,7 +290,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                                    {"durable_kept", &v.durable_kept},
                                    {"acked_kept", &v.acked_kept},
                                    {"replicas_identical", &v.replicas_identical},
-                                   {"no_split_brain", &v.no_split_brain}}) {
+                                   {"no_split_brain", &v.no_split_brain},
+                                   {"once_per_epoch", &v.once_per_epoch}}) {
       if (inv[key]) {
         if (auto st = Read(inv[key], std::string("invariants.") + key, out); !st.ok()) return st;
       }
@@ -310,7 +311,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
         {"faults_in_metrics", v.faults_in_metrics}, {"durable_kept", v.durable_kept},
         {"acked_kept", v.acked_kept},
         {"replicas_identical", v.replicas_identical},
-        {"no_split_brain", v.no_split_brain}};
+        {"no_split_brain", v.no_split_brain},
+        {"once_per_epoch", v.once_per_epoch}};
     for (const auto& name : s.expect_fail) {
       auto it = checked.find(name);
       if (it == checked.end()) {
@@ -318,7 +320,8 @@ absl::StatusOr<Scenario> ParseChecked(const std::string& yaml) {
                                           "' is not an invariant (progress_within, "
                                           "final_accuracy, no_crash, no_hang, lost_bound, "
                                           "no_double_apply, faults_in_metrics, durable_kept, "
-                                          "acked_kept, replicas_identical, no_split_brain)");
+                                          "acked_kept, replicas_identical, no_split_brain, "
+                                          "once_per_epoch)");
       }
       if (!it->second) {
         return absl::InvalidArgumentError("expect_fail: '" + name + "' is not checked");

@@ -78,6 +78,12 @@ struct Invariants {
   // acknowledged at an epoch comes before the first acknowledged at a
   // higher one (the workers' journals name each range's epoch).
   bool no_split_brain = true;
+  // --data-stream (the monitor logs "data stream over N samples"), from the
+  // workers' --sample-log files: in every epoch the monitor logged as done,
+  // each training index trained exactly once, a second time only in the
+  // last batch of a worker the timeline killed; in the epoch under way
+  // none twice but so.
+  bool once_per_epoch = true;
 };
 
 struct Scenario {

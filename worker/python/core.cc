@@ -337,6 +337,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("samples"),
            "Registers, declares the tensors, waits for the run; the first worker sets the "
            "shards' model from `init` (float32, the tensors end to end)")
+      .def_property_readonly(
+          "data_stream", [](PyTrainer& t) { return t.trainer().data_stream(); },
+          "Whether the job reads one data stream (pacer-monitor --data-stream): a plan's epoch is "
+          "then the job's epoch over the whole data set")
       .def("next_batch", &PyTrainer::NextBatch,
            "(clock, samples, assigned, partition, epoch) of the next iteration, or None when "
            "training is over (the job stopped, the epochs ran, cancel())")

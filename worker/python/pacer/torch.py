@@ -391,6 +391,15 @@ class DataLoader:
     is told to leave (SIGTERM). ``step`` counts the batches yielded;
     ``samples`` holds the dataset indices of the last one.
 
+    When the monitor runs with ``--data-stream``, one iteration is one epoch
+    of the job over the whole data set: it ends when this worker's next
+    batch belongs to the next epoch (the data stream's tail rule makes that
+    the same moment, within a few batches, on every worker), so that the
+    usual ``for epoch in range(E): for x, y in loader:`` loop lines up its
+    per-epoch schedules, evaluation and checkpoints with the data.
+    ``epoch`` is the job's epoch the current (or last) iteration belongs
+    to; once the job stops, further iterations yield nothing.
+
     With ``num_workers`` > 0 the items of each batch are read by that many
     processes (started with ``multiprocessing_context``, "spawn" by default;
     the dataset must pickle), each reading its share while the pull is on
@@ -415,6 +424,11 @@ class DataLoader:
         self.step = 0
         self.samples = None
         self.batch_size = None
+        self.epoch = None
+        # --data-stream: the first batch of the next epoch, found when the
+        # iteration before it ended: (plan, pulled).
+        self._next = None
+        self._stopped = False
 
     def _items(self, samples, pending=None):
         if pending is not None:
@@ -452,25 +466,41 @@ class DataLoader:
     def _batches(self):
         state = _start(len(self.dataset))
         trainer = state.trainer
+        if self._stopped:
+            return
+        stream = trainer.data_stream
+        yielded = False
         while True:
             # A batch yielded and not pushed: nothing moved; it comes again.
             state.planned = False
-            # The pull writes `params`: the last copies out of it are done.
-            _wait_for_copies(state)
-            if self.num_workers:
-                plan = trainer.next_batch()
-                if plan is None:
-                    return
+            if self._next is not None:
+                plan, pulled = self._next
+                self._next = None
+            else:
+                # The pull writes `params`: the last copies out of it are done.
+                _wait_for_copies(state)
+                plan = trainer.next_batch() if self.num_workers else trainer.next_pulled()
+                pulled = not self.num_workers
+            if plan is None:
+                self._stopped = True
+                return
+            if stream:
+                epoch = int(plan[4])
+                if self.epoch is None:
+                    self.epoch = epoch
+                if len(plan[1]) and epoch > self.epoch:
+                    if yielded:
+                        # The next epoch's first batch: this epoch ends here.
+                        self._next = (plan, pulled)
+                        return
+                    self.epoch = epoch
+            pending = None
+            if not pulled:
                 # The loader processes read while the pull is on its way.
                 pending = self._submit(plan[1]) if len(plan[1]) else None
                 if trainer.pull() is None:
+                    self._stopped = True
                     return  # the job stopped while the pull waited
-            else:
-                # One call (one hand-off to the runtime's thread) per step.
-                plan = trainer.next_pulled()
-                if plan is None:
-                    return
-                pending = None
             clock, samples, assigned, _, _ = plan
             for p, host_p, _ in state.views:
                 if p.data.data_ptr() != host_p.data_ptr():
@@ -489,6 +519,7 @@ class DataLoader:
             batch = self.collate_fn(self._items(samples, pending))
             state.planned = True
             self.step += 1
+            yielded = True
             yield batch
 
 
