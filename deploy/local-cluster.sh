@@ -37,8 +37,10 @@
 #                           Prometheus file_sd JSON (deploy/prometheus)
 #
 # At the end it prints a table per worker (mean batch and its share of the
-# global batch, samples, and the compute, communication and wait shares of
-# its time) and one line on what the straggler policy did.
+# global batch, samples and its share of all the workers' samples, and the
+# compute, communication and wait shares of its time), with --data-stream
+# the monitor's line for each epoch's end (its tail and each worker's share
+# of its samples), and one line on what the straggler policy did.
 #
 # Example, a 4x straggler under the pacer policy, against BSP:
 #   deploy/local-cluster.sh --worker-args-2 "--slowdown 4" --compare
@@ -245,21 +247,31 @@ echo "time to $target: $ttt"
 # B as the monitor last had it (--monitor-args may change it).
 global_batch=$(sed -n 's/.* of B = \([0-9]*\)$/\1/p' "$tmp/monitor.out")
 [ -n "$global_batch" ] || global_batch=$((batch * workers))
+# Every worker's samples, for each one's share of them.
+total_samples=0
+for i in $(seq 0 $((workers - 1))); do
+  n=$(sed -n 's/^worker summary: .*samples=\([0-9]*\).*/\1/p' "$tmp/worker$i.out" | tail -n 1)
+  total_samples=$((total_samples + ${n:-0}))
+done
 {
-  printf '%-18s %10s %10s %10s %8s %8s %8s\n' worker "mean batch" "share of B" samples compute comm wait
+  printf '%-18s %10s %10s %10s %8s %8s %8s %8s\n' worker "mean batch" "share of B" samples share \
+    compute comm wait
   for i in $(seq 0 $((workers - 1))); do
     name="worker #$i"
     id=$(sed -n 's/.*worker \([0-9]*\): registered as rank \([0-9]*\).*/\1 rank \2/p' "$tmp/worker$i.log" | tail -n 1)
     [ -z "$id" ] || name="worker $id"
     sed -n 's/^worker summary: //p' "$tmp/worker$i.out" | tail -n 1 |
-      awk -v name="$name" -v B="$global_batch" '{
+      awk -v name="$name" -v B="$global_batch" -v total="$total_samples" '{
         for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
         t = v["seconds"] > 0 ? v["seconds"] : 1
         mean = v["clocks"] > 0 ? v["samples"] / v["clocks"] : 0
-        printf "%-18s %10.1f %9.0f%% %10d %7.0f%% %7.0f%% %7.0f%%\n", name, mean, 100 * mean / B,
-               v["samples"], 100 * v["compute_s"] / t, 100 * v["communication_s"] / t, 100 * v["wait_s"] / t
+        printf "%-18s %10.1f %9.0f%% %10d %7.1f%% %7.0f%% %7.0f%% %7.0f%%\n", name, mean, 100 * mean / B,
+               v["samples"], (total > 0 ? 100 * v["samples"] / total : 0),
+               100 * v["compute_s"] / t, 100 * v["communication_s"] / t, 100 * v["wait_s"] / t
       }'
   done
+  # --data-stream: each epoch's end, its tail, and each worker's share of it.
+  sed -n 's/.*\[monitor\] \(epoch [0-9]* done.*\)/\1/p' "$tmp/monitor.log"
   sed -n '/ policy: /p' "$tmp/monitor.out"
 } | sed 's/^/[cluster] /' >&2
 pass=0
