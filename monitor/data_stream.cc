@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "spdlog/spdlog.h"
@@ -10,9 +11,20 @@ namespace pacer {
 
 DataStream::DataStream(const DataStreamOptions& options) : options_(options) {}
 
+namespace {
+// The pool's order: oldest epoch first, then by position.
+bool SpanBefore(const DataStreamRecord::Span& a, const DataStreamRecord::Span& b) {
+  return std::make_pair(a.epoch, a.begin) < std::make_pair(b.epoch, b.begin);
+}
+// A speed no worker reaches (a heartbeat's figure is the worker's word).
+constexpr double kMaxSamplesPerSecond = 1e9;
+}  // namespace
+
 void DataStream::SetPace(uint32_t worker, double samples_per_second, uint32_t batch) {
   Pace& p = paces_[worker];
-  if (samples_per_second > 0) p.samples_per_second = samples_per_second;
+  if (std::isfinite(samples_per_second) && samples_per_second > 0) {
+    p.samples_per_second = std::min(samples_per_second, kMaxSamplesPerSecond);
+  }
   p.batch = std::max<uint32_t>(1, batch);
 }
 
@@ -22,18 +34,27 @@ double DataStream::Speed(uint32_t worker) const {
 }
 
 size_t DataStream::Held(uint32_t worker) const {
-  size_t n = 0;
-  for (const auto& [id, c] : chunks_) n += c.owner == worker;
-  return n;
+  auto it = by_owner_.find(worker);
+  return it == by_owner_.end() ? 0 : it->second.size();
 }
 
-uint64_t DataStream::Remaining(uint32_t worker, uint32_t e) const {
-  uint64_t n = 0;
-  for (const auto& [id, c] : chunks_) {
-    if (c.owner == worker && c.epoch == e)
-      n += (c.taker != 0 ? std::max(c.cut, c.pos) : c.end) - c.pos;
+void DataStream::Insert(const Chunk& c) {
+  chunks_[c.id] = c;
+  by_owner_[c.owner].insert(c.id);
+  ++epoch_chunks_[c.epoch];
+}
+
+std::map<uint64_t, DataStream::Chunk>::iterator DataStream::Erase(
+    std::map<uint64_t, Chunk>::iterator it) {
+  const Chunk& c = it->second;
+  if (auto o = by_owner_.find(c.owner); o != by_owner_.end()) {
+    o->second.erase(c.id);
+    if (o->second.empty()) by_owner_.erase(o);
   }
-  return n;
+  if (auto e = epoch_chunks_.find(c.epoch); e != epoch_chunks_.end() && --e->second == 0) {
+    epoch_chunks_.erase(e);
+  }
+  return chunks_.erase(it);
 }
 
 uint32_t DataStream::Frontier() const {
@@ -42,8 +63,8 @@ uint32_t DataStream::Frontier() const {
 
 uint32_t DataStream::epoch() const {
   uint32_t e = Frontier();
-  for (const auto& [id, c] : chunks_) e = std::min(e, c.epoch);
-  for (const Span& s : pool_) e = std::min(e, s.epoch);
+  if (!epoch_chunks_.empty()) e = std::min(e, epoch_chunks_.begin()->first);
+  if (!pool_.empty()) e = std::min(e, pool_.front().epoch);  // the pool is in order
   return e;
 }
 
@@ -119,42 +140,52 @@ bool DataStream::HandOut(uint32_t worker, TimePoint now) {
     cursor_ = c.end;
   }
   c.id = next_id_++;
-  chunks_[c.id] = c;
+  Insert(c);
   ++handed_out_;
   changed_ = true;
   (void)now;
   return true;
 }
 
-void DataStream::MaybeTakeOver(uint32_t taker, TimePoint now) {
+bool DataStream::MaybeTakeOver(uint32_t taker, TimePoint now) {
   (void)now;
   const uint32_t e = epoch();
-  if (finished() || Unhanded(e) > 0) return;  // the epoch still has chunks to hand out
+  if (finished() || Unhanded(e) > 0) return false;  // the epoch still has chunks to hand out
   const double st = Speed(taker);
-  if (st <= 0) return;
+  if (st <= 0) return false;
+  // One pass: each holder's samples of epoch e left, and whether a
+  // hand-over is under way from it (one at a time for a holder and for a
+  // taker).
+  struct Holder {
+    uint64_t left = 0;
+    bool busy = false;
+  };
+  std::map<uint32_t, Holder> holders;
+  for (const auto& [id, c] : chunks_) {
+    if (c.taker == taker) return true;
+    Holder& h = holders[c.owner];
+    h.busy |= c.taker != 0;
+    if (c.epoch == e) h.left += (c.taker != 0 ? std::max(c.cut, c.pos) : c.end) - c.pos;
+  }
   uint32_t holder = 0;
   double worst = 0;
-  for (const auto& [id, c] : chunks_) {
-    if (c.taker == taker) return;  // one hand-over at a time for a taker
-  }
-  std::map<uint32_t, bool> asked;  // holders with a hand-over under way
-  for (const auto& [id, c] : chunks_) asked[c.owner] |= c.taker != 0;
-  for (const auto& [owner, busy] : asked) {
-    if (owner == taker || busy) continue;
+  for (const auto& [owner, h] : holders) {
+    if (owner == taker || h.busy) continue;
     const double sh = Speed(owner);
     if (sh <= 0) continue;
-    const double t = static_cast<double>(Remaining(owner, e)) / sh;
+    const double t = static_cast<double>(h.left) / sh;
     if (t > worst) worst = t, holder = owner;
   }
-  if (holder == 0) return;
+  if (holder == 0) return false;
   const double sh = Speed(holder);
-  const double w = static_cast<double>(Remaining(holder, e));
-  const double tt = static_cast<double>(Remaining(taker, e)) / st;
+  const double w = static_cast<double>(holders[holder].left);
+  const double tt = static_cast<double>(holders[taker].left) / st;
   // The holder keeps x samples, so that both end together:
   //   x / sh == tt + (w - x) / st.
   const double keep = std::max(0.0, sh * (st * tt + w) / (sh + st));
-  if (worst - keep / sh < options_.min_gain_seconds) return;
-  if (static_cast<uint64_t>(std::floor(w - keep)) == 0) return;
+  if (worst - keep / sh < options_.min_gain_seconds) return false;
+  if (static_cast<uint64_t>(std::floor(w - keep)) == 0) return false;
+  bool asked = false;
   // The holder reads its chunks of the epoch in order (by id): it keeps the
   // first `keep` samples of them; each chunk past that point is cut.
   double kept = 0;
@@ -170,12 +201,13 @@ void DataStream::MaybeTakeOver(uint32_t taker, TimePoint now) {
     if (cut >= c.end) continue;
     c.cut = cut;
     c.taker = taker;
-    changed_ = true;
+    changed_ = asked = true;
     SPDLOG_DEBUG(
         "data stream: worker {} asked to stop chunk {} (epoch {}, {}..{} at {}) at {} "
         "for worker {} ({:.2f} s left there, {:.2f} s at the taker)",
         holder, id, e, c.begin, c.end, c.pos, cut, taker, worst, tt);
   }
+  return asked;
 }
 
 void DataStream::Report(uint32_t worker, const std::vector<wire::DataChunk>& reported,
@@ -201,7 +233,7 @@ void DataStream::Report(uint32_t worker, const std::vector<wire::DataChunk>& rep
         tail.begin = tail.pos = stop;
         tail.end = c.end;
         tail.owner = c.taker;
-        chunks_[tail.id] = tail;
+        Insert(tail);
         ++taken_over_;
       } else {
         GiveBack(c.epoch, stop, c.end);
@@ -214,7 +246,7 @@ void DataStream::Report(uint32_t worker, const std::vector<wire::DataChunk>& rep
     Stats(c.epoch).samples[worker] += pos - c.pos;
     c.pos = pos;
     if (c.pos >= c.end) {
-      chunks_.erase(it);
+      Erase(it);
       changed_ = true;
     }
   }
@@ -223,17 +255,23 @@ void DataStream::Report(uint32_t worker, const std::vector<wire::DataChunk>& rep
 
 std::vector<wire::DataChunk> DataStream::Assign(uint32_t worker, TimePoint now) {
   paces_.try_emplace(worker);
-  while (Held(worker) < options_.hold && HandOut(worker, now)) {
+  // A tail of the oldest epoch first: while one is asked for this worker it
+  // gets no new chunk, so that it reads the tail before it moves on to a
+  // later epoch (a program's epoch loop sees the tail in its own epoch).
+  if (!MaybeTakeOver(worker, now)) {
+    while (Held(worker) < options_.hold && HandOut(worker, now)) {
+    }
   }
-  MaybeTakeOver(worker, now);
   NoteProgress(now);
   return Grants(worker);
 }
 
 std::vector<wire::DataChunk> DataStream::Grants(uint32_t worker) const {
   std::vector<wire::DataChunk> out;
-  for (const auto& [id, c] : chunks_) {
-    if (c.owner != worker) continue;
+  auto held = by_owner_.find(worker);
+  if (held == by_owner_.end()) return out;
+  for (uint64_t id : held->second) {
+    const Chunk& c = chunks_.at(id);
     out.emplace_back(c.id, c.begin, c.taker != 0 ? c.cut : c.end, c.pos, c.epoch);
   }
   return out;
@@ -242,9 +280,7 @@ std::vector<wire::DataChunk> DataStream::Grants(uint32_t worker) const {
 void DataStream::GiveBack(uint32_t e, uint64_t begin, uint64_t end) {
   if (begin >= end) return;
   Span s{e, begin, end};
-  auto at = std::lower_bound(pool_.begin(), pool_.end(), s, [](const Span& a, const Span& b) {
-    return std::make_pair(a.epoch, a.begin) < std::make_pair(b.epoch, b.begin);
-  });
+  auto at = std::lower_bound(pool_.begin(), pool_.end(), s, SpanBefore);
   pool_.insert(at, s);
   changed_ = true;
 }
@@ -264,7 +300,7 @@ void DataStream::Release(uint32_t worker, TimePoint now) {
     GiveBack(c.epoch, c.pos, c.end);
     ++returned_;
     changed_ = true;
-    it = chunks_.erase(it);
+    it = Erase(it);
   }
   paces_.erase(worker);
   NoteProgress(now);
@@ -288,9 +324,16 @@ void DataStream::NoteProgress(TimePoint now) {
   if (finished() || Unhanded(e) > 0) return;
   EpochStats& s = Stats(e);
   if (s.tail_start) return;
+  // A known worker that holds nothing of this epoch left to read.
+  std::set<uint32_t> reading;
+  for (const auto& [id, c] : chunks_) {
+    if (c.epoch == e && c.pos < (c.taker != 0 ? std::max(c.cut, c.pos) : c.end)) {
+      reading.insert(c.owner);
+    }
+  }
   for (const auto& [w, pace] : paces_) {
-    if (Remaining(w, e) == 0) {
-      s.tail_start = now;  // a worker has nothing of this epoch left
+    if (!reading.count(w)) {
+      s.tail_start = now;
       break;
     }
   }
@@ -334,7 +377,8 @@ absl::Status DataStream::Restore(const DataStreamRecord& r) {
   std::map<uint64_t, Chunk> chunks;
   for (const Chunk& c : r.chunks) {
     if (!(c.begin <= c.pos && c.pos <= c.end && c.end <= n) || c.epoch > r.cursor_epoch ||
-        c.id == 0 || c.id >= r.next_id || chunks.count(c.id) || c.owner == 0) {
+        c.id == 0 || c.id >= r.next_id || chunks.count(c.id) || c.owner == 0 ||
+        (c.taker != 0 && (c.cut < c.pos || c.cut > c.end))) {
       return bad("chunk " + std::to_string(c.id) + " does not fit");
     }
     chunks[c.id] = c;
@@ -345,11 +389,12 @@ absl::Status DataStream::Restore(const DataStreamRecord& r) {
   cursor_epoch_ = r.cursor_epoch;
   cursor_ = r.cursor;
   next_id_ = r.next_id;
-  chunks_ = std::move(chunks);
+  chunks_.clear();
+  by_owner_.clear();
+  epoch_chunks_.clear();
+  for (const auto& [id, c] : chunks) Insert(c);
   pool_ = r.pool;
-  std::sort(pool_.begin(), pool_.end(), [](const Span& a, const Span& b) {
-    return std::make_pair(a.epoch, a.begin) < std::make_pair(b.epoch, b.begin);
-  });
+  std::sort(pool_.begin(), pool_.end(), SpanBefore);
   last_epoch_ = epoch();
   changed_ = false;
   return absl::OkStatus();

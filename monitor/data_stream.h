@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -151,13 +152,15 @@ class DataStream {
   uint64_t ChunkSize(uint32_t worker, uint64_t left) const;
   // A new chunk for `worker`: from the pool, then the cursor. False: none.
   bool HandOut(uint32_t worker, TimePoint now);
-  // Asks the holder that ends epoch e last for a tail on `taker`'s behalf.
-  void MaybeTakeOver(uint32_t taker, TimePoint now);
-  // Samples of epoch e the worker has still to train.
-  uint64_t Remaining(uint32_t worker, uint32_t e) const;
+  // Asks the holder that ends the oldest epoch last for a tail on
+  // `taker`'s behalf; true when a hand-over for it is under way (asked now
+  // or before).
+  bool MaybeTakeOver(uint32_t taker, TimePoint now);
   double Speed(uint32_t worker) const;
   size_t Held(uint32_t worker) const;
   void GiveBack(uint32_t epoch, uint64_t begin, uint64_t end);
+  void Insert(const Chunk& c);
+  std::map<uint64_t, Chunk>::iterator Erase(std::map<uint64_t, Chunk>::iterator it);
   // Records tail starts and epoch ends after a change.
   void NoteProgress(TimePoint now);
   EpochStats& Stats(uint32_t e);
@@ -167,6 +170,10 @@ class DataStream {
   uint64_t cursor_ = 0;  // next position of cursor_epoch_'s order to hand out
   uint64_t next_id_ = 1;
   std::map<uint64_t, Chunk> chunks_;  // held, by id
+  // Indexes of chunks_ (kept by Insert and Erase): each owner's chunk ids,
+  // and the number of chunks of each epoch.
+  std::map<uint32_t, std::set<uint64_t>> by_owner_;
+  std::map<uint32_t, size_t> epoch_chunks_;
   std::vector<Span> pool_;            // given back, not held
   std::map<uint32_t, Pace> paces_;
   uint64_t handed_out_ = 0, taken_over_ = 0, returned_ = 0;

@@ -633,7 +633,13 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
                       "training set has",
                       out);
   }
-  if (data_samples_ != 0 && m.samples != 0 && m.samples != data_samples_) {
+  if (m.samples > UINT32_MAX) {
+    return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
+                      "a training set of " + std::to_string(m.samples) +
+                          " samples: at most 2^32 - 1 (sample indices are 32-bit)",
+                      out);
+  }
+  if (options_.data_stream && data_samples_ != 0 && m.samples != data_samples_) {
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "this worker's training set has " + std::to_string(m.samples) +
                           " samples; the job's has " + std::to_string(data_samples_),
@@ -1180,6 +1186,14 @@ void MonitorCore::LogEpochsEnded() {
                              : std::string(),
                  tail ? fmt::format("{:.2f} s", *tail) : std::string("not measured"), shares);
   }
+}
+
+DataStreamOptions MonitorCore::StreamOptions() const {
+  DataStreamOptions so;
+  so.samples = data_samples_;
+  so.epochs = options_.epochs;
+  so.chunk_samples = options_.chunk_samples;
+  return so;
 }
 
 void MonitorCore::ReleaseDeparted() {
@@ -1978,11 +1992,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     std::vector<uint32_t> live = LiveWorkers();
     if (options_.data_stream) {
       // One stream over the whole training set instead of partitions.
-      DataStreamOptions so;
-      so.samples = data_samples_;
-      so.epochs = options_.epochs;
-      so.chunk_samples = options_.chunk_samples;
-      stream_.emplace(so);
+      stream_.emplace(StreamOptions());
       for (uint32_t id : live) stream_->SetPace(id, 0, 1);
       partition_count_ = 0;
       partitions_.clear();
@@ -2039,7 +2049,9 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
           StopJob(reason, out);  // no evaluator on a schedule of its own: none to wait for
         } else if (final_eval_ == 0) {
           // Hold the workers and have the final model evaluated first.
-          final_eval_ = 1;
+          // A number the evaluator has not answered yet, also after a
+          // monitor restart (the membership version only goes up).
+          final_eval_ = std::max<uint64_t>(1, membership_version_);
           final_eval_since_ = now;
           if (pause_at_ == 0) pause_at_ = PauseClock();
           spdlog::info("{}: the workers are held for a final evaluation", reason);

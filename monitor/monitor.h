@@ -419,6 +419,8 @@ class MonitorCore {
   void StreamHeartbeat(WorkerState& w, const msg::Heartbeat& hb, msg::HeartbeatReply* reply);
   // --data-stream: workers no longer live give their chunks back.
   void ReleaseDeparted();
+  // The stream's options: the declared training set and the job's flags.
+  DataStreamOptions StreamOptions() const;
   void UpdateStreamGauges();
   // Logs each epoch that ended since the last call: when, its tail, and
   // each worker's share of its samples.

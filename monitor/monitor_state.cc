@@ -94,11 +94,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   data_samples_ = st.data_samples;
   stream_.reset();
   if (st.stream) {
-    DataStreamOptions so;
-    so.samples = data_samples_;
-    so.epochs = options_.epochs;
-    so.chunk_samples = options_.chunk_samples;
-    stream_.emplace(so);
+    stream_.emplace(StreamOptions());
     if (absl::Status s = stream_->Restore(*st.stream); !s.ok()) {
       stream_.reset();
       return absl::DataLossError(s.message());

@@ -56,7 +56,7 @@ const std::vector<uint32_t>& ChunkReader::Order(uint32_t epoch) {
   return it->second;
 }
 
-std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
+std::optional<ChunkReader::Span> ChunkReader::PlanPositions(size_t n) {
   inflight_chunk_ = inflight_n_ = 0;
   std::pair<const uint64_t, Held>* next = nullptr;
   for (auto& kv : held_) {
@@ -68,15 +68,21 @@ std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
   }
   if (next == nullptr || n == 0) return std::nullopt;
   const Held& h = next->second;
-  const uint64_t take = std::min<uint64_t>(n, h.end - h.pos);
-  const std::vector<uint32_t>& order = Order(h.epoch);
+  Span s{next->first, h.epoch, h.pos, std::min<uint64_t>(n, h.end - h.pos)};
+  inflight_chunk_ = s.chunk;
+  inflight_n_ = last_batch_ = s.count;
+  return s;
+}
+
+std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
+  const std::optional<Span> s = PlanPositions(n);
+  if (!s) return std::nullopt;
+  const std::vector<uint32_t>& order = Order(s->epoch);
   Batch b;
-  b.chunk = next->first;
-  b.epoch = h.epoch;
-  b.samples.assign(order.begin() + static_cast<long>(h.pos),
-                   order.begin() + static_cast<long>(h.pos + take));
-  inflight_chunk_ = next->first;
-  inflight_n_ = last_batch_ = take;
+  b.chunk = s->chunk;
+  b.epoch = s->epoch;
+  b.samples.assign(order.begin() + static_cast<long>(s->pos),
+                   order.begin() + static_cast<long>(s->pos + s->count));
   return b;
 }
 

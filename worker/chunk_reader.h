@@ -47,6 +47,13 @@ class ChunkReader {
     std::vector<uint32_t> samples;
   };
 
+  // Positions [pos, pos + count) of epoch `epoch`'s order, in chunk `chunk`.
+  struct Span {
+    uint64_t chunk = 0;
+    uint32_t epoch = 0;
+    uint64_t pos = 0, count = 0;
+  };
+
   // Takes the chunks a heartbeat reply lists for this worker (only a reply
   // of a running job lists them).
   void Sync(const std::vector<wire::DataChunk>& grants);
@@ -54,6 +61,9 @@ class ChunkReader {
   // samples left; it is in flight until Ack or the next Plan. nullopt:
   // nothing to read.
   std::optional<Batch> Plan(size_t n);
+  // As Plan, the positions only (no epoch order is made: the cluster
+  // simulator's workers read no data).
+  std::optional<Span> PlanPositions(size_t n);
   // The planned batch's push was acknowledged: its chunk's position moves.
   void Ack();
   // The chunks for a heartbeat: those held, and those trained to their end

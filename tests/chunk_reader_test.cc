@@ -1,0 +1,124 @@
+// The worker's side of the data stream (worker/chunk_reader.h) alone: the
+// order it reads in, a cut confirmed where it stops, positions that move
+// only with acknowledgements, finished chunks reported until the monitor
+// took them, and chunks the monitor no longer lists dropped.
+#include "worker/chunk_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace pacer::worker {
+namespace {
+
+wire::DataChunk Chunk(uint64_t id, uint64_t begin, uint64_t end, uint64_t pos, uint32_t epoch) {
+  return wire::DataChunk(id, begin, end, pos, epoch);
+}
+
+TEST(ChunkReaderTest, EpochOrderIsAPermutationThatDependsOnlyOnSeedAndEpoch) {
+  std::vector<uint32_t> a = EpochOrder(7, 3, 1000);
+  EXPECT_EQ(a, EpochOrder(7, 3, 1000));
+  EXPECT_NE(a, EpochOrder(7, 4, 1000));
+  EXPECT_NE(a, EpochOrder(8, 3, 1000));
+  std::vector<uint32_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<uint32_t> all(1000);
+  std::iota(all.begin(), all.end(), 0u);
+  EXPECT_EQ(sorted, all);
+}
+
+TEST(ChunkReaderTest, ReadsTheOldestChunkFirstInTheEpochsOrder) {
+  ChunkReader r(7, 1000);
+  r.Sync({Chunk(9, 0, 100, 0, 1), Chunk(4, 500, 600, 520, 0), Chunk(5, 600, 700, 600, 0)});
+  auto b = r.Plan(32);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->chunk, 4u);  // epoch 0 before epoch 1, then by id
+  EXPECT_EQ(b->epoch, 0u);
+  const std::vector<uint32_t> order = EpochOrder(7, 0, 1000);
+  EXPECT_EQ(b->samples, std::vector<uint32_t>(order.begin() + 520, order.begin() + 552));
+  // Not acknowledged: the same batch again.
+  auto again = r.Plan(32);
+  EXPECT_EQ(again->samples, b->samples);
+  r.Ack();
+  // 48 left in chunk 4: a short batch, none past its end.
+  r.Plan(100);
+  r.Ack();
+  EXPECT_EQ(r.Plan(10)->chunk, 5u);
+}
+
+TEST(ChunkReaderTest, ACutIsConfirmedWhereItStopsCountingTheBatchInFlight) {
+  ChunkReader r(1, 1000);
+  r.Sync({Chunk(1, 0, 500, 100, 0)});
+  ASSERT_TRUE(r.Plan(50).has_value());  // [100, 150) in flight
+  // The monitor asks it to stop at 120: it has read to 150.
+  r.Sync({Chunk(1, 0, 120, 100, 0)});
+  std::vector<wire::DataChunk> rep = r.Report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].end(), 150u);
+  EXPECT_EQ(rep[0].pos(), 100u);  // not acknowledged yet
+  r.Ack();
+  rep = r.Report();
+  ASSERT_EQ(rep.size(), 1u);  // trained to where it stops
+  EXPECT_EQ(rep[0].pos(), 150u);
+  EXPECT_FALSE(r.has_data());
+  // A cut below what it has read never lowers its end further; an end
+  // above it is not taken either.
+  r.Sync({Chunk(2, 0, 400, 0, 1)});
+  r.Sync({Chunk(2, 0, 1000, 0, 1)});
+  EXPECT_EQ(r.Report()[0].end(), 400u);
+}
+
+TEST(ChunkReaderTest, AFinishedChunkIsReportedUntilAReplyNoLongerListsIt) {
+  ChunkReader r(1, 1000);
+  r.Sync({Chunk(3, 0, 40, 0, 0)});
+  r.Plan(40);
+  r.Ack();
+  // A reply to a heartbeat sent before the ack still lists it, at its old
+  // position: it is not read again.
+  r.Sync({Chunk(3, 0, 40, 0, 0)});
+  EXPECT_FALSE(r.Plan(10).has_value());
+  std::vector<wire::DataChunk> rep = r.Report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].pos(), 40u);
+  // The reply to that report does not list it: reported no more.
+  r.Sync({});
+  EXPECT_TRUE(r.Report().empty());
+}
+
+TEST(ChunkReaderTest, AReportLostOnTheWayIsSentAgain) {
+  ChunkReader r(1, 1000);
+  r.Sync({Chunk(3, 0, 40, 0, 0)});
+  r.Plan(40);
+  r.Ack();
+  EXPECT_EQ(r.Report().size(), 1u);  // the heartbeat got no reply
+  EXPECT_EQ(r.Report().size(), 1u);  // so the next one carries it again
+}
+
+TEST(ChunkReaderTest, AChunkTheMonitorNoLongerListsIsDropped) {
+  ChunkReader r(1, 1000);
+  r.Sync({Chunk(1, 0, 100, 0, 0), Chunk(2, 100, 200, 100, 0)});
+  r.Sync({Chunk(2, 100, 200, 100, 0)});
+  auto b = r.Plan(500);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->chunk, 2u);
+  EXPECT_EQ(r.held(), 1u);
+}
+
+TEST(ChunkReaderTest, AChunkThatDoesNotFitTheDataSetIsRefused) {
+  ChunkReader r(1, 100);
+  r.Sync({Chunk(1, 0, 200, 0, 0), Chunk(2, 50, 60, 70, 0)});
+  EXPECT_EQ(r.held(), 0u);
+}
+
+TEST(ChunkReaderTest, WithExactPositionsOffItReportsABatchAhead) {
+  ChunkReader r(1, 1000, /*exact_positions=*/false);
+  r.Sync({Chunk(1, 0, 500, 0, 0)});
+  r.Plan(50);
+  r.Ack();
+  r.Plan(50);
+  EXPECT_EQ(r.Report()[0].pos(), 100u);  // 50 acknowledged
+}
+
+}  // namespace
+}  // namespace pacer::worker
