@@ -6,10 +6,13 @@
 #include <map>
 #include <queue>
 #include <random>
+#include <optional>
 #include <set>
 
+#include "monitor/data_stream.h"
 #include "ps/base/clock.h"
 #include "ps/staleness.h"
+#include "worker/chunk_reader.h"
 
 namespace pacer::sim {
 
@@ -129,6 +132,11 @@ struct SimWorker {
   // its fair share; then iterations counted from there.
   double reached = -1;
   uint64_t graded = 0, in_band = 0;
+  // The data stream (SimOptions::data_samples): its chunks, the samples of
+  // the iteration in flight, and those trained since its last heartbeat.
+  std::optional<worker::ChunkReader> reader;
+  uint32_t take = 0;
+  double window_samples = 0;
 };
 
 enum class EventKind { kRead, kPush, kHeartbeat };
@@ -188,6 +196,9 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   if (o.staleness + o.staleness_range > kMaxStalenessBound) {
     return absl::InvalidArgumentError("staleness bound above " + std::to_string(kMaxStalenessBound));
   }
+  if (o.data_samples > 0 && (o.epochs == 0 || o.report_interval <= 0)) {
+    return absl::InvalidArgumentError("a data stream needs epochs and a report interval");
+  }
   const int n = o.workers;
   const SpeedTrace trace(o);
   NoiseTrace noise(o);
@@ -212,6 +223,14 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   policy.SetWorkers(ids);
 
   std::vector<SimWorker> w(static_cast<size_t>(n));
+  std::optional<DataStream> stream;
+  if (o.data_samples > 0) {
+    DataStreamOptions so;
+    so.samples = o.data_samples;
+    so.epochs = o.epochs;
+    so.chunk_samples = o.chunk_samples;
+    stream.emplace(so);
+  }
   std::set<std::pair<int64_t, int>> by_pushed;  // (pushed, worker): begin() is the slowest
   for (int i = 0; i < n; ++i) by_pushed.insert({-1, i});
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
@@ -286,8 +305,14 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     }
     me.batch = std::max<uint32_t>(
         1, o.report_interval > 0 ? me.assigned : policy.assignment(static_cast<uint32_t>(i)).batch);
-    me.compute = (me.batch * o.seconds_per_sample + o.iteration_overhead) * trace.Factor(i, t) *
-                 noise.Multiplier(i, t);
+    me.take = me.batch;
+    if (stream) {
+      const auto span = me.reader->PlanPositions(me.batch);
+      me.take = span ? static_cast<uint32_t>(span->count) : 0;
+    }
+    me.compute = me.take == 0 ? 0
+                              : (me.take * o.seconds_per_sample + o.iteration_overhead) *
+                                    trace.Factor(i, t) * noise.Multiplier(i, t);
     me.started = t;
     events.push({t + half_comm + me.compute + half_comm, seq++, i, EventKind::kPush});
   };
@@ -319,6 +344,20 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       r.decision_max_seconds = std::max(r.decision_max_seconds, policy.last_decision_seconds());
     }
   };
+  // The data stream: every worker known to it before the first hand-out.
+  auto exchange = [&](int i, double t) {
+    SimWorker& me = w[static_cast<size_t>(i)];
+    stream->Report(static_cast<uint32_t>(i), me.reader->Report(), At(t));
+    me.reader->Sync(stream->Assign(static_cast<uint32_t>(i), At(t)));
+    if (stream->finished() && r.epochs_seconds < 0) r.epochs_seconds = t;
+  };
+  if (stream) {
+    for (int i = 0; i < n; ++i) {
+      stream->SetPace(static_cast<uint32_t>(i), 0, policy.assignment(static_cast<uint32_t>(i)).batch);
+      w[static_cast<size_t>(i)].reader.emplace(o.seed, o.data_samples);
+    }
+    for (int i = 0; i < n; ++i) exchange(i, 0);
+  }
   for (int i = 0; i < n; ++i) {
     w[static_cast<size_t>(i)].assigned = policy.assignment(static_cast<uint32_t>(i)).batch;
     events.push({0, seq++, i, EventKind::kRead});
@@ -326,7 +365,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       events.push({o.report_interval * (i + 0.5) / n, seq++, i, EventKind::kHeartbeat});
     }
   }
-  while (!events.empty() && events.top().time <= o.seconds) {
+  while (!events.empty() && events.top().time <= o.seconds && r.epochs_seconds < 0) {
     const Event e = events.top();
     events.pop();
     if (e.kind == EventKind::kRead) {
@@ -344,6 +383,13 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       policy.Round(At(e.time));
       count_round();
       me.assigned = policy.assignment(static_cast<uint32_t>(e.worker)).batch;
+      if (stream) {
+        // Its speed as the trainer reports it: samples over the window.
+        stream->SetPace(static_cast<uint32_t>(e.worker), me.window_samples / o.report_interval,
+                        me.assigned);
+        me.window_samples = 0;
+        exchange(e.worker, e.time);
+      }
       events.push({e.time + o.report_interval, seq++, e.worker, EventKind::kHeartbeat});
       continue;
     }
@@ -355,12 +401,22 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
     rep.min_compute = rep.max_compute = me.compute;
     rep.communication_seconds = o.communication;
     rep.wait_seconds = me.wait;
-    if (o.report_interval > 0) {
+    // As the trainer: a short batch (a chunk's end) or an empty push is not
+    // timed for the policy.
+    if (me.take < me.batch) {
+    } else if (o.report_interval > 0) {
       me.unreported += rep;
     } else {
       rep.clock = c + 1;
       rep.at = At(e.time);
       policy.Report(static_cast<uint32_t>(e.worker), rep);
+    }
+    if (stream) {
+      // Acknowledged: the position moves, and the monitor hears at once.
+      me.reader->Ack();
+      me.window_samples += me.take;
+      exchange(e.worker, e.time);
+      me.batch = me.take;  // what the push carries (samples and stability)
     }
     auto record_push = [&] {
       by_pushed.erase({me.pushed, e.worker});
@@ -422,10 +478,12 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   //   T* = (B + sum (comm + overhead f_i) / (spp f_i)) / sum 1 / (spp f_i),
   // and the cluster does B samples per T*. Speeds change with the trace, so
   // T* is taken on a 10 ms grid.
+  // A stream's run ends when its epochs are trained.
+  const double duration = r.epochs_seconds > 0 ? r.epochs_seconds : o.seconds;
   double ideal_samples = 0;
   const double B = static_cast<double>(o.batch) * n;
   const double step = 0.01;
-  for (double t = 0; t < o.seconds; t += step) {
+  for (double t = 0; t < duration; t += step) {
     double inv = 0, extra = 0;
     for (int i = 0; i < n; ++i) {
       const double f = trace.Factor(i, t);
@@ -433,17 +491,28 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       extra += (o.communication + o.iteration_overhead * f) / (o.seconds_per_sample * f);
     }
     const double t_star = (B + extra) / inv;
-    ideal_samples += B / t_star * std::min(step, o.seconds - t);
+    ideal_samples += B / t_star * std::min(step, duration - t);
   }
   double waited = 0;
   for (int i = 0; i < n; ++i) {
     const SimWorker& me = w[static_cast<size_t>(i)];
-    waited += me.wait_total + (me.blocked ? o.seconds - me.blocked_since : 0);
+    waited += me.wait_total + (me.blocked ? duration - me.blocked_since : 0);
   }
-  r.throughput = r.samples / o.seconds;
-  r.ideal_throughput = ideal_samples / o.seconds;
+  r.throughput = r.samples / duration;
+  r.ideal_throughput = ideal_samples / duration;
   r.fraction = r.ideal_throughput > 0 ? r.throughput / r.ideal_throughput : 0;
-  r.wait_fraction = waited / (o.seconds * n);
+  r.wait_fraction = waited / (duration * n);
+  if (stream) {
+    r.epochs_done = stream->epoch();
+    r.epochs_floor_seconds =
+        r.ideal_throughput > 0
+            ? static_cast<double>(r.epochs_done) * static_cast<double>(o.data_samples) /
+                  r.ideal_throughput
+            : 0;
+    for (uint32_t e = 0; e < r.epochs_done; ++e) {
+      r.max_tail_seconds = std::max(r.max_tail_seconds, stream->tail_seconds(e).value_or(0));
+    }
+  }
   r.decision_mean_seconds = r.rounds ? decision_total / static_cast<double>(r.rounds) : 0;
   r.fixed_cost_samples = policy.fixed_cost_samples();
   r.level_shifts = policy.level_shifts();

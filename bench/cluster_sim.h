@@ -83,6 +83,17 @@ struct SimOptions {
   double damping = 0.5;
   double probe = 0.2;
   double shift_seconds = 0.3;         // PolicyOptions::shift_seconds
+  // The data stream (pacer-monitor --data-stream; monitor/data_stream.h),
+  // the monitor's own DataStream with each worker reading its chunks as
+  // the trainer does (worker/chunk_reader.h; positions only): a training
+  // set of data_samples samples for `epochs` passes. The run ends once
+  // they are trained (or at `seconds`). A worker with no chunk at hand
+  // pushes empty (no compute). The stream hears a worker after each of its
+  // pushes and at its heartbeats (no message delay). 0: not modelled, every
+  // batch full.
+  uint64_t data_samples = 0;
+  uint32_t epochs = 0;
+  uint32_t chunk_samples = 0;  // --chunk-samples (0: by speed)
 };
 
 struct SimResult {
@@ -117,6 +128,14 @@ struct SimResult {
   int slow_workers = 0;
   double slow_reach_seconds = -1;
   double slow_in_band_fraction = 1;
+  // With data_samples: the epochs trained in full, when the last of them
+  // ended (-1: not within `seconds`), the floor (their samples over the
+  // ideal throughput) and the longest epoch tail (seconds from the first
+  // worker left with nothing of an epoch to its end).
+  uint32_t epochs_done = 0;
+  double epochs_seconds = -1;
+  double epochs_floor_seconds = 0;
+  double max_tail_seconds = 0;
 };
 
 // The true fair shares of B over workers whose compute per iteration is

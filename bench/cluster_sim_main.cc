@@ -95,13 +95,23 @@ int main(int argc, char** argv) {
   app.add_option("--probe", o.probe,
                  "The policy's probing of sizes (relative) to learn the fixed cost; 0: off")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
+  app.add_option("--data-samples", o.data_samples,
+                 "Model the data stream (pacer-monitor --data-stream) over a training set of this "
+                 "many samples, for --epochs passes; the run ends when they are trained (0: off)")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "With --data-samples: passes over the training set")
+      ->capture_default_str();
+  app.add_option("--chunk-samples", o.chunk_samples,
+                 "With --data-samples: samples per chunk (0: two seconds of each worker's speed)")
+      ->capture_default_str();
   app.add_flag("--csv", csv, "Print one CSV row");
   app.add_flag("--csv-header", header, "Print the CSV header and exit");
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
   const char* kHeader =
       "workers,mode,policy,scenario,throughput,ideal,fraction,wait_fraction,clocks,dropped,"
       "rounds,decision_mean_ms,decision_max_ms,min_batch,max_batch,stable_fraction,"
-      "min_batch_ratio,max_batch_ratio,slow_workers,slow_reach_s,slow_in_band";
+      "min_batch_ratio,max_batch_ratio,slow_workers,slow_reach_s,slow_in_band,epochs_done,"
+      "epochs_s,epochs_floor_s,max_tail_s";
   if (header) {
     std::printf("%s\n", kHeader);
     return 0;
@@ -122,14 +132,15 @@ int main(int argc, char** argv) {
   }
   if (csv) {
     std::printf("%d,%s,%s,%s,%.1f,%.1f,%.4f,%.4f,%lu,%lu,%lu,%.4f,%.4f,%u,%u,%.4f,%.3f,%.3f,%d,"
-                "%.2f,%.4f\n", o.workers,
+                "%.2f,%.4f,%u,%.3f,%.3f,%.3f\n", o.workers,
                 mode.c_str(), policy.c_str(), scenario.c_str(), r->throughput,
                 r->ideal_throughput, r->fraction, r->wait_fraction,
                 static_cast<unsigned long>(r->clocks), static_cast<unsigned long>(r->dropped),
                 static_cast<unsigned long>(r->rounds), r->decision_mean_seconds * 1e3,
                 r->decision_max_seconds * 1e3, r->min_batch, r->max_batch, r->stable_fraction,
                 r->min_batch_ratio, r->max_batch_ratio, r->slow_workers, r->slow_reach_seconds,
-                r->slow_in_band_fraction);
+                r->slow_in_band_fraction, r->epochs_done, r->epochs_seconds,
+                r->epochs_floor_seconds, r->max_tail_seconds);
   } else {
     std::printf("workers %d  %s/%s  %s: throughput %.0f samples/s of ideal %.0f (%.3f), "
                 "waiting %.1f%%, %lu clocks, %lu dropped, %lu policy rounds "
@@ -147,6 +158,13 @@ int main(int argc, char** argv) {
       std::printf("; %d slow workers: within 25%% of their fair share from %.2f s, then in %.1f%% "
                   "of their steps", r->slow_workers, r->slow_reach_seconds,
                   100 * r->slow_in_band_fraction);
+    }
+    if (o.data_samples > 0) {
+      std::printf("; data stream: %u of %u epoch(s) in %.2f s (floor %.2f s: %.3f), longest "
+                  "tail %.3f s", r->epochs_done, o.epochs, r->epochs_seconds,
+                  r->epochs_floor_seconds,
+                  r->epochs_floor_seconds > 0 ? r->epochs_seconds / r->epochs_floor_seconds : 0,
+                  r->max_tail_seconds);
     }
     std::printf("\n");
   }

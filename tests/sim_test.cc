@@ -274,5 +274,40 @@ TEST(SimTest, BadOptionsAreRefused) {
   EXPECT_FALSE(ParseScenario("sideways").ok());
 }
 
+
+// The data stream in the simulator: BSP at the straggler's pace is the
+// worked-out case (every clock 16.8 ms, 192 samples a clock: 2 epochs of
+// 192000 samples take 2000 clocks, 33.6 s, and a few more for the short
+// batches at chunk ends); with the pacer policy and the stream the epochs
+// end near the floor the workers' speeds allow (the policy's first rounds,
+// at even sizes, included), and each epoch's tail is short.
+TEST(SimTest, DataStreamEpochsEndNearTheFloor) {
+  SimOptions o = Base();
+  o.scenario = Scenario::kStatic;
+  o.slow_factor = 4;
+  o.data_samples = 192000;
+  o.epochs = 2;
+  o.seconds = 60;
+  auto bsp = Simulate(o);
+  ASSERT_TRUE(bsp.ok()) << bsp.status();
+  EXPECT_EQ(bsp->epochs_done, 2u);
+  EXPECT_NEAR(bsp->epochs_seconds, 2000 * 16.8e-3, 0.4);
+  o.policy = policy::Kind::kPacer;
+  o.mode = wire::Mode::Dssp;
+  o.staleness = 3;
+  auto pacer = Simulate(o);
+  ASSERT_TRUE(pacer.ok()) << pacer.status();
+  EXPECT_EQ(pacer->epochs_done, 2u);
+  EXPECT_LT(pacer->epochs_seconds, 0.75 * bsp->epochs_seconds);
+  EXPECT_LT(pacer->epochs_seconds, 1.1 * pacer->epochs_floor_seconds);
+  EXPECT_LT(pacer->max_tail_seconds, 0.5);
+}
+
+TEST(SimTest, DataStreamNeedsEpochs) {
+  SimOptions o = Base();
+  o.data_samples = 1000;
+  EXPECT_FALSE(Simulate(o).ok());
+}
+
 }  // namespace
 }  // namespace pacer::sim
