@@ -164,6 +164,17 @@ void ExpectOnce(Sim& sim, uint32_t e) {
   }
 }
 
+// A stream whose every epoch is one chunk held whole: `samples` samples,
+// `epochs` epochs, one chunk at a time of the whole epoch.
+DataStreamOptions WholeEpochChunks(uint64_t samples, uint32_t epochs) {
+  DataStreamOptions o;
+  o.samples = samples;
+  o.epochs = epochs;
+  o.hold = 1;
+  o.chunk_samples = static_cast<uint32_t>(samples);
+  return o;
+}
+
 TEST(DataStreamTest, HandsOutHoldChunksInOrder) {
   DataStreamOptions o;
   o.samples = 1000;
@@ -289,12 +300,7 @@ TEST(DataStreamTest, ReturnOnDeathLosesNothing) {
 }
 
 TEST(DataStreamTest, TailIsHandedOverOnlyOnceTheHolderConfirms) {
-  DataStreamOptions o;
-  o.samples = 1000;
-  o.epochs = 1;
-  o.hold = 1;
-  o.chunk_samples = 1000;
-  DataStream s(o);
+  DataStream s(WholeEpochChunks(1000, 1));
   const TimePoint t0{};
   s.SetPace(1, 100, 10);  // the holder: slow
   auto held = s.Assign(1, t0);
@@ -329,10 +335,7 @@ TEST(DataStreamTest, TailIsHandedOverOnlyOnceTheHolderConfirms) {
 }
 
 TEST(DataStreamTest, NoTakeOverWhenItGainsTooLittle) {
-  DataStreamOptions o;
-  o.samples = 1000;
-  o.hold = 1;
-  o.chunk_samples = 1000;
+  DataStreamOptions o = WholeEpochChunks(1000, 0);
   o.min_gain_seconds = 10;
   DataStream s(o);
   s.SetPace(1, 100, 10);
@@ -345,12 +348,7 @@ TEST(DataStreamTest, NoTakeOverWhenItGainsTooLittle) {
 }
 
 TEST(DataStreamTest, TakerThatDiesCallsTheHandOverOff) {
-  DataStreamOptions o;
-  o.samples = 1000;
-  o.epochs = 1;
-  o.hold = 1;
-  o.chunk_samples = 1000;
-  DataStream s(o);
+  DataStream s(WholeEpochChunks(1000, 1));
   s.SetPace(1, 100, 10);
   auto held = s.Assign(1, TimePoint{});
   s.SetPace(2, 1000, 10);
@@ -368,11 +366,7 @@ TEST(DataStreamTest, TakerThatDiesCallsTheHandOverOff) {
 }
 
 TEST(DataStreamTest, EpochRollsOverAtMostOneAhead) {
-  DataStreamOptions o;
-  o.samples = 100;
-  o.epochs = 4;
-  o.hold = 1;
-  o.chunk_samples = 100;
+  DataStreamOptions o = WholeEpochChunks(100, 4);
   o.min_gain_seconds = 1e9;  // no take-over: the holder keeps epoch 0 open
   DataStream s(o);
   s.SetPace(1, 10, 10);
@@ -399,12 +393,7 @@ TEST(DataStreamTest, EpochRollsOverAtMostOneAhead) {
 }
 
 TEST(DataStreamTest, FinishesAfterItsEpochs) {
-  DataStreamOptions o;
-  o.samples = 100;
-  o.epochs = 2;
-  o.chunk_samples = 100;
-  o.hold = 1;
-  DataStream s(o);
+  DataStream s(WholeEpochChunks(100, 2));
   s.SetPace(1, 10, 10);
   for (int i = 0; i < 5; ++i) {
     for (const auto& c : s.Assign(1, TimePoint{})) {
@@ -441,11 +430,7 @@ TEST(DataStreamTest, RestoredStreamCarriesOn) {
 }
 
 TEST(DataStreamTest, RestoredFromBeforeACutTakesTheHoldersWord) {
-  DataStreamOptions o;
-  o.samples = 1000;
-  o.epochs = 1;
-  o.hold = 1;
-  o.chunk_samples = 1000;
+  const DataStreamOptions o = WholeEpochChunks(1000, 1);
   DataStream s(o);
   s.SetPace(1, 100, 10);
   auto held = s.Assign(1, TimePoint{});
