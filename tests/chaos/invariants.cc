@@ -180,7 +180,10 @@ void Runner::CheckOncePerEpoch() {
         last.emplace_back(epoch, i);
       }
     }
-    if (w < workers_.size() && workers_[w]->killed_on_purpose) {
+    // A worker killed, or frozen past its lease, is dead to the job: its
+    // last batch may be trained again (README: "Elastic workers").
+    if (w < workers_.size() &&
+        (workers_[w]->killed_on_purpose || workers_[w]->frozen_on_purpose)) {
       may_repeat.insert(last.begin(), last.end());
     }
   }
@@ -201,12 +204,12 @@ void Runner::CheckOncePerEpoch() {
   if (done < 0 && lines > 0) first += "no epoch ended; ";
   if (skipped > 0 || twice > 0 || done < 0) {
     v.pass = false;
-    v.detail += fmt::format("{} skipped, {} repeated outside a killed worker's last batch: {}",
+    v.detail += fmt::format("{} skipped, {} repeated outside a dead worker's last batch: {}",
                             skipped, twice, first);
   } else if (v.pass) {
     v.detail = fmt::format(
-        "epochs 0..{} each trained every one of {} samples once ({} repeats, all in a killed "
-        "worker's last batch); none twice in the epoch under way",
+        "epochs 0..{} each trained every one of {} samples once ({} repeats, all in a dead "
+        "(killed, or frozen past its lease) worker's last batch); none twice in the epoch under way",
         done, samples, repeats);
   }
   verdicts_.push_back(v);
@@ -408,11 +411,15 @@ void Runner::CheckProgress() {
   for (double h : heals_) {
     if (h > t0_ + s_.seconds - 2) continue;  // no time left to show progress
     const double until = std::min(h + inv.progress_within, t0_ + s_.seconds);
-    // Training moved: a push of a real batch (not an empty one) was
-    // acknowledged.
-    const bool moved = std::any_of(all_acks_.begin(), all_acks_.end(), [&](const Ack& a) {
-      return a.at > h && a.at <= until && a.samples > 0;
-    });
+    // Training moved: pushes of real batches (not empty ones) were
+    // acknowledged at two clocks or more. One clock is not enough: a
+    // barrier stuck at clock C still takes each live worker's push of C
+    // (a newcomer's too) before their pulls of C + 1 wait forever.
+    std::set<uint64_t> clocks;
+    for (const Ack& a : all_acks_) {
+      if (a.at > h && a.at <= until && a.samples > 0) clocks.insert(a.clock);
+    }
+    const bool moved = clocks.size() >= 2;
     if (!moved) {
       v.pass = false;
       v.detail += fmt::format("no acknowledged batch in the {:.0f} s after t+{:.1f}s; ", until - h,

@@ -510,6 +510,7 @@ bool Runner::DoStopOrCont(const Action& a, double now) {
   if (p == nullptr) return false;
   p->Signal(a.what == "stop" ? SIGSTOP : SIGCONT);
   p->stopped = a.what == "stop";
+  if (a.what == "stop") p->frozen_on_purpose = true;
   if (a.what == "cont") heals_.push_back(now);
   if (a.what == "stop" && a.target.rfind("worker:", 0) == 0) {
     expect_monitor_.push_back({"pacer_monitor_worker_clock_lag", "worker stopped"});
