@@ -7,12 +7,36 @@
 namespace pacer::worker {
 
 std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples) {
-  std::vector<uint32_t> order(samples);
-  std::iota(order.begin(), order.end(), 0u);
+  std::vector<uint32_t> pool(samples);
+  std::iota(pool.begin(), pool.end(), 0u);
   // Not the partitions' seeding (seed, partition, epoch): a stream epoch's
   // order must not equal a partition's.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + uint64_t{epoch} * 1000003 + 17);
-  std::shuffle(order.begin(), order.end(), rng);
+  if (samples == 0) return pool;
+  // S = 2^bits slices; slice s is pool[first[s], first[s + 1]), shuffled.
+  size_t bits = 0;
+  while ((size_t{2} << bits) <= std::min(samples, kEpochStrata)) ++bits;
+  const size_t strata = size_t{1} << bits;
+  std::vector<size_t> first(strata + 1);
+  for (size_t s = 0; s <= strata; ++s) first[s] = s * samples / strata;
+  for (size_t s = 0; s < strata; ++s) {
+    std::shuffle(pool.begin() + static_cast<std::ptrdiff_t>(first[s]),
+                 pool.begin() + static_cast<std::ptrdiff_t>(first[s + 1]), rng);
+  }
+  std::vector<size_t> reversed(strata, 0);  // bit-reversed step numbers
+  for (size_t j = 0; j < strata; ++j) {
+    for (size_t b = 0; b < bits; ++b) reversed[j] |= ((j >> b) & 1) << (bits - 1 - b);
+  }
+  std::vector<uint32_t> order;
+  order.reserve(samples);
+  std::uniform_int_distribution<size_t> masks(0, strata - 1);
+  for (size_t r = 0; order.size() < samples; ++r) {
+    const size_t mask = masks(rng);
+    for (size_t j = 0; j < strata; ++j) {
+      const size_t s = reversed[j] ^ mask;
+      if (first[s] + r < first[s + 1]) order.push_back(pool[first[s] + r]);
+    }
+  }
   return order;
 }
 
