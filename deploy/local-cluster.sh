@@ -38,9 +38,9 @@
 #
 # At the end it prints a table per worker (mean batch and its share of the
 # global batch, samples and its share of all the workers' samples, and the
-# compute, communication and wait shares of its time), with --data-stream
-# the monitor's line for each epoch's end (its tail and each worker's share
-# of its samples), and one line on what the straggler policy did.
+# compute, communication and wait shares of its time), the monitor's line
+# for each epoch's end of the data stream (its tail and each worker's
+# share of its samples), and one line on what the straggler policy did.
 #
 # Example, a 4x straggler under the pacer policy, against BSP:
 #   deploy/local-cluster.sh --worker-args-2 "--slowdown 4" --compare
@@ -270,7 +270,7 @@ done
                100 * v["compute_s"] / t, 100 * v["communication_s"] / t, 100 * v["wait_s"] / t
       }'
   done
-  # --data-stream: each epoch's end, its tail, and each worker's share of it.
+  # The data stream: each epoch's end, its tail, and each worker's share of it.
   sed -n 's/.*\[monitor\] \(epoch [0-9]* done.*\)/\1/p' "$tmp/monitor.log"
   sed -n '/ policy: /p' "$tmp/monitor.out"
 } | sed 's/^/[cluster] /' >&2

@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
                  "Global batch B, split evenly across the workers present at the start")
       ->capture_default_str()->check(pacer::Positive());
   app.add_option("--epochs", opts.epochs,
-                 "Epochs (0: no cap): with --data-stream, passes over the whole training set by "
-                 "the job; without, each worker's over its own partition")
+                 "Epochs (0: no cap): passes over the whole training set by the job (with "
+                 "--data-partitions, each worker's over its own partition)")
       ->capture_default_str();
   app.add_option("--time-cap", opts.time_cap_seconds, "Stop after this many seconds of training "
                  "(0: no cap)")->capture_default_str()->check(pacer::NonNegative());
@@ -216,17 +216,21 @@ int main(int argc, char** argv) {
                "its share); default: keep --global-batch and split it anew");
   CLI::Option* stream_flag = app.add_flag(
       "--data-stream", opts.data_stream,
-      "Read the training set as one data stream: one shuffled order per epoch, handed to the "
-      "workers in chunks that follow their speed, every sample once per epoch, the epoch's "
-      "tail taken over by quicker workers (default: one partition per worker)");
-  app.add_option("--chunk-samples", opts.chunk_samples,
-                 "With --data-stream: samples per chunk (0: two seconds of each worker's "
-                 "measured speed)")
-      ->capture_default_str()->needs(stream_flag);
+      "Read the training set as one data stream (the default; the flag is kept for scripts): "
+      "one shuffled order per epoch, handed to the workers in chunks that follow their speed, "
+      "every sample once per epoch, the epoch's tail taken over by quicker workers");
+  CLI::Option* chunk_option =
+      app.add_option("--chunk-samples", opts.chunk_samples,
+                     "Data stream: samples per chunk (0: two seconds of each worker's measured "
+                     "speed)")
+          ->capture_default_str();
   app.add_option("--data-partitions", opts.data_partitions,
-                 "Data partitions the training set is cut into, each read by one live worker at a "
-                 "time from where the last one stopped (0: one per worker at the start)")
-      ->capture_default_str()->excludes(stream_flag);
+                 "Instead of the data stream, cut the training set into N partitions, each read "
+                 "by one live worker at a time from where the last one stopped; --epochs then "
+                 "counts each worker's passes over its own")
+      ->check(pacer::Positive())
+      ->excludes(stream_flag)
+      ->excludes(chunk_option);
   app.add_option("--data-dir", opts.data_dir,
                  "Directory for the monitor's state (RocksDB, in DIR/state; created if missing): "
                  "membership, shard map, assignments. A monitor restarted on it carries on with "
@@ -234,6 +238,7 @@ int main(int argc, char** argv) {
   pacer::AddLogLevelFlag(app, &log_level);
   if (auto rc = pacer::ParseFlags(app, argc, argv)) return *rc;
 
+  if (opts.data_partitions > 0) opts.data_stream = false;
   pacer::SetupLogging("monitor", log_level);
   pacer::WarnUnsafe(unsafe);
   if (app.count("--policy") == 0 && !mode.empty()) policy_name = "fixed";

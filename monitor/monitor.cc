@@ -628,9 +628,10 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   }
   if (options_.data_stream && m.samples == 0) {
     return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                      "this job reads its training set as one data stream (pacer-monitor "
-                      "--data-stream): the model's declaration must say how many samples the "
-                      "training set has",
+                      "this job reads its training set as one data stream (pacer-monitor's "
+                      "default): the model's declaration must say how many samples the "
+                      "training set has (a client that reads no data the monitor hands out: "
+                      "run the monitor with --data-partitions N)",
                       out);
   }
   if (m.samples > UINT32_MAX) {
@@ -1372,7 +1373,19 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
     for (size_t p = 0; p < partitions_.size(); ++p) {
       if (partitions_[p].owner == id) ws.partitions.push_back(static_cast<uint32_t>(p));
     }
+    if (stream_) {
+      ws.chunks = stream_->Grants(id);
+      const auto& trained = stream_->samples_in_epoch(stream_->epoch());
+      if (auto it = trained.find(id); it != trained.end()) ws.epoch_samples = it->second;
+    }
     r.workers.push_back(std::move(ws));
+  }
+  if (stream_) {
+    r.data_stream = msg::DataStreamStatus{
+        stream_->epoch(),          options_.epochs,
+        static_cast<float>(stream_->epoch_progress()), data_samples_,
+        stream_->chunks_handed_out(), stream_->tails_taken_over(),
+        stream_->chunks_returned()};
   }
   for (size_t p = 0; p < partitions_.size(); ++p) {
     r.partitions.emplace_back(static_cast<uint32_t>(p), partitions_[p].epoch, partitions_[p].offset);

@@ -64,12 +64,12 @@ struct MonitorOptions {
   // Epochs (--epochs); 0: no cap. With data_stream: passes over the whole
   // training set by the job; without: each worker's over its partition.
   uint32_t epochs = 0;
-  // Read the training set as one data stream (--data-stream;
+  // Read the training set as one data stream (the default;
   // monitor/data_stream.h): one shuffled order per epoch handed to the
   // workers in chunks that follow their speed, every sample once per
-  // epoch, and the epoch's tail taken over by quicker workers. Off: one
-  // partition per worker (--data-partitions).
-  bool data_stream = false;
+  // epoch, and the epoch's tail taken over by quicker workers. Off: data
+  // partitions (--data-partitions N), the special case.
+  bool data_stream = true;
   // With data_stream: a fixed chunk size (--chunk-samples); 0: two seconds
   // of the worker's measured speed.
   uint32_t chunk_samples = 0;
@@ -88,9 +88,10 @@ struct MonitorOptions {
   // lease-expiry): a silent worker is never declared dead, so the others
   // wait for it forever.
   bool lease_expiry = true;
-  // Data partitions (--data-partitions): the training set is cut into this
-  // many, each read in its own shuffled order per epoch and owned by one
-  // live worker at a time; 0: one per worker present at the start.
+  // Without data_stream, data partitions (--data-partitions N): the
+  // training set is cut into this many, each read in its own shuffled order
+  // per epoch and owned by one live worker at a time; 0: one per worker
+  // present at the start.
   uint32_t data_partitions = 0;
   // How often workers and shards should heartbeat (--heartbeat-ms).
   uint32_t heartbeat_interval_ms = 100;

@@ -127,6 +127,24 @@ nlohmann::json StatusJson(uint64_t job, const pacer::msg::StatusReply& r) {
                             {"samples_per_second", w.samples_per_second},
                             {"partitions", w.partitions},
                             {"paused", w.paused}});
+    if (r.data_stream) {
+      // The chunks it holds: epoch, [begin, end) and the trained position.
+      json chunks = json::array();
+      for (const auto& c : w.chunks) {
+        chunks.push_back({{"epoch", c.epoch()}, {"begin", c.begin()}, {"end", c.end()},
+                          {"position", c.pos()}});
+      }
+      j["workers"].back()["chunks"] = std::move(chunks);
+      j["workers"].back()["epoch_samples"] = w.epoch_samples;
+    }
+  }
+  j["data_stream"] = json(nullptr);  // partitions, or the job not started
+  if (r.data_stream) {
+    const auto& s = *r.data_stream;
+    j["data_stream"] = {{"epoch", s.epoch},           {"epochs", s.epochs},
+                        {"progress", s.progress},     {"samples", s.samples},
+                        {"handed_out", s.handed_out}, {"taken_over", s.taken_over},
+                        {"returned", s.returned}};
   }
   j["partitions"] = json::array();
   for (const auto& p : r.partitions) {
@@ -153,6 +171,21 @@ void PrintTable(const nlohmann::json& j, bool wide) {
   }
   if (!j["stop_reason"].get<std::string>().empty()) {
     std::printf("stop reason: %s\n", j["stop_reason"].get<std::string>().c_str());
+  }
+  if (const auto& s = j["data_stream"]; !s.is_null()) {
+    // Epochs count from 0, as in the monitor's log and the sample logs.
+    const uint32_t epochs = s["epochs"].get<uint32_t>(), epoch = s["epoch"].get<uint32_t>();
+    const std::string where =
+        epochs > 0 && epoch >= epochs
+            ? fmt::format("all {} epochs trained", epochs)
+            : fmt::format("epoch {} {:.1f}% trained{}", epoch, 100.0 * s["progress"].get<double>(),
+                          epochs > 0 ? fmt::format(" (epochs 0 to {})", epochs - 1) : "");
+    std::printf("data stream: %llu samples, %s; chunks handed out %llu, tails taken over %llu, "
+                "returned %llu\n",
+                static_cast<unsigned long long>(s["samples"].get<uint64_t>()), where.c_str(),
+                static_cast<unsigned long long>(s["handed_out"].get<uint64_t>()),
+                static_cast<unsigned long long>(s["taken_over"].get<uint64_t>()),
+                static_cast<unsigned long long>(s["returned"].get<uint64_t>()));
   }
   // With --replicas K: each range's epoch, backups (shard ids) and lag.
   const uint32_t replicas = j["replicas"].get<uint32_t>();
@@ -198,12 +231,24 @@ void PrintTable(const nlohmann::json& j, bool wide) {
     }
     std::printf("\n");
   }
+  const bool stream = !j["data_stream"].is_null();
   std::printf("\n%-7s %-5s %-5s %-6s %-10s %-8s %-10s %s\n", "WORKER", "RANK", "STATE", "BATCH",
-              "STALENESS", "CLOCK", "SAMPLES/S", "PARTITIONS");
+              "STALENESS", "CLOCK", "SAMPLES/S",
+              stream ? "EPOCH SAMPLES  CHUNKS (epoch: trained position in [begin, end))"
+                     : "PARTITIONS");
   for (const auto& w : j["workers"]) {
     if (!wide && w["state"] != "live") continue;
     std::string parts;
     for (const auto& p : w["partitions"]) parts += (parts.empty() ? "" : ",") + std::to_string(p.get<uint32_t>());
+    if (stream) {
+      for (const auto& c : w["chunks"]) {
+        parts += fmt::format("{}{}: {} in [{}, {})", parts.empty() ? "" : "; ",
+                             c["epoch"].get<uint32_t>(), c["position"].get<uint64_t>(),
+                             c["begin"].get<uint64_t>(), c["end"].get<uint64_t>());
+      }
+      parts = fmt::format("{:<14} {}", w["epoch_samples"].get<uint64_t>(),
+                          parts.empty() ? "-" : parts);
+    }
     const std::string staleness = std::to_string(w["staleness"].get<uint32_t>()) +
                                   (w["staleness_range"].get<uint32_t>() > 0
                                        ? "+" + std::to_string(w["staleness_range"].get<uint32_t>())

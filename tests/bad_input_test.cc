@@ -23,7 +23,9 @@ class BadInputTest : public ::testing::Test {
   void SetUp() override {
     monitor_ = Process::Start({PACER_MONITOR_BIN, "--listen", "tcp://127.0.0.1:0", "--metrics-addr",
                                "127.0.0.1:0", "--job-id", std::to_string(kJob), "--lease", "60",
-                               "--max-message-bytes", std::to_string(kMaxBytes)},
+                               "--max-message-bytes", std::to_string(kMaxBytes),
+                               // The test's raw client declares no training set.
+                               "--data-partitions", "1"},
                               dir_.path(), "monitor");
     auto ma = monitor_->WaitForLine("listening ", seconds(10));
     auto mm = monitor_->WaitForLine("metrics ", seconds(10));

@@ -82,6 +82,7 @@ double EvaluationsOfAJob(uint32_t eval_every_clocks) {
   mopts.job_id = 98;
   mopts.global_batch = 32;
   mopts.epochs = 2;
+  mopts.data_stream = false;  // whole batches: 200 clocks, so the schedule's count is exact
   mopts.time_cap_seconds = 120;
   mopts.eval_interval_seconds = 1000;
   mopts.eval_interval_clocks = eval_every_clocks;

@@ -241,7 +241,14 @@ class MonitorTest : public ::testing::Test {
     to_shards_.clear();
   }
 
-  MonitorOptions options_;
+  // Data partitions: these tests' declarations carry no training set size,
+  // and several are of the partitions' rules (the data stream's are in
+  // data_stream_test and the cluster tests).
+  MonitorOptions options_ = [] {
+    MonitorOptions o;
+    o.data_stream = false;
+    return o;
+  }();
   FakeClock clock_;
   std::unique_ptr<MonitorCore> core_;
   std::vector<std::pair<int, Decoded>> to_shards_;

@@ -182,7 +182,8 @@ class ObservabilityTest : public ::testing::Test {
     spec.shards = 2;
     spec.workers = 2;
     spec.shard_data_dirs = true;
-    spec.monitor_flags = {"--time-cap", "240", "--eval-interval", "1", "--global-batch", "128"};
+    spec.monitor_flags = {"--time-cap", "240", "--eval-interval", "1", "--global-batch", "128",
+                          "--data-stream"};
     spec.shard_flags = {"--checkpoint-interval", "1"};
     spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000",
                          "--metrics-addr", "127.0.0.1:0"};
@@ -497,7 +498,9 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheClusterAndEveryQueryNamesLiveSerie
   for (const char* m : {"pacer_monitor_worker_straggler_score", "pacer_monitor_worker_batch_size",
                         "pacer_shard_request_duration_seconds_bucket",
                         "pacer_shard_checkpoint_age_seconds", "pacer_training_test_accuracy_ratio",
-                        "pacer_training_loss", "pacer_worker_observed_staleness_steps_bucket"}) {
+                        "pacer_training_loss", "pacer_worker_observed_staleness_steps_bucket",
+                        "pacer_monitor_data_epoch_samples", "pacer_monitor_data_chunks_total",
+                        "pacer_monitor_data_epoch_tail_seconds"}) {
     EXPECT_TRUE(used.count(m)) << "no dashboard panel shows " << m;
   }
 }

@@ -123,8 +123,10 @@ void RunThroughTheStack(const std::string& name, bool carry_lrs) {
   spec.shards = 2;
   spec.workers = 0;
   spec.embedded_workers = 1;
-  spec.monitor_flags = {"--mode", "bsp",     "--policy", "fixed",       "--global-batch",
-                        "8",      "--lease", "600",      "--log-level", "warn"};
+  // The golden worker is a raw client with no training set: partitions.
+  spec.monitor_flags = {"--mode",  "bsp", "--policy",    "fixed", "--global-batch",
+                        "8",       "--lease", "600",     "--log-level", "warn",
+                        "--data-partitions", "1"};
   for (const std::string& f : OptimizerFlags(*run)) spec.monitor_flags.push_back(f);
   spec.shard_flags = {"--log-level", "warn"};
   test::Cluster cluster(spec);

@@ -19,7 +19,7 @@ TEST(PacerctlClusterTest, StatusRemoveWorkerAndExportModel) {
   spec.shard_data_dirs = true;
   spec.shard_flags = {"--checkpoint-interval", "1"};
   spec.monitor_flags = {"--mode", "bsp", "--global-batch", "96", "--time-cap", "120",
-                        "--eval-interval", "0.5", "--lease", "3"};
+                        "--eval-interval", "0.5", "--lease", "3", "--data-partitions", "3"};
   spec.worker_flags = {"--train-limit", "12000", "--test-limit", "1000"};
   Cluster c(spec);
   ASSERT_TRUE(c.Start());
@@ -165,6 +165,63 @@ TEST(PacerctlClusterTest, StatusRemoveWorkerAndExportModel) {
 
   c.monitor->Signal(SIGTERM);
   EXPECT_TRUE(c.monitor->Wait(seconds(10)).has_value());
+}
+
+// With the data stream, status shows the job's epoch and progress, the
+// counters of chunks, and each live worker's chunks and epoch samples.
+TEST(PacerctlClusterTest, StatusShowsTheDataStream) {
+  ClusterSpec spec;
+  spec.shards = 1;
+  spec.workers = 2;
+  spec.monitor_flags = {"--data-stream", "--global-batch", "64", "--time-cap", "60",
+                        "--chunk-samples", "500"};
+  spec.worker_flags = {"--train-limit", "6000", "--test-limit", "500"};
+  Cluster c(spec);
+  ASSERT_TRUE(c.Start());
+
+  // Once both workers trained into their chunks.
+  nlohmann::json j;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  auto trained = [](const nlohmann::json& status) {
+    if (status.is_discarded() || status["data_stream"].is_null()) return false;
+    int with_progress = 0;
+    for (const auto& w : status["workers"]) {
+      for (const auto& ch : w["chunks"]) {
+        with_progress += ch["position"].get<uint64_t>() > ch["begin"].get<uint64_t>();
+      }
+    }
+    return with_progress >= 2;
+  };
+  while (std::chrono::steady_clock::now() < deadline) {
+    j = Status(c);
+    if (trained(j)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_TRUE(trained(j)) << j.dump(2) << c.Logs();
+  const auto& s = j["data_stream"];
+  EXPECT_EQ(s["samples"].get<uint64_t>(), 6000u);
+  EXPECT_EQ(s["epochs"].get<uint32_t>(), 0u);
+  EXPECT_GE(s["handed_out"].get<uint64_t>(), 4u) << "two chunks held by each of two workers";
+  const double progress = s["progress"].get<double>();
+  EXPECT_GE(progress, 0.0);
+  EXPECT_LE(progress, 1.0);
+  ASSERT_EQ(j["workers"].size(), 2u);
+  for (const auto& w : j["workers"]) {
+    EXPECT_TRUE(w["partitions"].empty());
+    ASSERT_FALSE(w["chunks"].empty()) << w.dump();
+    EXPECT_LE(w["chunks"].size(), 2u);
+    for (const auto& ch : w["chunks"]) {
+      EXPECT_LE(ch["begin"].get<uint64_t>(), ch["position"].get<uint64_t>());
+      EXPECT_LE(ch["position"].get<uint64_t>(), ch["end"].get<uint64_t>());
+      EXPECT_LE(ch["end"].get<uint64_t>(), 6000u);
+      EXPECT_LE(ch["end"].get<uint64_t>() - ch["begin"].get<uint64_t>(), 500u);
+    }
+  }
+
+  CtlRun table = Ctl(c, {"status"}, "status-table");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("data stream: 6000 samples, epoch "), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("CHUNKS"), std::string::npos) << table.out;
 }
 
 }  // namespace

@@ -616,14 +616,21 @@ flatbuffers::Offset<wire::StatusReply> Build(flatbuffers::FlatBufferBuilder& fbb
   for (const WorkerStatus& w : m.workers) {
     workers.push_back(wire::CreateWorkerStatusDirect(
         fbb, w.id, w.rank, w.batch, w.staleness, w.staleness_range, w.clock, w.alive, w.done,
-        w.samples_per_second, &w.partitions, w.paused));
+        w.samples_per_second, &w.partitions, w.paused, w.chunks.empty() ? nullptr : &w.chunks,
+        w.epoch_samples));
   }
   flatbuffers::Offset<wire::ShardMap> map;
   if (m.shard_map) map = Build(fbb, *m.shard_map);
+  flatbuffers::Offset<wire::DataStreamStatus> stream;
+  if (m.data_stream) {
+    const DataStreamStatus& s = *m.data_stream;
+    stream = wire::CreateDataStreamStatus(fbb, s.epoch, s.epochs, s.progress, s.samples,
+                                          s.handed_out, s.taken_over, s.returned);
+  }
   return wire::CreateStatusReplyDirect(fbb, m.state, m.mode, m.policy, m.stop_reason.c_str(),
                                        m.seconds_running, m.last_accuracy, map,
                                        m.membership_version, &m.model, &shards, &workers,
-                                       &m.partitions, m.pause_at, m.moving, m.replicas);
+                                       &m.partitions, m.pause_at, m.moving, m.replicas, stream);
 }
 StatusReply FromWire(const wire::StatusReply& t) {
   StatusReply m;
@@ -649,6 +656,8 @@ StatusReply FromWire(const wire::StatusReply& t) {
       WorkerStatus ws{w->id(), w->rank(), w->batch(), w->staleness(), w->staleness_range(),
                       w->clock(), w->alive(), w->done(), w->samples_per_second(), {}, w->paused()};
       if (w->partitions() != nullptr) ws.partitions.assign(w->partitions()->begin(), w->partitions()->end());
+      ws.chunks = Structs(w->chunks());
+      ws.epoch_samples = w->epoch_samples();
       m.workers.push_back(std::move(ws));
     }
   }
@@ -656,6 +665,11 @@ StatusReply FromWire(const wire::StatusReply& t) {
   m.pause_at = t.pause_at();
   m.moving = t.moving();
   m.replicas = t.replicas();
+  if (const wire::DataStreamStatus* s = t.data_stream(); s != nullptr) {
+    m.data_stream = DataStreamStatus{s->epoch(),      s->epochs(),     s->progress(),
+                                     s->samples(),    s->handed_out(), s->taken_over(),
+                                     s->returned()};
+  }
   return m;
 }
 

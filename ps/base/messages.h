@@ -410,6 +410,14 @@ struct WorkerStatus {
   float samples_per_second = 0;
   std::vector<uint32_t> partitions;
   bool paused = false;
+  std::vector<wire::DataChunk> chunks;  // the data stream's, held
+  uint64_t epoch_samples = 0;           // trained in the current epoch
+};
+
+struct DataStreamStatus {
+  uint32_t epoch = 0, epochs = 0;
+  float progress = 0;
+  uint64_t samples = 0, handed_out = 0, taken_over = 0, returned = 0;
 };
 
 struct StatusReply {
@@ -429,6 +437,7 @@ struct StatusReply {
   uint64_t pause_at = 0;
   bool moving = false;
   uint32_t replicas = 0;  // backups wanted per range
+  std::optional<DataStreamStatus> data_stream;  // --data-stream, once started
 };
 
 struct RemoveWorker {

@@ -27,15 +27,16 @@ def main():
     train = fashion_mnist.load(train=True, limit=args.train_limit)
     loader = pt.DataLoader(train, num_workers=args.num_workers)
     batches = samples = 0
-    for x, y in loader:
-        want_x, want_y = train[torch.from_numpy(loader.samples.astype("int64"))]
-        assert torch.equal(x, want_x) and torch.equal(y, want_y), "batch %d differs" % batches
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step(loss=loss)
-        batches += 1
-        samples += len(y)
+    while not loader.stopped:  # an iteration per epoch of the job, until it stops
+        for x, y in loader:
+            want_x, want_y = train[torch.from_numpy(loader.samples.astype("int64"))]
+            assert torch.equal(x, want_x) and torch.equal(y, want_y), "batch %d differs" % batches
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss=loss)
+            batches += 1
+            samples += len(y)
     pt.shutdown()
     print("batches %d samples %d" % (batches, samples))
 

@@ -12,8 +12,9 @@ import pacer.torch as pt
 
 
 def test_spawned_loader_processes_read_the_monitors_batches(job):
+    # The epoch as one chunk: whole batches but the last.
     job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "64",
-                                    "--epochs", "1", "--time-cap", "60"])
+                                    "--epochs", "1", "--time-cap", "60", "--chunk-samples", "2000"])
     w = job.worker("worker0", "loader_worker.py", "--num-workers", "2", "--train-limit", "2000")
     assert w.wait(timeout=120) == 0, job.log("worker0")[-3000:]
     out = open(os.path.join(job.dir, "worker0.out")).read()

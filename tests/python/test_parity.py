@@ -38,9 +38,10 @@ def adamw(m):
 
 @pytest.mark.parametrize("make, kind", [(sgd, "sgd"), (adamw, "adamw")])
 def test_weights_match_plain_torch(job, make, kind):
+    # Each epoch one chunk: whole batches of 32 (an epoch is 16 of them).
     job.run(shards=2, monitor_args=["--min-workers", "1", "--mode", "bsp", "--policy", "fixed",
                                     "--global-batch", "32", "--optimizer", kind,
-                                    "--time-cap", "60"])
+                                    "--time-cap", "60", "--chunk-samples", str(len(data()))])
     dataset = data()
     model = net()
     start = copy.deepcopy(model.state_dict())
@@ -48,14 +49,17 @@ def test_weights_match_plain_torch(job, make, kind):
     model, opt = pt.distribute(model, make(model))
     loader = pt.DataLoader(dataset)
     batches = []
-    for x, y in loader:
-        if len(batches) == STEPS:
-            break  # the 51st batch's pull holds the weights after 50 steps
-        batches.append(loader.samples.copy())
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step(loss=loss)
+    while len(batches) < STEPS + 1 and not loader.stopped:  # an iteration per epoch
+        for x, y in loader:
+            if len(batches) == STEPS:
+                batches.append(None)
+                break  # the 51st batch's pull holds the weights after 50 steps
+            batches.append(loader.samples.copy())
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss=loss)
+    assert batches.pop() is None, "no 51st batch: the job stopped early"
     pacer_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     pt.shutdown()
     assert len(batches) == STEPS

@@ -9,7 +9,7 @@ import collections
 import os
 
 EXAMPLE = os.path.join("..", "..", "worker", "python", "examples", "train_fashion.py")
-TRAIN, PARTITIONS = 6000, 3  # the monitor's default: one partition per worker
+TRAIN, PARTITIONS = 6000, 3  # one partition per worker
 
 
 def steps(path):
@@ -28,7 +28,8 @@ def batch_at(log, t):
 
 def test_a_slowed_worker_gets_under_half_the_batch_within_5_s(job):
     job.run(shards=2, monitor_args=["--min-workers", "3", "--time-cap", "12",
-                                    "--global-batch", "192", "--target-accuracy", "0.99"])
+                                    "--global-batch", "192", "--target-accuracy", "0.99",
+                                    "--data-partitions", str(PARTITIONS)])
     logs = [os.path.join(job.dir, "steps-%d.log" % n) for n in range(3)]
     samples = [os.path.join(job.dir, "samples-%d.log" % n) for n in range(3)]
     workers = [job.worker("worker%d" % n, EXAMPLE, "--eval-every", 10 ** 9, "--step-log", logs[n],

@@ -53,25 +53,26 @@ def main():
     train = fashion_mnist.load(train=True, limit=args.train_limit)
     test = None
     loader = pt.DataLoader(train)
-    for x, y in loader:
-        model.train()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step(loss=loss)
-        if loader.step < args.steps:
-            schedule.step()
-        if pt.is_evaluator() and loader.step % args.eval_every == 0:
-            if test is None:
-                test = fashion_mnist.load(train=False, limit=args.test_limit)
-            model.eval()
-            with torch.no_grad():
-                xs, ys = test.tensors
-                logits = model(xs)
-                accuracy = (logits.argmax(dim=1) == ys).float().mean().item()
-                pt.report(accuracy=accuracy,
-                          loss=torch.nn.functional.cross_entropy(logits, ys).item(),
-                          samples=len(ys))
+    while not loader.stopped:  # an iteration per epoch of the job, until it stops
+        for x, y in loader:
+            model.train()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss=loss)
+            if loader.step < args.steps:
+                schedule.step()
+            if pt.is_evaluator() and loader.step % args.eval_every == 0:
+                if test is None:
+                    test = fashion_mnist.load(train=False, limit=args.test_limit)
+                model.eval()
+                with torch.no_grad():
+                    xs, ys = test.tensors
+                    logits = model(xs)
+                    accuracy = (logits.argmax(dim=1) == ys).float().mean().item()
+                    pt.report(accuracy=accuracy,
+                              loss=torch.nn.functional.cross_entropy(logits, ys).item(),
+                              samples=len(ys))
     print(pt.shutdown())
 
 

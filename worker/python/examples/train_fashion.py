@@ -72,19 +72,20 @@ def main():
     train = fashion_mnist.load(train=True, limit=args.train_limit)
     test = None
     loader = pt.DataLoader(train)
-    for x, y in loader:
-        started = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x), y)  # mean over the batch
-        opt.zero_grad()
-        loss.backward()
-        if args.slowdown > 1.0:
-            time.sleep((args.slowdown - 1.0) * (time.perf_counter() - started))
-        opt.step(loss=loss)
-        if pt.is_evaluator() and loader.step % args.eval_every == 0:
-            if test is None:
-                test = fashion_mnist.load(train=False, limit=args.test_limit)
-            accuracy, test_loss = evaluate(model, test)
-            pt.report(accuracy=accuracy, loss=test_loss, samples=len(test))
+    while not loader.stopped:  # an iteration per epoch of the job, until it stops
+        for x, y in loader:
+            started = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(model(x), y)  # mean over the batch
+            opt.zero_grad()
+            loss.backward()
+            if args.slowdown > 1.0:
+                time.sleep((args.slowdown - 1.0) * (time.perf_counter() - started))
+            opt.step(loss=loss)
+            if pt.is_evaluator() and loader.step % args.eval_every == 0:
+                if test is None:
+                    test = fashion_mnist.load(train=False, limit=args.test_limit)
+                accuracy, test_loss = evaluate(model, test)
+                pt.report(accuracy=accuracy, loss=test_loss, samples=len(test))
     result = pt.shutdown()
     print("worker summary: rank=%d clocks=%d samples=%d seconds=%.1f last_batch=%d stop=%s"
           % (pt.rank(), result.get("clocks", 0), result.get("samples", 0),

@@ -385,20 +385,24 @@ def _fetch(indices):
 
 class DataLoader:
     """Batches of a map-style Dataset as the monitor assigns them: the size
-    the policy gives this worker at that moment, the samples of this
-    worker's data partitions from their read positions. Iterating ends when
-    the job stops, this worker's partitions ran their epochs, or the worker
-    is told to leave (SIGTERM). ``step`` counts the batches yielded;
-    ``samples`` holds the dataset indices of the last one.
+    the policy gives this worker at that moment, the samples at the read
+    positions of the data the monitor handed this worker. ``step`` counts
+    the batches yielded; ``samples`` holds the dataset indices of the last
+    one.
 
-    When the monitor runs with ``--data-stream``, one iteration is one epoch
-    of the job over the whole data set: it ends when this worker's next
+    One iteration is one epoch of the job over the whole data set (the
+    monitor's data stream, its default): it ends when this worker's next
     batch belongs to the next epoch (the data stream's tail rule makes that
     the same moment, within a few batches, on every worker), so that the
     usual ``for epoch in range(E): for x, y in loader:`` loop lines up its
     per-epoch schedules, evaluation and checkpoints with the data.
     ``epoch`` is the job's epoch the current (or last) iteration belongs
-    to; once the job stops, further iterations yield nothing.
+    to. Iterating also ends when the job stops or the worker is told to
+    leave (SIGTERM); ``stopped`` is then True and further iterations yield
+    nothing, so ``while not loader.stopped: for x, y in loader:`` trains
+    until the job stops. With per-worker partitions (``pacer-monitor
+    --data-partitions N``) one iteration runs until the job stops or this
+    worker's partitions ran their epochs.
 
     With ``num_workers`` > 0 the items of each batch are read by that many
     processes (started with ``multiprocessing_context``, "spawn" by default;
@@ -449,7 +453,8 @@ class DataLoader:
         return [self._pool.submit(_fetch, share.tolist()) for share in shares]
 
     def close(self):
-        """Stops the loader processes (also when iteration ends)."""
+        """Stops the loader processes (also when the job stops, or an
+        iteration is left early)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -457,11 +462,21 @@ class DataLoader:
     def __len__(self):
         raise TypeError("pacer.torch.DataLoader has no length: the monitor sizes each batch")
 
+    @property
+    def stopped(self):
+        """True once the job stopped (or this worker must leave): iterating
+        yields nothing more."""
+        return self._stopped
+
     def __iter__(self):
+        epoch_ended = False
         try:
             yield from self._batches()
+            # An epoch's end keeps the loader processes for the next one.
+            epoch_ended = not self._stopped
         finally:
-            self.close()
+            if not epoch_ended:
+                self.close()
 
     def _batches(self):
         state = _start(len(self.dataset))
