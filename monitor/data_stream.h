@@ -1,4 +1,4 @@
-// The job's data stream (pacer-monitor --data-stream): one shuffled order of
+// The job's data stream (pacer-monitor's default): one shuffled order of
 // the whole training set per epoch, handed to the workers in chunks as they
 // need them, with exactly-once visitation across worker death and monitor
 // restarts, and an epoch that ends for every worker at about the same time.

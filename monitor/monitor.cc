@@ -1210,7 +1210,9 @@ void MonitorCore::UpdateStreamGauges() {
   if (!stream_) return;
   const DataStream& s = *stream_;
   metrics_.data_epoch->Set(s.epoch());
-  metrics_.data_epoch_progress->Set(s.epoch_progress());
+  // Once every epoch is trained the epoch gauge says so; the progress
+  // would read 1 more (the dashboard adds the two).
+  metrics_.data_epoch_progress->Set(s.finished() ? 0.0 : s.epoch_progress());
   auto count = [&](const char* event, uint64_t now, uint64_t* counted) {
     if (now > *counted) metrics_.data_chunks[event]->Increment(static_cast<double>(now - *counted));
     *counted = now;

@@ -91,7 +91,8 @@ struct MonitorOptions {
   // Without data_stream, data partitions (--data-partitions N): the
   // training set is cut into this many, each read in its own shuffled order
   // per epoch and owned by one live worker at a time; 0: one per worker
-  // present at the start.
+  // present at the start (pacer-monitor's flag takes N >= 1; the
+  // one-per-worker layout is for code that builds MonitorOptions).
   uint32_t data_partitions = 0;
   // How often workers and shards should heartbeat (--heartbeat-ms).
   uint32_t heartbeat_interval_ms = 100;
@@ -235,7 +236,8 @@ class MonitorCore {
   uint64_t pause_at() const { return pause_at_; }
   bool moving() const { return move_.has_value() || handoff_.has_value(); }
   const std::vector<PartitionState>& partitions() const { return partitions_; }
-  // The data stream (--data-stream), once the job has started; else null.
+  // The data stream (the default), once the job has started; else null
+  // (--data-partitions).
   const DataStream* data_stream() const { return stream_ ? &*stream_ : nullptr; }
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
@@ -415,10 +417,10 @@ class MonitorCore {
   // A worker's read positions: only the partitions it reads move, and only
   // forward; one it handed over and no longer reports is released.
   void TakePositions(WorkerState& w, const std::vector<wire::PartitionPosition>& positions);
-  // --data-stream: a worker's chunk report, and what it holds now (chunks
+  // The data stream: a worker's chunk report, and what it holds now (chunks
   // handed out, the job's epoch) into its reply.
   void StreamHeartbeat(WorkerState& w, const msg::Heartbeat& hb, msg::HeartbeatReply* reply);
-  // --data-stream: workers no longer live give their chunks back.
+  // The data stream: workers no longer live give their chunks back.
   void ReleaseDeparted();
   // The stream's options: the declared training set and the job's flags.
   DataStreamOptions StreamOptions() const;
@@ -516,12 +518,12 @@ class MonitorCore {
   uint32_t partition_count_ = 0;
   std::vector<PartitionState> partitions_;
   uint64_t data_samples_ = 0;  // the training set's size, as declared
-  std::optional<DataStream> stream_;  // --data-stream, from the job's start
+  std::optional<DataStream> stream_;  // the data stream, from the job's start
   // Stream counters already added to the metrics.
   uint64_t counted_handed_out_ = 0, counted_taken_over_ = 0, counted_returned_ = 0;
   std::set<uint32_t> gauged_stream_ranks_;
   uint32_t logged_epoch_ = 0;  // epochs before it are logged as ended
-  // --data-stream with --epochs: once the last epoch is trained the workers
+  // The data stream with --epochs: once the last epoch is trained the workers
   // are held and the evaluator asked for a final evaluation (this number;
   // 0: not asked yet); the job stops when it comes, or after
   // kFinalEvaluationWait.

@@ -60,13 +60,13 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
   }
   data_epoch = &prometheus::BuildGauge()
                     .Name("pacer_monitor_data_epoch")
-                    .Help("The job's epoch over the whole training set (--data-stream): the oldest "
+                    .Help("The job's epoch over the whole training set (the data stream): the oldest "
                           "not trained in full")
                     .Register(r)
                     .Add({});
   data_epoch_progress = &prometheus::BuildGauge()
                              .Name("pacer_monitor_data_epoch_progress_ratio")
-                             .Help("Fraction of the job's current epoch trained (--data-stream)")
+                             .Help("Fraction of the job's current epoch trained (the data stream)")
                              .Register(r)
                              .Add({});
   auto& chunks = prometheus::BuildCounter()
@@ -80,12 +80,12 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
   }
   data_samples = &prometheus::BuildGauge()
                       .Name("pacer_monitor_data_epoch_samples")
-                      .Help("Samples each worker trained in the job's current epoch (--data-stream)")
+                      .Help("Samples each worker trained in the job's current epoch (the data stream)")
                       .Register(r);
   data_tail = &prometheus::BuildGauge()
                    .Name("pacer_monitor_data_epoch_tail_seconds")
                    .Help("The last ended epoch's tail: seconds from the first worker left with "
-                         "nothing of it to read to its end (--data-stream)")
+                         "nothing of it to read to its end (the data stream)")
                    .Register(r)
                    .Add({});
   auto& states = prometheus::BuildGauge()

@@ -51,7 +51,7 @@ struct MonitorMetrics {
   prometheus::Counter* backups_dropped = nullptr;
   prometheus::Gauge* test_loss = nullptr;
   prometheus::Counter* accuracy_reports = nullptr;
-  // The data stream (--data-stream): the job's epoch and its trained
+  // The data stream (the default): the job's epoch and its trained
   // fraction, chunks by event (handed_out, taken_over: a tail handed to
   // another worker, returned: given back by a worker that left), samples
   // each worker trained in the current epoch, and the last ended epoch's

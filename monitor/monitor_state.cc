@@ -87,9 +87,12 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   epoch_ = st.epoch;
   if (st.stream.has_value() != (options_.data_stream && st.map_built)) {
     return absl::InvalidArgumentError(
-        std::string("the saved job ") + (st.stream ? "reads" : "does not read") +
-        " its training set as one data stream; start the monitor " +
-        (st.stream ? "with" : "without") + " --data-stream");
+        st.stream ? std::string("the saved job reads its training set as one data stream; start "
+                                "the monitor without --data-partitions")
+                  : "the saved job reads data partitions (saved before the data stream became "
+                    "the default, or started with --data-partitions); start the monitor with "
+                    "--data-partitions " +
+                        std::to_string(std::max<uint32_t>(1, st.partition_count)));
   }
   data_samples_ = st.data_samples;
   stream_.reset();

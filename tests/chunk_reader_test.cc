@@ -21,11 +21,16 @@ TEST(ChunkReaderTest, EpochOrderIsAPermutationThatDependsOnlyOnSeedAndEpoch) {
   EXPECT_EQ(a, EpochOrder(7, 3, 1000));
   EXPECT_NE(a, EpochOrder(7, 4, 1000));
   EXPECT_NE(a, EpochOrder(8, 3, 1000));
-  std::vector<uint32_t> sorted = a;
-  std::sort(sorted.begin(), sorted.end());
-  std::vector<uint32_t> all(1000);
-  std::iota(all.begin(), all.end(), 0u);
-  EXPECT_EQ(sorted, all);
+  // A permutation at every size: fewer samples than slices, none a
+  // multiple of them, one, none.
+  for (size_t n : {size_t{1000}, size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{1023},
+                   size_t{1025}}) {
+    std::vector<uint32_t> sorted = EpochOrder(7, 3, n);
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<uint32_t> all(n);
+    std::iota(all.begin(), all.end(), 0u);
+    EXPECT_EQ(sorted, all) << n;
+  }
 }
 
 // The order is stratified over the index space: on a training set stored

@@ -6,6 +6,30 @@
 
 namespace pacer::worker {
 
+namespace {
+
+// Every worker must compute the same order, whatever standard library it
+// was built with: std::shuffle and std::uniform_int_distribution are
+// implementation-defined, mt19937_64's output is not. So the draws and the
+// shuffle are our own.
+
+// Uniform in [0, bound), bound > 0: rejection of the engine's top values
+// that would bias the remainder.
+uint64_t Below(std::mt19937_64& rng, uint64_t bound) {
+  const uint64_t skew = (UINT64_MAX % bound + 1) % bound;  // 2^64 mod bound
+  uint64_t x = rng();
+  while (skew != 0 && x > UINT64_MAX - skew) x = rng();
+  return x % bound;
+}
+
+// Fisher-Yates.
+template <typename T>
+void Shuffle(T* first, size_t n, std::mt19937_64& rng) {
+  for (size_t i = n; i > 1; --i) std::swap(first[i - 1], first[Below(rng, i)]);
+}
+
+}  // namespace
+
 std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples) {
   std::vector<uint32_t> pool(samples);
   std::iota(pool.begin(), pool.end(), 0u);
@@ -20,8 +44,7 @@ std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples) 
   std::vector<size_t> first(strata + 1);
   for (size_t s = 0; s <= strata; ++s) first[s] = s * samples / strata;
   for (size_t s = 0; s < strata; ++s) {
-    std::shuffle(pool.begin() + static_cast<std::ptrdiff_t>(first[s]),
-                 pool.begin() + static_cast<std::ptrdiff_t>(first[s + 1]), rng);
+    Shuffle(pool.data() + first[s], first[s + 1] - first[s], rng);
   }
   std::vector<size_t> reversed(strata, 0);  // bit-reversed step numbers
   for (size_t j = 0; j < strata; ++j) {
@@ -29,9 +52,8 @@ std::vector<uint32_t> EpochOrder(uint64_t seed, uint32_t epoch, size_t samples) 
   }
   std::vector<uint32_t> order;
   order.reserve(samples);
-  std::uniform_int_distribution<size_t> masks(0, strata - 1);
   for (size_t r = 0; order.size() < samples; ++r) {
-    const size_t mask = masks(rng);
+    const size_t mask = Below(rng, strata);
     for (size_t j = 0; j < strata; ++j) {
       const size_t s = reversed[j] ^ mask;
       if (first[s] + r < first[s + 1]) order.push_back(pool[first[s] + r]);

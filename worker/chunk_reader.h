@@ -1,4 +1,4 @@
-// A worker's side of the job's data stream (pacer-monitor --data-stream;
+// A worker's side of the job's data stream (pacer-monitor's default;
 // the monitor's side is monitor/data_stream.h): the chunks the monitor gave
 // this worker, read one batch at a time, the oldest (epoch, chunk) first,
 // each epoch in the one shuffled order of the whole training set that

@@ -127,7 +127,7 @@ struct JobView {
   uint64_t pause_at = 0;         // hold before running this clock (0: no pause)
   // The data partitions this worker owns, with the monitor's positions.
   std::vector<wire::PartitionPosition> partitions;
-  uint32_t data_epoch = 0;  // --data-stream: the job's epoch
+  uint32_t data_epoch = 0;  // The data stream: the job's epoch
   std::string stop_reason;
   absl::Status error;  // set when the monitor refuses us
 };
@@ -371,7 +371,7 @@ struct Trainer::Impl {
     uint32_t order_epoch = UINT32_MAX;
   };
   size_t samples = 0;  // in the data set
-  // --data-stream: the chunks the monitor gives us (guarded by mu).
+  // The data stream: the chunks the monitor gives us (guarded by mu).
   std::optional<ChunkReader> chunks;
   uint32_t partition_count = 1;
   std::map<uint32_t, Reader> readers;
@@ -422,7 +422,7 @@ struct Trainer::Impl {
   // progress.
   void Acknowledged(double compute_seconds, double communication);
   // --sample-log: "SOURCE EPOCH INDEX..." for the plan's samples (SOURCE:
-  // the partition, or with --data-stream the chunk).
+  // the partition, or with the data stream the chunk).
   void LogSamples(const std::string& source) {
     std::FILE* f = sample_log.get();
     if (f == nullptr) return;

@@ -63,7 +63,7 @@ inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = 
      "to a range's new owner after a failover, so what the dead primary had "
      "not replicated is lost"},
     {"exact-positions",
-     "with --data-stream, each chunk's position is reported one batch past "
+     "with the data stream, each chunk's position is reported one batch past "
      "what was acknowledged, so a chunk a dead worker gives back skips samples"}};
 
 struct TrainerOptions {
@@ -104,7 +104,7 @@ struct TrainerOptions {
   bool resend = true;
   bool interrupt_on_stop = true;
   bool resend_held = true;
-  // --data-stream: a chunk's position is reported as acknowledged (off: one
+  // The data stream: a chunk's position is reported as acknowledged (off: one
   // batch past it, so a dead worker's chunk goes back past samples never
   // trained).
   bool exact_positions = true;
@@ -118,7 +118,7 @@ struct TrainerOptions {
   std::shared_ptr<prometheus::Registry> registry;
 
   // Appends one line per acknowledged push (--sample-log): the partition
-  // (with --data-stream: the chunk), the epoch, and the training-set
+  // (with the data stream: the chunk), the epoch, and the training-set
   // indices of the batch. Empty: none.
   std::string sample_log;
   // Appends one line per acknowledged push (--ack-log), written and flushed
@@ -173,7 +173,7 @@ struct BatchPlan {
   // The batch size the monitor assigns this worker now.
   uint32_t assigned = 0;
   // The data partition and epoch the samples come from (when there are
-  // samples); with the monitor's --data-stream, `chunk` names the chunk of
+  // samples); with the monitor's data stream, `chunk` names the chunk of
   // the whole training set's order (partition: 0) and `epoch` is the job's
   // epoch over the whole set that the samples belong to.
   uint32_t partition = 0;
@@ -248,7 +248,7 @@ class Trainer {
 
   // The job's optimizer (pacer-monitor --optimizer), known from Start.
   OptimizerKind optimizer() const;
-  // Whether the job reads one data stream (pacer-monitor --data-stream),
+  // Whether the job reads one data stream (pacer-monitor's default),
   // known from Start: then BatchPlan::epoch is the job's epoch over the
   // whole training set, and a program may end its epoch loop's iteration
   // when the next batch's epoch is higher.

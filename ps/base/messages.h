@@ -101,7 +101,7 @@ struct JobConfig {
   bool staleness_aware_lr = true;
   uint32_t eval_interval_clocks = 0;
   uint32_t shard_lease_ms = 1000;  // --shard-lease
-  bool data_stream = false;        // --data-stream: workers read chunks
+  bool data_stream = false;        // The data stream: workers read chunks
 };
 
 struct ShardInfo {
@@ -189,7 +189,7 @@ struct Heartbeat {
   std::vector<ShardInfo> lagging;
   // A primary: the replication lag of each range it serves with backups.
   std::vector<RangeLag> lag;
-  // A worker, with --data-stream: the chunks it holds.
+  // A worker, with the data stream: the chunks it holds.
   std::vector<wire::DataChunk> chunks;
 };
 
@@ -236,7 +236,7 @@ struct HeartbeatReply {
   // To a shard serving ranges since a promotion: those with a standby (as
   // hold_durable for its own range).
   std::vector<uint32_t> hold_durable_ranges;
-  // To a worker, with --data-stream: its chunks, and the job's epoch.
+  // To a worker, with the data stream: its chunks, and the job's epoch.
   std::vector<wire::DataChunk> chunks;
   uint32_t data_epoch = 0;
   uint64_t evaluate_now = 0;  // to the evaluator: evaluate at once (0: no)
@@ -437,7 +437,7 @@ struct StatusReply {
   uint64_t pause_at = 0;
   bool moving = false;
   uint32_t replicas = 0;  // backups wanted per range
-  std::optional<DataStreamStatus> data_stream;  // --data-stream, once started
+  std::optional<DataStreamStatus> data_stream;  // the data stream, once started
 };
 
 struct RemoveWorker {
@@ -622,7 +622,7 @@ struct MonitorRecord {
   std::vector<std::pair<std::string, float>> lr_overrides;  // pacerctl set-lr
   uint64_t lr_overrides_version = 0;
   uint64_t epoch = 0;  // the last range epoch given
-  // --data-stream: the training set's size and the stream's state.
+  // The data stream: the training set's size and the stream's state.
   uint64_t data_samples = 0;
   std::optional<DataStreamRecord> stream;
 };

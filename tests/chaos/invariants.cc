@@ -180,10 +180,10 @@ void Runner::CheckOncePerEpoch() {
         last.emplace_back(epoch, i);
       }
     }
-    // A worker killed, or frozen past its lease, is dead to the job: its
-    // last batch may be trained again (README: "Elastic workers").
+    // A worker killed, or frozen or cut off past its lease, is dead to the
+    // job: its last batch may be trained again (README: "Elastic workers").
     if (w < workers_.size() &&
-        (workers_[w]->killed_on_purpose || workers_[w]->frozen_on_purpose)) {
+        (workers_[w]->killed_on_purpose || workers_[w]->lost_on_purpose)) {
       may_repeat.insert(last.begin(), last.end());
     }
   }
@@ -209,7 +209,7 @@ void Runner::CheckOncePerEpoch() {
   } else if (v.pass) {
     v.detail = fmt::format(
         "epochs 0..{} each trained every one of {} samples once ({} repeats, all in a dead "
-        "(killed, or frozen past its lease) worker's last batch); none twice in the epoch under way",
+        "(killed, or frozen or cut off past its lease) worker's last batch); none twice in the epoch under way",
         done, samples, repeats);
   }
   verdicts_.push_back(v);

@@ -510,7 +510,7 @@ bool Runner::DoStopOrCont(const Action& a, double now) {
   if (p == nullptr) return false;
   p->Signal(a.what == "stop" ? SIGSTOP : SIGCONT);
   p->stopped = a.what == "stop";
-  if (a.what == "stop") p->frozen_on_purpose = true;
+  if (a.what == "stop") p->lost_on_purpose = true;
   if (a.what == "cont") heals_.push_back(now);
   if (a.what == "stop" && a.target.rfind("worker:", 0) == 0) {
     expect_monitor_.push_back({"pacer_monitor_worker_clock_lag", "worker stopped"});
@@ -596,7 +596,10 @@ bool Runner::DoCut(const Action& a) {
     spdlog::error("--netns: {}", ErrorText(st));
     return false;
   }
-  if (Proc* p = Target(a.target)) p->cut_off = true;
+  if (Proc* p = Target(a.target)) {
+    p->cut_off = true;
+    p->lost_on_purpose = true;
+  }
   lifts_.push_back({clock_->Now() + FromSeconds(a.seconds), node});
   if (a.target.rfind("worker:", 0) == 0) {
     expect_monitor_.push_back(
@@ -610,6 +613,9 @@ bool Runner::DoFaults(const Action& a, double now) {
   Injected inj;
   inj.what = a.what + " " + a.target;
   std::string target = a.target;
+  if (a.what == "partition" && a.target.rfind("worker:", 0) == 0) {
+    if (Proc* p = Target(a.target)) p->lost_on_purpose = true;
+  }
   // "{shard:I}" in a spec is shard I's id (e.g. peers={shard:0}: messages
   // that shard sends).
   auto expanded = ExpandShardRefs(a.spec, [&](const std::string& ref) -> std::optional<std::string> {

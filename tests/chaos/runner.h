@@ -66,9 +66,10 @@ class Proc {
   bool gone() const { return process_->reaped(); }
 
   bool killed_on_purpose = false;  // the timeline killed or terminated it
-  // The timeline froze it (stop): past its lease the job counts it dead,
-  // and its last batch may be trained again, as a killed worker's.
-  bool frozen_on_purpose = false;
+  // The timeline froze it (stop) or cut it off (partition): past its lease
+  // the job counts it dead, and its last batch may be trained again, as a
+  // killed worker's.
+  bool lost_on_purpose = false;
   // SIGSTOPped by the timeline and not continued (a slow action's cycler
   // reads it, so as not to wake a process the timeline froze).
   std::atomic<bool> stopped{false};

@@ -339,7 +339,7 @@ PYBIND11_MODULE(_core, m) {
            "shards' model from `init` (float32, the tensors end to end)")
       .def_property_readonly(
           "data_stream", [](PyTrainer& t) { return t.trainer().data_stream(); },
-          "Whether the job reads one data stream (pacer-monitor --data-stream): a plan's epoch is "
+          "Whether the job reads one data stream (pacer-monitor's default): a plan's epoch is "
           "then the job's epoch over the whole data set")
       .def("next_batch", &PyTrainer::NextBatch,
            "(clock, samples, assigned, partition, epoch) of the next iteration, or None when "

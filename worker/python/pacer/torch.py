@@ -6,11 +6,12 @@
     model, opt = pt.distribute(net, torch.optim.AdamW(net.parameters(), lr=1e-3,
                                                       weight_decay=0.01))
     loader = pt.DataLoader(train_set)           # map-style Dataset
-    for x, y in loader:                         # ends when the job stops
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(); loss.backward(); opt.step(loss=loss)
-        if pt.is_evaluator() and loader.step % 200 == 0:
-            pt.report(accuracy=evaluate(model))
+    while not loader.stopped:                   # until the job stops
+        for x, y in loader:                     # one epoch of the job
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step(loss=loss)
+            if pt.is_evaluator() and loader.step % 200 == 0:
+                pt.report(accuracy=evaluate(model))
     pt.shutdown()
 
 What Pacer does and what stays yours:
@@ -21,8 +22,9 @@ What Pacer does and what stays yours:
   and must be the same. Anything else raises ``TypeError``, as does an
   option the shards lack (``maximize=True``).
 - The monitor sizes each worker's batch from its speed: ``DataLoader``
-  yields batches of the size assigned at that moment, from the data
-  partitions and read positions the monitor gives this worker. A position
+  yields batches of the size assigned at that moment, from the data the
+  monitor hands this worker (chunks of the data stream, or with
+  ``--data-partitions`` partitions) at their read positions. A position
   moves on only once the push that trained on it is acknowledged.
 - Gradients must come from a MEAN-reduced loss over the batch: the shards
   weight each worker's gradient by its batch size.
@@ -429,7 +431,7 @@ class DataLoader:
         self.samples = None
         self.batch_size = None
         self.epoch = None
-        # --data-stream: the first batch of the next epoch, found when the
+        # The data stream: the first batch of the next epoch, found when the
         # iteration before it ended: (plan, pulled).
         self._next = None
         self._stopped = False
