@@ -1,6 +1,7 @@
 #include "bench/cluster_sim.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -344,11 +345,26 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
       r.decision_max_seconds = std::max(r.decision_max_seconds, policy.last_decision_seconds());
     }
   };
+  // The monitor's side of the stream, timed (SimResult::stream_*).
+  double stream_total_us = 0;
+  auto timed = [&](auto&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    auto out = call();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    ++r.stream_calls;
+    stream_total_us += us;
+    r.stream_max_us = std::max(r.stream_max_us, us);
+    return out;
+  };
   // The data stream: every worker known to it before the first hand-out.
   auto exchange = [&](int i, double t) {
     SimWorker& me = w[static_cast<size_t>(i)];
-    stream->Report(static_cast<uint32_t>(i), me.reader->Report(), At(t));
-    me.reader->Sync(stream->Assign(static_cast<uint32_t>(i), At(t)));
+    const std::vector<wire::DataChunk> report = me.reader->Report();
+    me.reader->Sync(timed([&] {
+      stream->Report(static_cast<uint32_t>(i), report, At(t));
+      return stream->Assign(static_cast<uint32_t>(i), At(t));
+    }));
     if (stream->finished() && r.epochs_seconds < 0) r.epochs_seconds = t;
   };
   if (stream) {
@@ -503,6 +519,7 @@ absl::StatusOr<SimResult> Simulate(const SimOptions& o) {
   r.fraction = r.ideal_throughput > 0 ? r.throughput / r.ideal_throughput : 0;
   r.wait_fraction = waited / (duration * n);
   if (stream) {
+    r.stream_mean_us = r.stream_calls ? stream_total_us / static_cast<double>(r.stream_calls) : 0;
     r.epochs_done = stream->epoch();
     r.epochs_floor_seconds =
         r.ideal_throughput > 0

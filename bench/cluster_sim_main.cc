@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       "workers,mode,policy,scenario,throughput,ideal,fraction,wait_fraction,clocks,dropped,"
       "rounds,decision_mean_ms,decision_max_ms,min_batch,max_batch,stable_fraction,"
       "min_batch_ratio,max_batch_ratio,slow_workers,slow_reach_s,slow_in_band,epochs_done,"
-      "epochs_s,epochs_floor_s,max_tail_s";
+      "epochs_s,epochs_floor_s,max_tail_s,stream_calls,stream_mean_us,stream_max_us";
   if (header) {
     std::printf("%s\n", kHeader);
     return 0;
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   }
   if (csv) {
     std::printf("%d,%s,%s,%s,%.1f,%.1f,%.4f,%.4f,%lu,%lu,%lu,%.4f,%.4f,%u,%u,%.4f,%.3f,%.3f,%d,"
-                "%.2f,%.4f,%u,%.3f,%.3f,%.3f\n", o.workers,
+                "%.2f,%.4f,%u,%.3f,%.3f,%.3f,%lu,%.2f,%.1f\n", o.workers,
                 mode.c_str(), policy.c_str(), scenario.c_str(), r->throughput,
                 r->ideal_throughput, r->fraction, r->wait_fraction,
                 static_cast<unsigned long>(r->clocks), static_cast<unsigned long>(r->dropped),
@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
                 r->decision_max_seconds * 1e3, r->min_batch, r->max_batch, r->stable_fraction,
                 r->min_batch_ratio, r->max_batch_ratio, r->slow_workers, r->slow_reach_seconds,
                 r->slow_in_band_fraction, r->epochs_done, r->epochs_seconds,
-                r->epochs_floor_seconds, r->max_tail_seconds);
+                r->epochs_floor_seconds, r->max_tail_seconds,
+                static_cast<unsigned long>(r->stream_calls), r->stream_mean_us, r->stream_max_us);
   } else {
     std::printf("workers %d  %s/%s  %s: throughput %.0f samples/s of ideal %.0f (%.3f), "
                 "waiting %.1f%%, %lu clocks, %lu dropped, %lu policy rounds "
@@ -161,10 +162,12 @@ int main(int argc, char** argv) {
     }
     if (o.data_samples > 0) {
       std::printf("; data stream: %u of %u epoch(s) in %.2f s (floor %.2f s: %.3f), longest "
-                  "tail %.3f s", r->epochs_done, o.epochs, r->epochs_seconds,
+                  "tail %.3f s; the monitor's side: %lu calls, %.2f us each on average, %.1f us "
+                  "at most", r->epochs_done, o.epochs, r->epochs_seconds,
                   r->epochs_floor_seconds,
                   r->epochs_floor_seconds > 0 ? r->epochs_seconds / r->epochs_floor_seconds : 0,
-                  r->max_tail_seconds);
+                  r->max_tail_seconds, static_cast<unsigned long>(r->stream_calls),
+                  r->stream_mean_us, r->stream_max_us);
     }
     std::printf("\n");
   }

@@ -5,18 +5,25 @@
 # straggler (the third worker, --slowdown 4), in four configurations:
 #   bsp         --policy fixed --mode bsp, per-worker partitions (BSP as it was)
 #   bsp-stream  --policy fixed --mode bsp --data-stream: the baseline
-#   pacer       the default policy, per-worker partitions (before --data-stream)
-#   stream      the default policy with --data-stream (one stream, chunks)
+#   pacer       the default policy, per-worker partitions (--data-partitions 3,
+#               as jobs ran before the data stream)
+#   stream      the default policy with the data stream (one stream, chunks)
 # Repetitions are interleaved (rep 1 of every run, then rep 2, ...), so that
 # load on the shared machine hits every configuration alike.
 #
 #   bench/stragglers/epochs.sh [--reps N] [--epochs E] [--out DIR] [--no-results]
+#                              [--configs LIST] [--scenarios LIST]
 #
 #   --reps N      repetitions (default 10)
 #   --epochs E    epochs per job (default 2)
+#   --configs L   comma-separated configurations (default all four)
+#   --scenarios L straggler,none (default both)
 #   --out DIR     where runs and the plot go (default bench/stragglers/out-epochs)
 #   --no-results  do not rewrite the epochs section of bench/RESULTS.md
 #   --report-only rebuild the tables and plot from DIR/runs.csv
+#
+# Besides each row's accuracy, the summary gives its accuracy minus
+# bsp-stream's in the same repetition (points), median and range.
 #
 # Per run: the job's time (the monitor's "running" line to its last "epoch
 # E done" line with --data-stream, else to its "stopping" line, when the
@@ -33,6 +40,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 reps=10 epochs=2 out="$root/bench/stragglers/out-epochs" results=1 report_only=0
+configs="bsp bsp-stream pacer stream" scenarios="straggler none"
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2 ;;
@@ -40,14 +48,15 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --no-results) results=0; shift ;;
     --report-only) report_only=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --configs) configs=${2//,/ }; shift 2 ;;
+    --scenarios) scenarios=${2//,/ }; shift 2 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "epochs: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 py=/usr/bin/python3
 mkdir -p "$out/runs"
 
-configs="bsp bsp-stream pacer stream"
 declare -A config_flags=(
   [bsp]="--policy fixed --mode bsp"
   [bsp-stream]="--policy fixed --mode bsp"
@@ -55,16 +64,16 @@ declare -A config_flags=(
   [stream]=""
 )
 declare -A config_monitor=(
-  [bsp]=""
+  [bsp]="--data-partitions 3"
   [bsp-stream]="--data-stream"
-  [pacer]=""
+  [pacer]="--data-partitions 3"
   [stream]="--data-stream"
 )
 
 if [ "$report_only" -eq 0 ]; then
   echo "rep,scenario,config,seconds,accuracy,floor,tails,samples" > "$out/runs.csv"
   for rep in $(seq 1 "$reps"); do
-    for scenario in straggler none; do
+    for scenario in $scenarios; do
       for config in $configs; do
         dir="$out/runs/$scenario-$config-$rep"
         rm -rf "$dir"
@@ -134,24 +143,30 @@ lines.append("`bench/stragglers/epochs.sh --reps %s --epochs %d`, %s, 2 shared c
              "interleaved; medians, with the range over the repetitions; ratios are medians of "
              "the per-repetition ratios." % (reps, epochs, datetime.date.today().isoformat()))
 lines.append("")
-lines.append("| scenario | config | job time s | vs bsp-stream | vs floor | accuracy | tail per epoch s (max) |")
-lines.append("|---|---|---|---|---|---|---|")
+lines.append("| scenario | config | job time s | vs bsp-stream | vs floor | accuracy | "
+             "accuracy − bsp-stream's (points) | tail per epoch s (max) |")
+lines.append("|---|---|---|---|---|---|---|---|")
 for scenario in ("straggler", "none"):
     bsp = get(scenario, "bsp-stream", "seconds")
+    bsp_acc = get(scenario, "bsp-stream", "accuracy")
     for config in ("bsp", "bsp-stream", "pacer", "stream"):
         t = get(scenario, config, "seconds")
+        if not t:
+            continue
         fl = get(scenario, config, "floor")
         acc = get(scenario, config, "accuracy")
         ratio = [t[r] / bsp[r] for r in t if r in bsp]
+        gap = [100 * (acc[r] - bsp_acc[r]) for r in acc if r in bsp_acc]
         vs_floor = [t[r] / fl[r] for r in t if r in fl and fl[r] > 0]
         tails = []
         for r in rows:
             if r["scenario"] == scenario and r["config"] == config and r["tails"]:
                 tails.append(max(float(x) for x in r["tails"].split("/")))
-        lines.append("| %s | %s | %.2f (%s) | %.2f (%s) | %.2f (%s) | %.4f (%s) | %s |" % (
+        lines.append("| %s | %s | %.2f (%s) | %.2f (%s) | %.2f (%s) | %.4f (%s) | %+.2f (%s) | %s |" % (
             scenario, config, med(list(t.values())), spread(list(t.values())),
             med(ratio), spread(ratio), med(vs_floor), spread(vs_floor),
-            med(list(acc.values())), spread(list(acc.values())),
+            med(list(acc.values())), spread(list(acc.values())), med(gap),
+            "%+.2f to %+.2f" % (min(gap), max(gap)) if gap else "-",
             "%.2f (%s)" % (med(tails), spread(tails)) if tails else "-"))
 lines.append("")
 lines.append("![each worker's samples over time](stragglers/out-epochs/samples.png)")
@@ -176,7 +191,8 @@ with open(out + "/samples.dat", "w") as f:
             f.write("\n\n")
 EOF
 
-if command -v gnuplot >/dev/null; then
+if command -v gnuplot >/dev/null && [ -e "$out/runs/straggler-pacer-1" ] &&
+   [ -e "$out/runs/straggler-stream-1" ]; then
   gnuplot <<EOF
 set terminal pngcairo size 900,420 font ",10"
 set output "$out/samples.png"
