@@ -1371,7 +1371,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   }
   for (const auto& [id, w] : workers_) {
     msg::WorkerStatus ws{w.id,    w.rank,  w.batch, w.staleness, w.staleness_range, w.clock,
-                         w.alive, w.done, w.samples_per_second, {}, w.paused};
+                         w.alive, w.done, w.samples_per_second, {}, w.paused, {}, 0};
     for (size_t p = 0; p < partitions_.size(); ++p) {
       if (partitions_[p].owner == id) ws.partitions.push_back(static_cast<uint32_t>(p));
     }

@@ -654,7 +654,8 @@ StatusReply FromWire(const wire::StatusReply& t) {
   if (t.workers() != nullptr) {
     for (const wire::WorkerStatus* w : *t.workers()) {
       WorkerStatus ws{w->id(), w->rank(), w->batch(), w->staleness(), w->staleness_range(),
-                      w->clock(), w->alive(), w->done(), w->samples_per_second(), {}, w->paused()};
+                      w->clock(), w->alive(), w->done(), w->samples_per_second(), {}, w->paused(),
+                      {}, 0};
       if (w->partitions() != nullptr) ws.partitions.assign(w->partitions()->begin(), w->partitions()->end());
       ws.chunks = Structs(w->chunks());
       ws.epoch_samples = w->epoch_samples();
