@@ -50,6 +50,49 @@ PACER_KERNEL void SgdKernel(size_t n, const float* w_in, float* w_out, const flo
   }
 }
 
+// SGD on a fraction f < 1 of a full step (BlockStep::fraction): the buffer
+// decays by momentum^f; weight decay weighs f; the update takes c(f) of the
+// old buffer (nesterov: of the new one) plus this step's own gradient
+// (already f-scaled by grad_scale):
+//   buf' = mu^f buf + (1 - dampening) d
+//   u = c buf + (1 - dampening) d   (nesterov: u = d + c buf'),  w -= lr u
+//   c(f) = mu (1 - mu^f) / (1 - mu)
+// c(1) = mu: torch's step, which SgdKernel keeps with torch's arithmetic.
+// With this c, steps whose fractions add up to F coast (no gradient) as far
+// as F full steps, however the F is cut, and under a constant gradient they
+// keep torch's steady pace; as f goes to 0 the step goes to nothing, where
+// scaling only the gradient would still move the weights by lr mu buf.
+struct SgdFractionArgs {
+  float lr, weight_decay, decay, coast, damp_alpha;
+  bool nesterov, first;
+};
+
+PACER_KERNEL void SgdFractionKernel(size_t n, const float* w_in, float* w_out, const float* b_in,
+                                    float* b_out, const float* grad, float gs,
+                                    SgdFractionArgs a) {
+  const float neg_lr = -a.lr;
+  for (size_t i = 0; i < n; ++i) {
+    float d = grad[i] * gs;
+    if (a.weight_decay != 0.0f) d = std::fma(a.weight_decay, w_in[i], d);
+    float u = d;
+    if (a.decay != 0.0f) {
+      const float old = b_in[i];  // b_in may be b_out (in place)
+      if (a.first) {
+        b_out[i] = d;
+        u = a.nesterov ? std::fma(a.coast, d, d) : d;
+      } else {
+        const float own = a.damp_alpha * d;
+        const float buf = std::fma(a.decay, old, own);
+        b_out[i] = buf;
+        u = a.nesterov ? std::fma(a.coast, buf, d) : std::fma(a.coast, old, own);
+      }
+    } else {
+      b_out[i] = b_in[i];
+    }
+    w_out[i] = std::fma(neg_lr, u, w_in[i]);
+  }
+}
+
 struct AdamArgs {
   float weight_decay, beta1, beta2, one_minus_beta1, one_minus_beta2, bias2_sqrt, eps;
   float neg_step_size, decay;  // decay: AdamW's 1 - lr * weight_decay (1: Adam)
@@ -189,8 +232,20 @@ class Sgd final : public Optimizer {
   size_t state_slots() const override { return 1; }
   std::string_view slot_name(size_t) const override { return "momentum_buffer"; }
   void Step(const BlockStep& b, const OptimizerSettings& s) const override {
-    SgdKernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.grad, b.grad_scale,
-              {b.lr, s.weight_decay, s.momentum, OneMinus(s.dampening), s.nesterov, b.step <= 1});
+    if (!(b.fraction < 1.0f)) {
+      SgdKernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.grad, b.grad_scale,
+                {b.lr, s.weight_decay, s.momentum, OneMinus(s.dampening), s.nesterov, b.step <= 1});
+      return;
+    }
+    const double f = std::max(static_cast<double>(b.fraction), 0.0);
+    const double mu = s.momentum;
+    const double decay = std::pow(mu, f);
+    // c(f) = mu (1 - mu^f) / (1 - mu); its limit f at mu = 1.
+    const double coast = mu < 1.0 ? mu * (1.0 - decay) / (1.0 - mu) : f;
+    SgdFractionKernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.grad, b.grad_scale,
+                      {b.lr, static_cast<float>(f * s.weight_decay),
+                       mu == 0.0 ? 0.0f : static_cast<float>(decay), static_cast<float>(coast),
+                       OneMinus(s.dampening), s.nesterov, b.step <= 1});
   }
 };
 

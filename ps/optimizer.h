@@ -33,6 +33,16 @@ struct BlockStep {
   // (staleness, b_i / B in asp). Weight decay (settings.weight_decay) is
   // applied once, in this step.
   float lr = 0.0f;
+  // How much of a full step this is: the step's samples over the global
+  // batch, in (0, 1]. SGD with momentum decays its buffer by momentum^fraction
+  // and takes a matching share of it into the update (ps/optimizer.cc), so
+  // that a step on a few samples moves the model by a few samples' worth; at
+  // 1, torch's update bit for bit. (Scaling only the gradient would leave a
+  // full momentum step per clock: a worker alone at an epoch's end, pushing
+  // batches of 1, made the model coast along its last velocity, clock after
+  // clock.) The other optimizers normalise the gradient and take the
+  // fraction in lr.
+  float fraction = 1.0f;
   // The block's step count including this one (1: its first step), for
   // Adam's bias correction, Adagrad's lr decay and SGD's first momentum.
   uint64_t step = 1;

@@ -751,11 +751,11 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   // One optimizer step on this gradient, its lr scaled b_i / B (an empty
   // push, batch 0, is recorded and changes nothing).
   if (options_.apply_updates && !push.grad.keys.empty() && push.batch > 0) {
-    const float scale = StalenessWeight(push) * static_cast<float>(push.batch) /
+    const float share = static_cast<float>(push.batch) /
                         static_cast<float>(std::max<uint32_t>(1, job_.global_batch));
     StepRecord step;
     step.grad = push.grad;
-    ScaleStep(push.lrs, scale, &step);
+    ScaleStep(push.lrs, StalenessWeight(push) * share, std::min(share, 1.0f), &step);
     table_->Step(step);
     ReplicateStep(step, nullptr);
   }
@@ -775,13 +775,16 @@ void ShardCore::OnAsyncPush(const Frame& peer, const Envelope& env, const PushAr
   Advance(out);
 }
 
-void ShardCore::ScaleStep(std::span<const wire::GroupLr> carried, float scale,
+void ShardCore::ScaleStep(std::span<const wire::GroupLr> carried, float scale, float fraction,
                           StepRecord* step) const {
+  step->fraction = fraction;
   if (table_->config().kind == OptimizerKind::kSgd) {
     // SGD: the gradient. Scaling its lr would damp only this step: the
     // momentum buffer keeps the stale gradient whole and applies it, at
     // full lr, in the steps after (a delayed gradient under momentum 0.9
-    // made chaos runs diverge). Without momentum the two are the same.
+    // made chaos runs diverge). Without momentum the two are the same. The
+    // fraction of a full step (samples over the global batch) decays the
+    // buffer and weighs its part of the update (BlockStep::fraction).
     step->grad_scale *= scale;
     step->lr = StepLrs(carried, 1.0f);
   } else {
@@ -1113,7 +1116,10 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       // sum_i w_i b_i / max(sum_i b_i, B): workers take a new batch size at
       // their own clocks, so after the monitor swaps two sizes (1 and 191)
       // the clocks between hold 1 + 1 samples, and full steps on such
-      // means, amplified by momentum, could wreck the model. Backup mode
+      // means, amplified by momentum, could wreck the model; SGD's momentum
+      // also takes the clock's fraction of B (BlockStep::fraction), so that
+      // the clocks of a worker left alone with batches of 1 at an epoch's
+      // end do not each coast a full momentum step. Backup mode
       // drops its last k pushes by design and keeps the plain mean.
       if (options_.apply_updates && oc.batch_sum > 0 && oc.weight_sum > 0) {
         StepRecord step;
@@ -1123,7 +1129,8 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
         if (job_.mode != wire::Mode::Backup) {
           samples = std::max(samples, static_cast<double>(job_.global_batch));
         }
-        ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / samples), &step);
+        ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / samples),
+                  static_cast<float>(static_cast<double>(oc.batch_sum) / samples), &step);
         table_->Step(step);
         if (!backups_.empty()) {
           // The record carries the accumulator itself (the step's gradient).

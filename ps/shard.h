@@ -425,8 +425,10 @@ class ShardCore {
   std::vector<float> StepLrs(std::span<const wire::GroupLr> carried, float scale) const;
   // Sets `step`'s lrs (StepLrs) with the step's weight `scale` (staleness,
   // b_i / B, the clock's mean weight) applied: to the gradient for SGD, to
-  // the lr for the optimizers that normalise the gradient.
-  void ScaleStep(std::span<const wire::GroupLr> carried, float scale, StepRecord* step) const;
+  // the lr for the optimizers that normalise the gradient; `fraction`, the
+  // step's samples over the global batch, becomes StepRecord::fraction.
+  void ScaleStep(std::span<const wire::GroupLr> carried, float scale, float fraction,
+                 StepRecord* step) const;
   // One push folded in: updates_applied_ and its two metrics.
   void CountApplied();
   void RecordPush(Member& member, uint64_t clock);

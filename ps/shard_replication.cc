@@ -157,6 +157,7 @@ void ShardCore::ReplicateStep(const StepRecord& step, std::shared_ptr<std::vecto
   rs.keys.assign(step.grad.keys.begin(), step.grad.keys.end());
   rs.grad_scale = step.grad_scale;
   rs.lr = step.lr;
+  rs.fraction = step.fraction;
   rs.values = step.grad.values.size();
   if (lent && repl_steps_.empty()) {
     repl_lent_ = std::move(lent);  // the step's accumulator goes out as it is
@@ -585,10 +586,14 @@ void ShardCore::OnReplicate(const Frame& peer, const Decoded& d, std::vector<Out
     } else if (s.lr.size() != table.groups()) {
       why = "step " + std::to_string(i) + " has " + std::to_string(s.lr.size()) +
             " learning rates for " + std::to_string(table.groups()) + " groups";
+    } else if (!(s.fraction > 0.0f && s.fraction <= 1.0f)) {
+      why = "step " + std::to_string(i) + " is a fraction " + std::to_string(s.fraction) +
+            " of a step, outside (0, 1]";
     }
     steps[i].grad = {s.keys, values.subspan(offset, want), /*at_offsets=*/s.keys.empty()};
     steps[i].grad_scale = s.grad_scale;
     steps[i].lr = s.lr;
+    steps[i].fraction = s.fraction;
     offset += want;
   }
   if (why.empty() && offset != values.size()) {

@@ -232,6 +232,7 @@ void ParamTable::Step(const StepRecord& record) {
     }
     b.grad = g;
     b.grad_scale = record.grad_scale;
+    b.fraction = record.fraction;
     b.lr = s.group < record.lr.size() ? record.lr[s.group] : resolved_[s.group].lr;
     b.step = ++s.steps;
     // The optimizers are elementwise: a big key's step is cut in pieces

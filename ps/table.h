@@ -71,6 +71,9 @@ struct StepRecord {
   // Each group's learning rate for this step, scale included (staleness,
   // b_i / B); as many as the table has groups.
   std::vector<float> lr;
+  // How much of a full step this is, (0, 1] (BlockStep::fraction): the
+  // step's samples over the global batch.
+  float fraction = 1.0f;
 };
 
 // Keys with everything they hold, as a move carries them and a checkpoint

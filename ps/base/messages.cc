@@ -532,7 +532,7 @@ flatbuffers::Offset<wire::Replicate> Build(flatbuffers::FlatBufferBuilder& fbb,
   for (const ReplicaStep& s : m.steps) {
     steps.push_back(wire::CreateReplicaStep(fbb, KeysOf(fbb, s.keys), s.grad_scale,
                                             fbb.CreateVector(s.lr), s.values, s.assign,
-                                            fbb.CreateVector(s.key_steps)));
+                                            fbb.CreateVector(s.key_steps), s.fraction));
   }
   std::vector<wire::WorkerSeq> marks;
   for (const auto& [worker, seq] : m.marks) marks.emplace_back(worker, seq);
@@ -555,7 +555,7 @@ Replicate FromWire(const wire::Replicate& t) {
   if (t.steps() != nullptr) {
     for (const wire::ReplicaStep* s : *t.steps()) {
       m.steps.push_back({Keys(s->keys()), s->grad_scale(), Scalars(s->lr()), s->values(),
-                         s->assign(), Scalars(s->key_steps())});
+                         s->assign(), Scalars(s->key_steps()), s->fraction()});
     }
   }
   if (t.marks() != nullptr) {

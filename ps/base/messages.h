@@ -338,6 +338,7 @@ struct ReplicaStep {
   // values than the batch's gradients.
   bool assign = false;
   std::vector<uint64_t> key_steps;
+  float fraction = 1.0f;  // of a full step (StepRecord::fraction)
 };
 // A run of one worker's push seqs, [first, last] (AppliedLedger).
 struct SeqSpan {
