@@ -200,9 +200,9 @@ set multiplot layout 1,2 title "Samples trained by each worker over time, --epoc
 set xlabel "seconds since training started"
 set ylabel "samples"
 set key left top
-set title "pacer, per-worker partitions"
+set title "pacer, per-worker partitions (--data-partitions 3)"
 plot "$out/samples.dat" index 0 with lines title "worker 0", "" index 1 with lines title "worker 1", "" index 2 with lines title "worker 2 (4x)"
-set title "pacer, --data-stream"
+set title "pacer, the data stream (the default)"
 plot "$out/samples.dat" index 3 with lines title "worker 0", "" index 4 with lines title "worker 1", "" index 5 with lines title "worker 2 (4x)"
 unset multiplot
 EOF
