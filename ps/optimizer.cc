@@ -52,18 +52,18 @@ PACER_KERNEL void SgdKernel(size_t n, const float* w_in, float* w_out, const flo
 
 // SGD on a fraction f < 1 of a full step (BlockStep::fraction): the buffer
 // decays by momentum^f; weight decay weighs f; the update takes c(f) of the
-// old buffer (nesterov: of the new one) plus this step's own gradient
-// (already f-scaled by grad_scale):
+// old buffer plus this step's own gradient (already f-scaled by grad_scale):
 //   buf' = mu^f buf + (1 - dampening) d
-//   u = c buf + (1 - dampening) d   (nesterov: u = d + c buf'),  w -= lr u
+//   p = c buf + (1 - dampening) d;  u = p  (nesterov: u = d + mu p);  w -= lr u
 //   c(f) = mu (1 - mu^f) / (1 - mu)
-// c(1) = mu: torch's step, which SgdKernel keeps with torch's arithmetic.
-// With this c, steps whose fractions add up to F coast (no gradient) as far
-// as F full steps, however the F is cut, and under a constant gradient they
-// keep torch's steady pace; as f goes to 0 the step goes to nothing, where
-// scaling only the gradient would still move the weights by lr mu buf.
+// c(1) = mu and p = buf': torch's step, which SgdKernel keeps with torch's
+// arithmetic. With this c, steps whose fractions add up to F coast (no
+// gradient) as far as F full steps, however the F is cut (the coasts
+// mu^S c(f) telescope), and under a constant gradient they keep torch's
+// steady pace; as f goes to 0 the step goes to nothing, where scaling only
+// the gradient would still move the weights by lr mu buf.
 struct SgdFractionArgs {
-  float lr, weight_decay, decay, coast, damp_alpha;
+  float lr, weight_decay, momentum, decay, coast, damp_alpha;
   bool nesterov, first;
 };
 
@@ -75,17 +75,17 @@ PACER_KERNEL void SgdFractionKernel(size_t n, const float* w_in, float* w_out, c
     float d = grad[i] * gs;
     if (a.weight_decay != 0.0f) d = std::fma(a.weight_decay, w_in[i], d);
     float u = d;
-    if (a.decay != 0.0f) {
+    if (a.momentum != 0.0f) {
       const float old = b_in[i];  // b_in may be b_out (in place)
+      float p = d;
       if (a.first) {
-        b_out[i] = d;
-        u = a.nesterov ? std::fma(a.coast, d, d) : d;
+        b_out[i] = d;  // torch clones the first d_p
       } else {
         const float own = a.damp_alpha * d;
-        const float buf = std::fma(a.decay, old, own);
-        b_out[i] = buf;
-        u = a.nesterov ? std::fma(a.coast, buf, d) : std::fma(a.coast, old, own);
+        b_out[i] = std::fma(a.decay, old, own);
+        p = std::fma(a.coast, old, own);
       }
+      u = a.nesterov ? std::fma(a.momentum, p, d) : p;
     } else {
       b_out[i] = b_in[i];
     }
@@ -241,10 +241,10 @@ class Sgd final : public Optimizer {
     const double mu = s.momentum;
     const double decay = std::pow(mu, f);
     // c(f) = mu (1 - mu^f) / (1 - mu); its limit f at mu = 1.
-    const double coast = mu < 1.0 ? mu * (1.0 - decay) / (1.0 - mu) : f;
+    const double coast = mu != 1.0 ? mu * (1.0 - decay) / (1.0 - mu) : f;
     SgdFractionKernel(b.n, b.w_in, b.w_out, b.state_in[0], b.state_out[0], b.grad, b.grad_scale,
-                      {b.lr, static_cast<float>(f * s.weight_decay),
-                       mu == 0.0 ? 0.0f : static_cast<float>(decay), static_cast<float>(coast),
+                      {b.lr, static_cast<float>(f * s.weight_decay), s.momentum,
+                       static_cast<float>(decay), static_cast<float>(coast),
                        OneMinus(s.dampening), s.nesterov, b.step <= 1});
   }
 };

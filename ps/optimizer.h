@@ -31,7 +31,7 @@ struct BlockStep {
   float grad_scale = 1.0f;
   // This step's learning rate: the group's, times the step's scale
   // (staleness, b_i / B in asp). Weight decay (settings.weight_decay) is
-  // applied once, in this step.
+  // applied once, in this step (SGD: weighted by `fraction`).
   float lr = 0.0f;
   // How much of a full step this is: the step's samples over the global
   // batch, in (0, 1]. SGD with momentum decays its buffer by momentum^fraction

@@ -363,13 +363,36 @@ TEST(OptimizerTest, AFractionOfAStepCoastsThatFractionOfTheMomentum) {
     const float f = 1.0f / 192.0f;
     SgdStep(w, v, std::vector<float>{0.0f}, o, /*step=*/2, /*grad_scale=*/f, f);
     ExpectNear(v, {Decay(f)});
-    ExpectNear(w, {-0.5f * (nesterov ? Coast(f) * Decay(f) : Coast(f))});
+    ExpectNear(w, {-0.5f * (nesterov ? kMomentum * Coast(f) : Coast(f))});
     EXPECT_LT(-w[0], 0.5f * kMomentum / 150.0f);
     // At fraction 1, torch's step.
     std::vector<float> w1 = {0.0f}, v1 = {1.0f};
     SgdStep(w1, v1, std::vector<float>{2.0f}, o, 2, 1.0f, 1.0f);
     ExpectNear(v1, {kMomentum + 2.0f});
     ExpectNear(w1, {-0.5f * (nesterov ? 2.0f + kMomentum * (kMomentum + 2.0f) : kMomentum + 2.0f)});
+  }
+}
+
+TEST(OptimizerTest, FractionsThatAddUpToFiveCoastAsFarAsFiveFullStepsHoweverCut) {
+  OptimizerSettings o;
+  o.lr = 0.5f;
+  o.momentum = kMomentum;
+  for (const bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov);
+    o.nesterov = nesterov;
+    std::vector<float> moved;
+    for (const int cut : {1, 4, 192}) {
+      std::vector<float> w = {0.0f};
+      std::vector<float> v = {1.0f};
+      const float f = 1.0f / static_cast<float>(cut);
+      for (int k = 0; k < 5 * cut; ++k) SgdStep(w, v, std::vector<float>{0.0f}, o, 2 + k, f, f);
+      moved.push_back(-w[0]);
+    }
+    // torch: lr (mu + mu^2 + ... + mu^5), nesterov times mu.
+    float torch5 = 0;
+    for (int k = 1; k <= 5; ++k) torch5 += std::pow(kMomentum, static_cast<float>(k));
+    torch5 *= 0.5f * (nesterov ? kMomentum : 1.0f);
+    for (float m : moved) EXPECT_NEAR(m / torch5, 1.0f, 1e-3f);
   }
 }
 
@@ -1191,7 +1214,7 @@ TEST_F(ShardTest, AspAppliesEachPushAtOnceWeightedByItsBatchShare) {
 
   ExpectPushReply(Push(kWorkerB, 0, 3, gb).at(0), 0);
   // A push of 3/4 of the global batch is 3/4 of a step: the buffer's part
-  // of the update takes 3/4 mu^(3/4) (BlockStep::fraction).
+  // of the update takes c(3/4) = mu (1 - mu^(3/4)) / (1 - mu) (Coast).
   std::vector<float> w2(3);
   for (size_t i = 0; i < 3; ++i) w2[i] = w1[i] - kLr * (Coast(0.75f) * v1[i] + 0.75f * gb[i]);
   ExpectNear(Params(), w2);
@@ -1495,7 +1518,7 @@ TEST_F(ShardTest, AspCountsStalenessInRoundsOfPushes) {
   // B's fresh pushes, 3/4 of a step each: v_k = mu^(3/4) v_{k-1} + (3/4) g
   // (SGD: the weight scales the gradient). A's, on a gradient of 4,
   // weighted 1/(1+2) times b/B = 1/4, a quarter of a step: the weights move
-  // by 1/4 mu^(1/4) v4 + 4/12.
+  // by c(1/4) v4 + 4/12 (Coast).
   float v = 0;
   for (int k = 0; k < 4; ++k) v = Decay(0.75f) * v + 0.75f;
   const float u5 = Coast(0.25f) * v + 4.0f / 12.0f;
@@ -1844,15 +1867,28 @@ TEST_F(ReplicationTest, AShortStepsFractionReachesTheBackup) {
     SCOPED_TRACE(wire::EnumNameMode(mode));
     kind_ = OptimizerKind::kSgd;
     StartReplicated(mode);
+    keep_records_ = true;
+    records_.clear();
     uint64_t seq = 0;
     for (uint64_t c = 0; c < 6; ++c) {
       ++seq;
       RPush(kWorkerA, c, 1, Grad(c, kWorkerA), seq);
       if (mode == wire::Mode::Bsp) RPush(kWorkerB, c, 0, Grad(c, kWorkerB), seq);
+      // asp: a record per push, so that it goes as the gradient and its
+      // fraction, not as the state it left.
+      clock_.Advance(ShardCore::kReplicaBatchDelay);
+      Tick();
+      ExpectSameAsPrimary();
     }
-    clock_.Advance(ShardCore::kReplicaBatchDelay);
-    Tick();
-    ExpectSameAsPrimary();
+    size_t steps = 0;
+    for (const msg::Replicate& r : records_) {
+      for (const msg::ReplicaStep& st : r.steps) {
+        EXPECT_FALSE(st.assign);
+        EXPECT_FLOAT_EQ(st.fraction, 0.25f);
+        ++steps;
+      }
+    }
+    EXPECT_EQ(steps, 6u);
   }
 }
 

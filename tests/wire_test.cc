@@ -715,7 +715,7 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   rec.range = 4;
   rec.epoch = 7;
   rec.record = 12;
-  rec.steps.push_back({{}, 0.25f, {0.1f, 0.2f}, 3, false, {}});
+  rec.steps.push_back({{}, 0.25f, {0.1f, 0.2f}, 3, false, {}, 0.375f});
   rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {0.3f, 0.4f}, 1, false, {}});
   // A batch's state, not gradients: no lr; the keys' step counts.
   rec.steps.push_back({{wire::KeyLen(8, 1)}, 1.0f, {}, 2, true, {17}});
@@ -740,6 +740,8 @@ TEST(MessagesTest, TypedMessagesRoundTripThroughFrames) {
   EXPECT_EQ(rb.steps[2].values, 2u);
   EXPECT_TRUE(rb.steps[0].keys.empty());
   EXPECT_EQ(rb.steps[0].grad_scale, 0.25f);
+  EXPECT_EQ(rb.steps[0].fraction, 0.375f);
+  EXPECT_EQ(rb.steps[1].fraction, 1.0f);  // not said: a full step
   EXPECT_EQ(rb.steps[0].values, 3u);
   EXPECT_EQ(rb.steps[1].keys.at(0).key(), 8u);
   EXPECT_EQ(rb.steps[1].lr, (std::vector<float>{0.3f, 0.4f}));
