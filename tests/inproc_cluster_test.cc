@@ -74,7 +74,10 @@ TEST(InProcClusterTest, TrainsToTargetWithBspAcrossTwoShards) {
 
 // One shard, one worker, 2 epochs of 3200 samples at batch 32 (200 clocks);
 // the time schedule is out of reach, so only the clock schedule (if set)
-// evaluates. Returns the evaluations the monitor counted.
+// evaluates. The worker computes 8x slower (a few ms per clock), so that 20
+// clocks outlast an evaluation of 200 samples even on a loaded machine (at
+// full speed the 200 clocks took 0.3 s and a CI run under load evaluated 3
+// times). Returns the evaluations the monitor counted.
 double EvaluationsOfAJob(uint32_t eval_every_clocks) {
   auto transport = MakeInProcTransport();
   MonitorOptions mopts;
@@ -100,6 +103,7 @@ double EvaluationsOfAJob(uint32_t eval_every_clocks) {
   wopts.monitor = "mem://monitor";
   wopts.train_limit = 3200;
   wopts.test_limit = 200;
+  wopts.slowdown = 8.0;
   wopts.request_timeout = std::chrono::seconds(30);
   worker::Worker w(transport.get(), wopts);
   auto result = w.Run();
