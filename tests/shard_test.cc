@@ -348,13 +348,19 @@ TEST(OptimizerTest, SgdFirstStepTakesTheGradientAsTheBufferDespiteDampening) {
   ExpectNear(v, {2.0f});  // 0.5 * 2 + (1 - 0.5) * 2
 }
 
-TEST(OptimizerTest, AFractionOfAStepCoastsThatFractionOfTheMomentum) {
+// SGD at lr 0.5 with the tests' momentum, plain or nesterov.
+OptimizerSettings MomentumSgd(bool nesterov) {
   OptimizerSettings o;
   o.lr = 0.5f;
   o.momentum = kMomentum;
+  o.nesterov = nesterov;
+  return o;
+}
+
+TEST(OptimizerTest, AFractionOfAStepCoastsThatFractionOfTheMomentum) {
   for (const bool nesterov : {false, true}) {
     SCOPED_TRACE(nesterov);
-    o.nesterov = nesterov;
+    const OptimizerSettings o = MomentumSgd(nesterov);
     // A buffer at 1 and no gradient: a step of 1/192 of the global batch
     // moves the weights by about 1/192 of a step (torch's whole step: lr mu
     // = 0.45).
@@ -374,12 +380,9 @@ TEST(OptimizerTest, AFractionOfAStepCoastsThatFractionOfTheMomentum) {
 }
 
 TEST(OptimizerTest, FractionsThatAddUpToFiveCoastAsFarAsFiveFullStepsHoweverCut) {
-  OptimizerSettings o;
-  o.lr = 0.5f;
-  o.momentum = kMomentum;
   for (const bool nesterov : {false, true}) {
     SCOPED_TRACE(nesterov);
-    o.nesterov = nesterov;
+    const OptimizerSettings o = MomentumSgd(nesterov);
     std::vector<float> moved;
     for (const int cut : {1, 4, 192}) {
       std::vector<float> w = {0.0f};
