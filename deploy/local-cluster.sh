@@ -176,7 +176,7 @@ policy_flags=()
 echo "[cluster] 1 monitor, $shards shard(s), $workers worker(s)," \
   "${policy:-default} policy, ${mode:-default} mode" >&2
 echo "[cluster] warning: plain ZeroMQ on 127.0.0.1 (no --key/--allowed-keys): fine on one" \
-  "machine; between machines use CURVE keys (README, 'Transport security')" >&2
+  "machine; between machines use CURVE keys (deploy/README.md, 'Transport security')" >&2
 # shellcheck disable=SC2086  # the *-args options are word-split on purpose
 start monitor "$tmp/monitor" "$bin/monitor/pacer-monitor" --listen tcp://127.0.0.1:0 \
   "${policy_flags[@]}" --min-shards "$shards" --min-workers "$workers" \

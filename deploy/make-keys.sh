@@ -15,7 +15,7 @@
 #   kubectl -n NAMESPACE create secret generic pacer-keys --from-file=DIR
 # (which takes DIR's files, not operator/).
 # The systemd units read /etc/pacer/keys (make it with this script, as root,
-# then copy allowed and each host's keys there); see README, "Transport
+# then copy allowed and each host's keys there); see deploy/README.md, "Transport
 # security". Existing keys are never overwritten: a second run keeps them,
 # makes the missing ones and rewrites `allowed`.
 #

@@ -336,7 +336,7 @@ int main(int argc, char** argv) {
   }
   if (opts.replicas > 0) {
     spdlog::info("--replicas {}: each key range is copied to {} backup(s) and fails over to one "
-                 "after --shard-lease; see the README (Replicas) for what is guaranteed",
+                 "after --shard-lease; see ps/README.md (Replicas) for what is guaranteed",
                  opts.replicas, opts.replicas);
   }
   while (!(*server)->done()) {

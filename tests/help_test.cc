@@ -1,7 +1,7 @@
 // The binaries' flags, read from their own --help: each is documented in
-// the README or its plane's README, every flag documented there exists,
-// and every Options field has a flag or is named as exempt. A bad flag is a
-// usage error (exit code 2).
+// the manuals (README.md and the module READMEs it links to), every flag
+// documented there exists, and every Options field has a flag or is named
+// as exempt. A bad flag is a usage error (exit code 2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,8 +21,14 @@ namespace {
 
 using std::chrono::seconds;
 
-// The product's binaries, with the README beside the plane each belongs to
-// (besides the top-level README.md, where any flag may be documented).
+// The manuals where any binary's flag may be documented: the front door and
+// the manuals it links to (the operating manual, each plane's, pacer.torch's
+// and the chaos runner's).
+const char* const kSharedDocs[] = {
+    "README.md",        "deploy/README.md",        "ps/README.md",         "monitor/README.md",
+    "worker/README.md", "worker/python/README.md", "tests/chaos/README.md"};
+
+// The product's binaries, with the README beside the plane each belongs to.
 struct Binary {
   const char* path;
   const char* readme;  // relative to the source tree
@@ -120,7 +126,12 @@ bool Names(const std::string& text, const std::string& word) {
 }
 
 TEST(HelpTest, EveryFlagOfEveryBinaryIsDocumented) {
-  const std::string readme = Source("README.md");
+  std::string readme;
+  for (const char* doc : kSharedDocs) {
+    const std::string text = Source(doc);
+    ASSERT_FALSE(text.empty()) << doc;
+    readme += text + "\n";
+  }
   for (const Binary& b : kBinaries) {
     EXPECT_NE(Help({b.path}).find("Exit codes"), std::string::npos) << b.path << " --help";
     const Cli cli = CliOf(b.path);
@@ -129,12 +140,12 @@ TEST(HelpTest, EveryFlagOfEveryBinaryIsDocumented) {
     ASSERT_FALSE(module.empty()) << b.readme;
     for (const auto& f : cli.flags) {
       EXPECT_TRUE(Names(readme, f) || Names(module, f))
-          << b.path << " " << f << " is documented in neither README.md nor " << b.readme;
+          << b.path << " " << f << " is documented in none of the manuals nor " << b.readme;
     }
     const std::string name = std::filesystem::path(b.path).filename().string();
     for (const auto& c : cli.commands) {
       EXPECT_TRUE(Names(readme, name + " " + c) || Names(module, name + " " + c))
-          << "'" << name << " " << c << "' is documented in neither README.md nor " << b.readme;
+          << "'" << name << " " << c << "' is documented in none of the manuals nor " << b.readme;
     }
   }
 }
@@ -177,7 +188,7 @@ TEST(HelpTest, EveryDocumentedFlagExists) {
   for (const auto& [flag, whose] : kOtherProgramsFlags) {
     EXPECT_EQ(known.count(flag), 0u) << flag << " is a Pacer flag: drop it from the exemptions";
   }
-  std::set<std::string> readmes = {"README.md"};
+  std::set<std::string> readmes(std::begin(kSharedDocs), std::end(kSharedDocs));
   for (const Binary& b : kBinaries) readmes.insert(b.readme);
   std::set<std::string> documented;
   for (const auto& path : readmes) {

@@ -255,7 +255,7 @@ class Trainer {
   bool data_stream() const;
   // The lr each push carries for each group from now on (the user's
   // scheduler, on this side; ps/client.h); empty: none. The shards' order
-  // of precedence is in the README's optimizer section.
+  // of precedence is in ps/README.md's optimizer section.
   void SetLearningRates(std::vector<wire::GroupLr> lrs);
 
   // Ends the run: tells the monitor when this worker finished its epochs

@@ -8,7 +8,8 @@
 #   /usr/lib                    their static libraries, and
 #   /usr/lib/cmake/Pacer        a CMake package config: find_package(Pacer)
 #   /usr/share/pacer            the Grafana dashboard, Prometheus rules and configs
-#   /usr/share/doc/pacer        README, runbooks, and an example program
+#   /usr/share/doc/pacer        README and the manuals it links to, runbooks, and an
+#                               example program
 # and a second package, python3-pacer (where pybind11-dev built the module):
 #   /usr/lib/python3/dist-packages/pacer   pacer._core and pacer.torch
 #   /usr/share/doc/python3-pacer/examples  worker/python/examples
@@ -74,6 +75,10 @@ install(FILES ${PACER_DEPLOY}/prometheus/pacer.rules.yml ${PACER_DEPLOY}/prometh
 install(PROGRAMS ${PACER_DEPLOY}/make-keys.sh DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PACER_DEPLOY}/prometheus/RUNBOOKS.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# The manuals the README links to, where its links find them.
+foreach(manual deploy ps monitor worker tests/chaos)
+  install(FILES ${PROJECT_SOURCE_DIR}/${manual}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/${manual})
+endforeach()
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt
   ${CMAKE_CURRENT_LIST_DIR}/example/train_logistic.cc ${CMAKE_CURRENT_LIST_DIR}/example/blobs.csv
   DESTINATION ${CMAKE_INSTALL_DOCDIR}/example)

@@ -181,7 +181,7 @@ void Runner::CheckOncePerEpoch() {
       }
     }
     // A worker killed, or frozen or cut off past its lease, is dead to the
-    // job: its last batch may be trained again (README: "Elastic workers").
+    // job: its last batch may be trained again (monitor/README.md: "Elastic workers").
     if (w < workers_.size() &&
         (workers_[w]->killed_on_purpose || workers_[w]->lost_on_purpose)) {
       may_repeat.insert(last.begin(), last.end());

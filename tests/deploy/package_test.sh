@@ -38,6 +38,8 @@ for path in /usr/bin/pacer-server /usr/bin/pacer-monitor /usr/bin/pacer-worker /
     /usr/lib/cmake/Pacer/PacerTargets.cmake \
     /usr/share/pacer/grafana/pacer-dashboard.json /usr/share/pacer/prometheus/pacer.rules.yml \
     /usr/share/doc/pacer/RUNBOOKS.md /usr/share/doc/pacer/example/train_logistic.cc \
+    /usr/share/doc/pacer/README.md /usr/share/doc/pacer/deploy/README.md \
+    /usr/share/doc/pacer/monitor/README.md /usr/share/doc/pacer/ps/README.md \
     /usr/share/doc/pacer/example/blobs.csv \
     /usr/share/pacer/make-keys.sh; do
   grep -qx "$path" "$tmp/contents" || fail "the package lacks $path"

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# The README's commands, run as a new user would type them, taken from the
-# README itself (so that a change to either shows here):
-#  1. the Quick start's straggler example (deploy/quickstart.sh ... --compare),
-#     with --skip-setup added (the suite has set up and built already);
-#  2. "Running a cluster by hand": its three commands, each line run as many
-#     times as its comment says ("# twice", "# three times"), in the
-#     background, with the monitor's port 5555 replaced by a free one;
-#  3. the "pacerctl" block against that cluster, line by line in one shell
-#     (its export holds for the lines after it; a line ending in & runs in
-#     the background), with ID replaced by a real id: a by-hand worker's
-#     for remove-worker, the idle shard's (started by the block) otherwise.
-# Every command must succeed, and what they print must say what the README
-# says it does. Every process it starts is stopped at exit.
+# The READMEs' commands, run as a new user would type them, taken from the
+# READMEs themselves (so that a change to either shows here):
+#  1. the top README's Quick start example (deploy/quickstart.sh ...
+#     --compare), with --skip-setup added (the suite has set up and built
+#     already);
+#  2. deploy/README.md's "Running a cluster by hand": its three commands,
+#     each line run as many times as its comment says ("# twice", "# three
+#     times"), in the background, with the monitor's port 5555 replaced by
+#     a free one;
+#  3. monitor/README.md's "pacerctl" block against that cluster, line by
+#     line in one shell (its export holds for the lines after it; a line
+#     ending in & runs in the background), with ID replaced by a real id: a
+#     by-hand worker's for remove-worker, the idle shard's (started by the
+#     block) otherwise.
+# Every command must succeed, and what they print must say what the READMEs
+# say it does. Every process it starts is stopped at exit.
 #   tests/deploy/readme_walkthrough.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
-readme=$root/README.md
 fail() { echo "FAIL: $*" >&2; exit 1; }
 work=$(mktemp -d -t pacer-walkthrough.XXXXXX)
 pids=()
@@ -37,20 +39,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# block HEADING N: the N-th ```sh block (from 1) under "## HEADING" of the
-# README, its continuation lines joined.
+# block FILE HEADING N: the N-th ```sh block (from 1) under "## HEADING" of
+# FILE (relative to the source tree), its continuation lines joined.
 block() {
-  awk -v h="## $1" -v n="$2" '
+  [ -f "$root/$1" ] || fail "no $1"
+  grep -qx "## $2" "$root/$1" || fail "$1 has no section '## $2'"
+  awk -v h="## $2" -v n="$3" '
     $0 == h { in_section = 1; next }
     in_section && /^## / { exit }
     in_section && /^```sh$/ { k++; in_block = (k == n); next }
     in_block && /^```$/ { exit }
     in_block { if (sub(/\\$/, "")) { acc = acc $0; next } print acc $0; acc = "" }
-  ' "$readme"
+  ' "$root/$1"
 }
 
 # 1. The Quick start's example, as written (plus --skip-setup).
-example=$(block "Quick start" 2)
+example=$(block README.md "Quick start" 2)
 [[ $example == deploy/quickstart.sh* ]] || fail "no deploy/quickstart.sh example in the Quick start: '$example'"
 echo "== $example --skip-setup"
 cd "$root"
@@ -105,7 +109,7 @@ while IFS= read -r line; do
     pids+=($!)
     sleep 0.3
   done
-done < <(block "Running a cluster by hand" 1)
+done < <(block deploy/README.md "Running a cluster by hand" 1)
 [ "$n" -eq 6 ] || fail "expected 6 processes (a monitor, 2 shards, 3 workers), started $n"
 
 # 3. pacerctl, once training runs.
@@ -150,7 +154,7 @@ while IFS= read -r line; do
     # The comment says "; resume": hold, then let the workers go on.
     "$ctl" resume > /dev/null || fail "pacerctl resume"
   fi
-done < <(block "pacerctl" 1)
+done < <(block monitor/README.md "pacerctl" 1)
 cd "$root"
 grep -q 'test accuracy' "$work/ctl.out" || fail "--evaluate-model printed no accuracy"
 echo "walkthrough: ok"
