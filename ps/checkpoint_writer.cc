@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "prometheus/registry.h"
+#include "ps/base/mutex.h"
 #include "ps/base/rpc.h"
 #include "ps/shard_metrics.h"
 #include "spdlog/spdlog.h"
@@ -30,13 +31,13 @@ struct CheckpointWriter::State {
 
   std::optional<CheckpointMetrics> metrics;
 
-  std::mutex mu;  // guards to_write, busy, exit, abandoned, done
+  Mutex mu;  // guards to_write, busy, exit, abandoned, done
   std::condition_variable cv;
-  std::optional<ShardSnapshot> to_write;
-  bool busy = false;       // a snapshot is handed over and not yet written
-  bool exit = false;       // the thread ends once nothing is handed over
-  bool abandoned = false;  // a stop gave up waiting: write nothing more
-  bool done = false;       // the thread has ended
+  std::optional<ShardSnapshot> to_write ABSL_GUARDED_BY(mu);
+  bool busy ABSL_GUARDED_BY(mu) = false;       // a snapshot is handed over and not yet written
+  bool exit ABSL_GUARDED_BY(mu) = false;       // the thread ends once nothing is handed over
+  bool abandoned ABSL_GUARDED_BY(mu) = false;  // a stop gave up waiting: write nothing more
+  bool done ABSL_GUARDED_BY(mu) = false;  // the thread has ended
   std::atomic<double> last_success_unix{0};
 
   void Loop();
@@ -48,8 +49,8 @@ void CheckpointWriter::State::Loop() {
   for (;;) {
     std::optional<ShardSnapshot> snap;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      while (!to_write && !exit) clock->WaitUntil(cv, lock, clock->Now() + kIdleRecheck);
+      MutexLock lock(mu);
+      while (!to_write && !exit) clock->WaitUntil(cv, lock.native(), clock->Now() + kIdleRecheck);
       if (!to_write) break;
       snap = std::move(to_write);
       to_write.reset();
@@ -57,13 +58,13 @@ void CheckpointWriter::State::Loop() {
     Write(*snap);
     snap.reset();  // lets go of the shared buffers before the shard's next step
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       busy = false;
     }
     cv.notify_all();
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     done = true;
   }
   cv.notify_all();
@@ -75,11 +76,11 @@ void CheckpointWriter::State::Write(const ShardSnapshot& snap) {
     // Injected slow disk I/O (fault slow_disk): the write takes longer,
     // unless a stop gives it up meanwhile.
     const TimePoint until = t0 + faults->DiskDelay();
-    std::unique_lock<std::mutex> lock(mu);
-    while (!abandoned && clock->Now() < until) clock->WaitUntil(cv, lock, until);
+    MutexLock lock(mu);
+    while (!abandoned && clock->Now() < until) clock->WaitUntil(cv, lock.native(), until);
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (abandoned) return;
   }
   absl::StatusOr<uint64_t> bytes = store->Save(snap);
@@ -120,11 +121,11 @@ CheckpointWriter::~CheckpointWriter() {
   State& s = *state_;
   bool done = false;
   {
-    std::unique_lock<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     s.exit = true;
     s.cv.notify_all();
     const TimePoint until = s.clock->Now() + kJoinWait;
-    while (!s.done && s.clock->Now() < until) s.clock->WaitUntil(s.cv, lock, until);
+    while (!s.done && s.clock->Now() < until) s.clock->WaitUntil(s.cv, lock.native(), until);
     done = s.done;
   }
   if (done) {
@@ -140,7 +141,7 @@ CheckpointWriter::~CheckpointWriter() {
 
 bool CheckpointWriter::Offer(ShardSnapshot snap) {
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (state_->busy || state_->abandoned) return false;
     state_->busy = true;
     state_->to_write = std::move(snap);
@@ -151,19 +152,19 @@ bool CheckpointWriter::Offer(ShardSnapshot snap) {
 
 absl::Status CheckpointWriter::Final(ShardSnapshot snap, TimePoint deadline) {
   State& s = *state_;
-  std::unique_lock<std::mutex> lock(s.mu);
-  auto give_up = [&](const std::string& why) {
+  MutexLock lock(s.mu);
+  auto give_up = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     s.abandoned = true;
     s.cv.notify_all();
     return absl::DeadlineExceededError(why);
   };
-  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock, deadline);
+  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock.native(), deadline);
   if (s.busy) return give_up("the checkpoint before it was still being written");
   if (s.abandoned) return absl::FailedPreconditionError("an earlier stop gave the writer up");
   s.busy = true;
   s.to_write = std::move(snap);
   s.cv.notify_all();
-  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock, deadline);
+  while (s.busy && s.clock->Now() < deadline) s.clock->WaitUntil(s.cv, lock.native(), deadline);
   if (s.busy) return give_up("its write had not finished");
   return absl::OkStatus();
 }

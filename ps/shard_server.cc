@@ -265,7 +265,7 @@ void ShardServer::HeartbeatLoop() {
     hb.clock = static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load()));
     hb.checkpoint_age_seconds = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
     {
-      std::lock_guard<std::mutex> lock(lr_mu_);
+      MutexLock lock(lr_mu_);
       hb.replicas = report_replicas_;
       hb.serving = report_serving_;
       hb.lagging = report_lagging_;
@@ -280,7 +280,7 @@ void ShardServer::HeartbeatLoop() {
       // configs are handed over (renew), so that the serving thread, which
       // reads both under lr_mu_, never unfences without them.
       const auto renew = [&] {
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
         heard_monitor_ = true;
       };
@@ -302,7 +302,7 @@ void ShardServer::HeartbeatLoop() {
                                       promote.backups != last_promote.backups ||
                                       promote.hold != last_promote.hold)) {
         last_promote = promote;
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         pending_promote_ = std::move(promote);
       }
       if (r.state == wire::JobState::Stopped) {
@@ -313,7 +313,7 @@ void ShardServer::HeartbeatLoop() {
       }
       runtime_faults.Apply(r.faults_version, r.faults);
       if (r.lr_overrides_version > 0) {
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         if (!pending_lr_ || pending_lr_->first < r.lr_overrides_version) {
           pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
         }
@@ -326,11 +326,11 @@ void ShardServer::HeartbeatLoop() {
           config.deposed != last_replication.deposed ||
           config.hold_durable != last_replication.hold_durable) {
         last_replication = config;
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         pending_replication_ = std::move(config);
       }
       if (!r.deposed_ranges.empty()) {
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         for (const msg::ShardInfo& d : r.deposed_ranges) pending_deposed_[d.id] = d.epoch;
       }
       renew();
@@ -609,7 +609,7 @@ void ShardServer::UpdateReports() {
   };
   add_lag(id_, core_->replication_epoch(), *core_);
   for (const Hosted& h : hosted_) add_lag(h.range, h.epoch, *h.core);
-  std::lock_guard<std::mutex> lock(lr_mu_);
+  MutexLock lock(lr_mu_);
   report_replicas_ = std::move(replicas);
   report_serving_ = std::move(serving);
   report_lagging_ = std::move(lagging);
@@ -666,7 +666,7 @@ void ShardServer::Run() {
       std::map<uint32_t, uint64_t> deposed;
       bool heard = false;
       {
-        std::lock_guard<std::mutex> lock(lr_mu_);
+        MutexLock lock(lr_mu_);
         if (pending_lr_) {
           core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
           for (Hosted& h : hosted_) h.core->SetLrOverrides(pending_lr_->first, pending_lr_->second);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ps/base/mutex.h"
 #include "ps/checkpoint_writer.h"
 #include "ps/base/fault.h"
 #include "ps/shard.h"
@@ -191,8 +192,11 @@ class ShardServer {
 
   // pacerctl set-lr's overrides (version, by group) from a heartbeat reply,
   // until the serving thread hands them to core_.
-  std::mutex lr_mu_;  // guards pending_lr_ and pending_replication_
-  std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> pending_lr_;
+  // Guards what the heartbeat thread hands the serving thread (pending_*,
+  // lease_until_ns_ with them) and what the serving thread hands back for
+  // the heartbeats (report_*).
+  Mutex lr_mu_;
+  std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> pending_lr_ ABSL_GUARDED_BY(lr_mu_);
 
   // Replication (--replicas on the monitor): the replica set from the last
   // heartbeat reply that changed it, until the serving thread takes it.
@@ -203,7 +207,7 @@ class ShardServer {
     bool deposed = false;  // its own range is served elsewhere (epoch: the range's)
     bool hold_durable = false;  // a standby of its range may be promoted
   };
-  std::optional<ReplicaConfig> pending_replication_;
+  std::optional<ReplicaConfig> pending_replication_ ABSL_GUARDED_BY(lr_mu_);
   // The serving thread's: connects to new backups, lets go of old ones, and
   // hands the set to core_.
   void ApplyReplication(const ReplicaConfig& config, std::vector<ShardCore::Outgoing>* out);
@@ -238,10 +242,10 @@ class ShardServer {
     std::vector<uint32_t> hold;  // ranges whose durability is held (a standby)
   };
   std::vector<Hosted> hosted_;  // serving thread
-  std::optional<PromoteConfig> pending_promote_;  // guarded by lr_mu_
+  std::optional<PromoteConfig> pending_promote_ ABSL_GUARDED_BY(lr_mu_);
   // Served ranges that failed over again elsewhere (range -> its new
-  // epoch), from a heartbeat reply; guarded by lr_mu_.
-  std::map<uint32_t, uint64_t> pending_deposed_;
+  // epoch), from a heartbeat reply.
+  std::map<uint32_t, uint64_t> pending_deposed_ ABSL_GUARDED_BY(lr_mu_);
   // Serves the ranges new to the list from their replicas (from their
   // checkpoints here when it holds none), and sets every served range's
   // backups.
@@ -257,10 +261,10 @@ class ShardServer {
   // What the heartbeats report (replicas held, ranges served), guarded by
   // lr_mu_, refreshed by the serving thread.
   void UpdateReports();
-  std::vector<msg::ShardInfo> report_replicas_;
-  std::vector<msg::ShardInfo> report_serving_;
-  std::vector<msg::ShardInfo> report_lagging_;  // per range served: backups behind
-  std::vector<msg::RangeLag> report_lag_;        // per range served with backups
+  std::vector<msg::ShardInfo> report_replicas_ ABSL_GUARDED_BY(lr_mu_);
+  std::vector<msg::ShardInfo> report_serving_ ABSL_GUARDED_BY(lr_mu_);
+  std::vector<msg::ShardInfo> report_lagging_ ABSL_GUARDED_BY(lr_mu_);  // per range served: backups behind
+  std::vector<msg::RangeLag> report_lag_ ABSL_GUARDED_BY(lr_mu_);        // per range served with backups
   std::atomic<bool> heartbeat_now_{false};
   // pacerctl drain-shard with backups: the monitor asked this primary to
   // hand its range over (HeartbeatReply.hand_off); the serving thread has

@@ -21,6 +21,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "ps/base/mutex.h"
 #include "ps/base/rpc.h"
 #include "ps/client.h"
 #include "spdlog/spdlog.h"
@@ -310,9 +311,9 @@ struct Trainer::Impl {
   uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
   Duration heartbeat_interval = std::chrono::milliseconds(100);
 
-  std::mutex mu;  // guards view, positions, progress, reported, monitor_up, paused, window
+  Mutex mu;  // guards view, positions, progress, reported, monitor_up, paused, window
   std::condition_variable cv;
-  JobView view;  // guarded by mu
+  JobView view ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> clock_now{0};
   std::atomic<float> samples_per_second{0};
   std::atomic<bool> done{false};  // finished its epochs
@@ -329,11 +330,11 @@ struct Trainer::Impl {
   // for the monitor (guarded by mu). progress: bumped with each; reported:
   // the progress the monitor has acknowledged; monitor_up: the last
   // heartbeat got an answer.
-  std::map<uint32_t, std::pair<uint32_t, uint64_t>> positions;
-  uint64_t progress = 0;
-  uint64_t reported = 0;
-  bool monitor_up = true;
-  bool paused = false;  // held at the monitor's pause clock
+  std::map<uint32_t, std::pair<uint32_t, uint64_t>> positions ABSL_GUARDED_BY(mu);
+  uint64_t progress ABSL_GUARDED_BY(mu) = 0;
+  uint64_t reported ABSL_GUARDED_BY(mu) = 0;
+  bool monitor_up ABSL_GUARDED_BY(mu) = true;
+  bool paused ABSL_GUARDED_BY(mu) = false;  // held at the monitor's pause clock
   std::condition_variable progress_cv;
   // Timings since the last heartbeat, for the policy (guarded by mu).
   struct Window {
@@ -348,7 +349,7 @@ struct Trainer::Impl {
       compute_min = compute_min > 0 ? std::min(compute_min, lo) : lo;
       compute_max = std::max(compute_max, hi);
     }
-  } window;
+  } window ABSL_GUARDED_BY(mu);
 
   Model* model = nullptr;
   std::vector<wire::KeyLen> keys;
@@ -371,8 +372,8 @@ struct Trainer::Impl {
     uint32_t order_epoch = UINT32_MAX;
   };
   size_t samples = 0;  // in the data set
-  // The data stream: the chunks the monitor gives us (guarded by mu).
-  std::optional<ChunkReader> chunks;
+  // The data stream: the chunks the monitor gives us.
+  std::optional<ChunkReader> chunks ABSL_GUARDED_BY(mu);
   uint32_t partition_count = 1;
   std::map<uint32_t, Reader> readers;
   uint32_t last_read = UINT32_MAX;  // round-robin over the owned partitions
@@ -409,10 +410,10 @@ struct Trainer::Impl {
   absl::Status RefreshMap(PsClient& client);
   // Waits (at most 1 s) until the monitor holds every read position
   // reported so far; not while the monitor is unreachable. `lock` holds mu.
-  void WaitForReportedPositions(std::unique_lock<std::mutex>& lock) {
+  void WaitForReportedPositions(MutexLock& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const TimePoint until = clock->Now() + std::chrono::seconds(1);
     while (monitor_up && reported < progress && !stop && !cancel.load() &&
-           !clock->WaitUntil(progress_cv, lock, until)) {
+           !clock->WaitUntil(progress_cv, lock.native(), until)) {
     }
   }
   // Takes the partitions the monitor gives this worker, lets go of those
@@ -512,7 +513,7 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     uint64_t sending = 0;
     bool paused_now = false;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       t = window;
       window = Window{};
       for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
@@ -546,7 +547,7 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     auto reply =
         monitor->Call(hb, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (!reply.ok() && t.iterations > 0) {
         // Not delivered: the timings go with the next heartbeat.
         window.iterations += t.iterations;
@@ -608,9 +609,9 @@ void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
     if (stop) break;
     // Until the next heartbeat is due, or at once when a push was
     // acknowledged (the monitor keeps the read positions current).
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(mu);
     while (!heartbeat_exit && !stop && progress == sending &&
-           !clock->WaitUntil(progress_cv, lock, next)) {
+           !clock->WaitUntil(progress_cv, lock.native(), next)) {
     }
   }
 }
@@ -619,7 +620,7 @@ absl::Status Trainer::Impl::RefreshMap(PsClient& client) {
   if (map_version.load() <= client.map_version()) return absl::OkStatus();
   ShardMapInfo map;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     map = view.map;
   }
   spdlog::info("worker {}: shard map v{} -> v{}", id, client.map_version(), map.version);
@@ -637,7 +638,7 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
   auto client = PsClient::Create(transport, copts, map, keys);
   auto monitor = RpcChannel::Connect(transport, options.monitor, Rpc());
   if (!client.ok() || !monitor.ok()) return;
-  std::unique_lock<std::mutex> lock(mu);
+  MutexLock lock(mu);
   // Two schedules: every eval_interval seconds, and (if set) every
   // eval_clocks of this worker's clocks; each evaluation says which asked.
   TimePoint next = clock->Now() + FromSeconds(eval_interval);
@@ -649,7 +650,7 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
     bool by_time = false;
     while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock) &&
            view.evaluate_now <= answered) {
-      if (clock->WaitUntil(cv, lock, next)) {
+      if (clock->WaitUntil(cv, lock.native(), next)) {
         by_time = true;
         break;
       }
@@ -668,7 +669,7 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
       next_clock = (clock_now.load() / eval_clocks + 1) * eval_clocks;
     }
     if (!view.evaluate) continue;
-    lock.unlock();
+    lock.Unlock();
     if (absl::Status s = RefreshMap(**client); !s.ok()) {
       spdlog::warn("worker {}: evaluation: {}", id, ErrorText(s));
     }
@@ -686,7 +687,7 @@ void Trainer::Impl::EvalLoop(ShardMapInfo map) {
       auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
       if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -748,7 +749,7 @@ void Trainer::SetLearningRates(std::vector<wire::GroupLr> lrs) {
 }
 
 bool Trainer::evaluator() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->view.evaluate;
 }
 
@@ -787,7 +788,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   }
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
   if (w.data_stream) {
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     w.chunks.emplace(w.seed, samples, o.exact_positions);
   }
   w.phase = Impl::Phase::kWaitingForRun;
@@ -797,10 +798,10 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   // Wait for the run to start.
   JobView view;
   {
-    std::unique_lock<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     const TimePoint give_up = w.clock->Now() + o.start_timeout;
     while (!(w.view.state == wire::JobState::Running && w.view.have_map) && !w.Stopping()) {
-      if (w.clock->WaitUntil(w.cv, lock, give_up)) {
+      if (w.clock->WaitUntil(w.cv, lock.native(), give_up)) {
         return absl::DeadlineExceededError("the job did not start in time");
       }
     }
@@ -877,7 +878,7 @@ void Trainer::Impl::SyncPartitions(const std::vector<wire::PartitionPosition>& o
     spdlog::info("worker {}: reads data partition {}/{} (samples {}..{}) from epoch {} offset {}",
                  id, pp.index(), partition_count, readers[pp.index()].begin,
                  readers[pp.index()].end, pp.epoch(), pp.offset());
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     positions[pp.index()] = {pp.epoch(), pp.offset()};
   }
   for (auto it = readers.begin(); it != readers.end();) {
@@ -889,7 +890,7 @@ void Trainer::Impl::SyncPartitions(const std::vector<wire::PartitionPosition>& o
     {
       // Let go only once the monitor holds its final position (the next
       // owner starts there).
-      std::unique_lock<std::mutex> lock(mu);
+      MutexLock lock(mu);
       WaitForReportedPositions(lock);
       positions.erase(it->first);
     }
@@ -906,7 +907,7 @@ std::optional<BatchPlan> Trainer::NextBatch() {
   {
     // A new assignment (batch size, partitions) takes effect here, between
     // iterations.
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     uint32_t cap = std::numeric_limits<uint32_t>::max();
     if (o.max_batch > 0) cap = o.max_batch;  // our memory limit
     const int assigned = static_cast<int>(std::clamp<uint32_t>(w.view.batch, 1, cap));
@@ -923,7 +924,7 @@ std::optional<BatchPlan> Trainer::NextBatch() {
   {
     // Held by the monitor (a shard move, pacerctl pause): wait here, between
     // iterations, with every push acknowledged; heartbeats go on.
-    std::unique_lock<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     bool logged = false;
     while (w.view.pause_at != 0 && w.clock_next >= w.view.pause_at && !w.Stopping()) {
       if (!logged) {
@@ -931,7 +932,7 @@ std::optional<BatchPlan> Trainer::NextBatch() {
         logged = true;
       }
       w.paused = true;
-      w.clock->WaitUntil(w.cv, lock, w.clock->Now() + std::chrono::milliseconds(100));
+      w.clock->WaitUntil(w.cv, lock.native(), w.clock->Now() + std::chrono::milliseconds(100));
     }
     if (logged) spdlog::info("worker {}: resumes at clock {}", w.id, w.clock_next);
     w.paused = false;
@@ -948,13 +949,13 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     plan.chunk = 0;
     plan.samples.clear();
     w.reader = nullptr;
-    std::unique_lock<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     std::optional<ChunkReader::Batch> b = w.chunks->Plan(static_cast<size_t>(w.batch));
     if (!b && w.mode == wire::Mode::Asp) {
       // Nothing at hand, and no clock of ours holds anyone back (asp): wait
       // for the next heartbeat's chunks rather than spin on empty pushes.
       // (In the other modes the others wait for our clock.)
-      w.clock->WaitUntil(w.cv, lock, w.clock->Now() + w.heartbeat_interval);
+      w.clock->WaitUntil(w.cv, lock.native(), w.clock->Now() + w.heartbeat_interval);
       if (!w.Stopping()) b = w.chunks->Plan(static_cast<size_t>(w.batch));
     }
     w.stream_batch = b.has_value();
@@ -1061,9 +1062,9 @@ GradientSink* Trainer::StartPush(double stretch) {
     // The monitor must hold our read positions up to the previous batch
     // before this one is consumed: a replacement then repeats at most this
     // batch. (Not while the monitor is unreachable: training goes on.)
-    std::unique_lock<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     w.WaitForReportedPositions(lock);
-    lock.unlock();
+    lock.Unlock();
     w.compute_begin = w.clock->Now();
     w.positions_wait = w.compute_begin - w.compute_start;
   }
@@ -1103,7 +1104,7 @@ absl::Status Trainer::FinishPush(float loss) {
     }
   } else {
     {
-      std::unique_lock<std::mutex> lock(w.mu);
+      MutexLock lock(w.mu);
       w.WaitForReportedPositions(lock);
     }
     pushed = client.Push(clock, push_batch);
@@ -1119,7 +1120,7 @@ absl::Status Trainer::FinishPush(float loss) {
   if (this_batch == static_cast<size_t>(w.batch)) {
     // Timed for the policy. An epoch's short tail batch (or an empty push)
     // is not: its fixed costs over fewer samples would read as a slowdown.
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     ++w.window.iterations;
     w.window.samples += this_batch;
     w.window.compute += compute_seconds;
@@ -1188,7 +1189,7 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
       reader->offset = 0;
     }
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       positions[plan.partition] = {reader->epoch, reader->offset};
       ++progress;
     }
@@ -1197,7 +1198,7 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
     // Consumed: record it, move the chunk's position, tell the monitor.
     LogSamples(std::to_string(plan.chunk));
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       chunks->Ack();
       ++progress;
     }
@@ -1228,7 +1229,7 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   clock_now = clock_next;
   if (eval_clocks > 0 && clock_next % eval_clocks == 0) {
     // Under the lock, so that the evaluating thread cannot miss it.
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     cv.notify_all();
   }
   result.last_loss = loss_ewma;
@@ -1299,7 +1300,7 @@ absl::StatusOr<WorkerResult> Trainer::Finish() {
   }
   absl::Status refused;
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     refused = w.view.error;
     w.result.stop_reason = w.view.stop_reason.empty() ? "finished" : w.view.stop_reason;
   }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 
+#include "ps/base/mutex.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "prometheus/counter.h"
@@ -375,8 +376,8 @@ absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std
   // Called from the transport's ZAP and socket-monitor threads; a peer can
   // cause refusals at will, so the log is throttled per reason.
   struct Throttle {
-    std::mutex mu;  // guards log
-    LogThrottle log;
+    Mutex mu;  // guards log
+    LogThrottle log ABSL_GUARDED_BY(mu);
   };
   auto throttle = std::make_shared<Throttle>();
   options->curve.on_refused = [refused_key, refused_handshake, throttle](
@@ -386,7 +387,7 @@ absl::StatusOr<SecurityKeys> ApplySecurity(const SecurityFlags& flags, const std
     if (c != nullptr) c->Increment();
     uint64_t left_out = 0;
     {
-      std::lock_guard<std::mutex> lock(throttle->mu);
+      MutexLock lock(throttle->mu);
       if (!throttle->log.Allow(key.empty() ? "handshake" : "key", &left_out)) return;
     }
     spdlog::warn("refused a connection from {}{}: {}{}", address.empty() ? "a peer" : address,

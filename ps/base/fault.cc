@@ -167,19 +167,19 @@ FaultInjector::FaultInjector(uint64_t seed, prometheus::Registry* registry, cons
 }
 
 void FaultInjector::SetRules(std::vector<FaultRule> rules) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   rules_ = std::move(rules);
   set_at_ = clock_->Now();
   any_ = !rules_.empty();
 }
 
 std::vector<FaultRule> FaultInjector::rules() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return rules_;
 }
 
 double FaultInjector::injected(FaultKind kind) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = counts_.find(kind);
   return it == counts_.end() ? 0 : it->second;
 }
@@ -200,7 +200,7 @@ Duration FaultInjector::DelayOf(const FaultRule& r) {
 
 FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
   Decision d;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto age = clock_->Now() - set_at_;
   for (const FaultRule& r : rules_) {
     if (r.lasts > Duration::zero() && age >= r.lasts) continue;  // over
@@ -228,7 +228,7 @@ FaultInjector::Decision FaultInjector::Decide(const Envelope* env) {
 }
 
 Duration FaultInjector::DiskDelay() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto age = clock_->Now() - set_at_;
   Duration total{};
   for (const FaultRule& r : rules_) {
@@ -246,7 +246,7 @@ void FaultInjector::Corrupt(Frames& frames, size_t first) {
   size_t at;
   uint8_t mask;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     at = std::uniform_int_distribution<size_t>(0, total - 1)(rng_);
     mask = static_cast<uint8_t>(1u << std::uniform_int_distribution<int>(0, 7)(rng_));
   }

@@ -25,6 +25,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 #include "ps/base/clock.h"
+#include "ps/base/mutex.h"
 #include "ps/base/transport.h"
 #include "ps/base/wire.h"
 
@@ -97,18 +98,18 @@ class FaultInjector {
  private:
   // With mu_ held: whether `r` strikes this time (counted when it does),
   // and its delay, jitter drawn.
-  bool Hit(const FaultRule& r);
-  Duration DelayOf(const FaultRule& r);
+  bool Hit(const FaultRule& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Duration DelayOf(const FaultRule& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t seed_;
   const Clock* const clock_;
   std::atomic<bool> any_{false};
-  mutable std::mutex mu_;  // guards rules_, set_at_, rng_, counts_
-  std::vector<FaultRule> rules_;  // guarded by mu_
-  TimePoint set_at_{};             // guarded by mu_
-  std::mt19937_64 rng_;           // guarded by mu_
+  mutable Mutex mu_;  // guards rules_, set_at_, rng_, counts_
+  std::vector<FaultRule> rules_ ABSL_GUARDED_BY(mu_);
+  TimePoint set_at_ ABSL_GUARDED_BY(mu_){};
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::map<FaultKind, prometheus::Counter*> counters_;
-  std::map<FaultKind, double> counts_;  // guarded by mu_ (without a registry too)
+  std::map<FaultKind, double> counts_ ABSL_GUARDED_BY(mu_);  // without a registry too
 };
 
 // A process's run-time faults from the monitor's heartbeat replies: applies

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "ps/base/mutex.h"
 #include "ps/base/transport.h"
 
 namespace pacer {
@@ -38,7 +39,7 @@ class InProcTransport final : public Transport {
     if (address.rfind(kScheme, 0) != 0) {
       return absl::InvalidArgumentError("in-process address must start with mem://: " + address);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::string name = address;
     if (name == "mem://*" || name == "mem://0" || name.ends_with(":0")) {
       name = "mem://endpoint-" + std::to_string(++next_name_);
@@ -50,7 +51,7 @@ class InProcTransport final : public Transport {
   }
 
   absl::StatusOr<std::unique_ptr<Socket>> Connect(const std::string& address) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto s = std::make_unique<InProcSocket>(this, address, false, ++next_id_);
     dealers_[s->id_] = s.get();
     return std::unique_ptr<Socket>(std::move(s));
@@ -58,7 +59,7 @@ class InProcTransport final : public Transport {
 
   absl::StatusOr<std::vector<size_t>> Poll(std::span<Socket* const> sockets,
                                            TimePoint deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     bool expired = false;
     for (;;) {
       std::vector<size_t> ready;
@@ -67,14 +68,14 @@ class InProcTransport final : public Transport {
       }
       if (!ready.empty() || expired) return ready;
       // One more look after the deadline: a message that came with it counts.
-      expired = clock_->WaitUntil(cv_, lock, deadline);
+      expired = clock_->WaitUntil(cv_, lock.native(), deadline);
     }
   }
 
   const Clock* clock() const override { return clock_; }
 
   absl::Status Deliver(InProcSocket* from, Frames frames) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (from->router_) {
       if (frames.size() < 2 || frames[0].size() != sizeof(uint64_t)) {
         return absl::InvalidArgumentError("router send needs a routing id frame");
@@ -96,7 +97,7 @@ class InProcTransport final : public Transport {
   }
 
   bool Take(InProcSocket* s, Frames* frames) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (s->inbox_.empty()) return false;
     *frames = std::move(s->inbox_.front());
     s->inbox_.pop_front();
@@ -104,7 +105,7 @@ class InProcTransport final : public Transport {
   }
 
   void Remove(InProcSocket* s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (s->router_) {
       routers_.erase(s->address_);
     } else {
@@ -114,12 +115,12 @@ class InProcTransport final : public Transport {
 
  private:
   const Clock* clock_;
-  std::mutex mu_;  // guards the maps and counters below
+  Mutex mu_;  // guards the maps and counters below
   std::condition_variable cv_;
-  std::map<std::string, InProcSocket*> routers_;  // guarded by mu_
-  std::map<uint64_t, InProcSocket*> dealers_;     // guarded by mu_
-  uint64_t next_id_ = 0;                          // guarded by mu_
-  uint64_t next_name_ = 0;                        // guarded by mu_
+  std::map<std::string, InProcSocket*> routers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, InProcSocket*> dealers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_name_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 InProcSocket::~InProcSocket() { transport_->Remove(this); }

@@ -6,6 +6,7 @@
 #include "CivetServer.h"
 #include "absl/strings/escaping.h"
 #include "prometheus/text_serializer.h"
+#include "ps/base/mutex.h"
 #include "ps/base/wire.h"
 
 namespace pacer {
@@ -49,9 +50,9 @@ void SendText(mg_connection* conn, int status, const char* reason, const std::st
 struct MetricsServer::Impl {
   std::shared_ptr<prometheus::Registry> registry;
   std::string expected_auth;  // "Basic base64(user:password)"; empty: open
-  std::mutex mu;  // guards readiness and process_labels (civetweb's threads read them)
-  std::function<std::string()> readiness;  // guarded by mu
-  std::map<std::string, std::string> process_labels;  // guarded by mu
+  Mutex mu;  // guards readiness and process_labels (civetweb's threads read them)
+  std::function<std::string()> readiness ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::string> process_labels ABSL_GUARDED_BY(mu);
 
   // /metrics: the registry, behind basic auth when set.
   void ServeMetrics(mg_connection* conn) {
@@ -65,7 +66,7 @@ struct MetricsServer::Impl {
     }
     std::vector<prometheus::MetricFamily> families = registry->Collect();
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       for (auto& family : families) {
         for (auto& metric : family.metric) {
           for (const auto& [k, v] : process_labels) {
@@ -82,7 +83,7 @@ struct MetricsServer::Impl {
   void ServeReady(mg_connection* conn) {
     std::string why = "starting";
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (readiness) why = readiness();
     }
     if (why.empty()) {
@@ -165,12 +166,12 @@ MetricsServer::~MetricsServer() {
 }
 
 void MetricsServer::SetReadiness(std::function<std::string()> check) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->readiness = std::move(check);
 }
 
 void MetricsServer::SetProcessLabels(std::map<std::string, std::string> labels) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->process_labels = std::move(labels);
 }
 

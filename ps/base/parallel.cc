@@ -17,7 +17,7 @@ ParallelPool::ParallelPool(int threads) : pid_(static_cast<uint64_t>(::getpid())
 
 ParallelPool::~ParallelPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
@@ -39,15 +39,15 @@ void ParallelPool::For(size_t n, size_t chunk, absl::FunctionRef<void(size_t, si
   if (n == 0) return;
   chunk = std::max<size_t>(chunk, 1);
   const size_t chunks = (n - 1) / chunk + 1;
-  std::unique_lock<std::mutex> busy(busy_, std::defer_lock);
-  if (helpers_.empty() || chunks < kMinChunks || !busy.try_lock() ||
+  MutexLock busy(busy_, std::defer_lock);
+  if (helpers_.empty() || chunks < kMinChunks || !busy.TryLock() ||
       static_cast<uint64_t>(::getpid()) != pid_) {
     fn(0, n);
     return;
   }
   const Loop loop{&fn, n, chunk, chunks};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     loop_ = loop;
     done_ = 0;
     next_.store(0, std::memory_order_relaxed);
@@ -55,25 +55,25 @@ void ParallelPool::For(size_t n, size_t chunk, absl::FunctionRef<void(size_t, si
   }
   wake_.notify_all();
   const size_t ran = Work(loop);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   done_ += ran;
-  finished_.wait(lock, [&] { return done_ == chunks && inside_ == 0; });
+  while (done_ != chunks || inside_ != 0) finished_.wait(lock.native());
   loop_ = Loop();  // a helper waking only now finds nothing to do
 }
 
 void ParallelPool::Helper() {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    while (!stop_ && generation_ == seen) wake_.wait(lock.native());
     if (stop_) return;
     seen = generation_;
     if (loop_.fn == nullptr) continue;  // that loop is over
     const Loop loop = loop_;
     ++inside_;
-    lock.unlock();
+    lock.Unlock();
     const size_t ran = Work(loop);
-    lock.lock();
+    lock.Lock();
     --inside_;
     done_ += ran;
     if (inside_ == 0 && done_ == loop.chunks) finished_.notify_one();

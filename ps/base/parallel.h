@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "ps/base/mutex.h"
 
 namespace pacer {
 
@@ -57,8 +58,8 @@ class ParallelPool {
   void Helper();
 
   const uint64_t pid_;  // a forked child has none of the helpers: it runs alone
-  std::mutex busy_;     // held by the loop in progress (try-locked)
-  std::mutex mu_;
+  Mutex busy_;     // held by the loop in progress (try-locked)
+  Mutex mu_;
   std::condition_variable wake_;      // helpers: a loop started, or stop
   std::condition_variable finished_;  // the caller: helpers done
   Loop loop_ ABSL_GUARDED_BY(mu_);    // fn == nullptr: no loop open

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "ps/base/mutex.h"
 #include "ps/base/transport.h"
 
 namespace pacer {
@@ -159,7 +160,7 @@ class ZapHandler {
     zmq::socket_t events(*context_, zmq::socket_type::pair);
     events.set(zmq::sockopt::linger, 0);
     events.connect(name);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     pending_.push_back(std::move(events));
   }
 
@@ -169,7 +170,7 @@ class ZapHandler {
     while (!stop_) {
       try {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           for (zmq::socket_t& events : pending_) monitors.push_back(std::move(events));
           pending_.clear();
         }
@@ -240,8 +241,8 @@ class ZapHandler {
   zmq::socket_t socket_;
   std::atomic<bool> stop_{false};
   std::atomic<int> watched_{0};
-  std::mutex mu_;                        // guards pending_
-  std::vector<zmq::socket_t> pending_;  // event sockets for Run to take over
+  Mutex mu_;                        // guards pending_
+  std::vector<zmq::socket_t> pending_ ABSL_GUARDED_BY(mu_);  // event sockets for Run to take over
   std::thread thread_;
 };
 
@@ -254,7 +255,7 @@ class ZmqTransport final : public Transport {
   ~ZmqTransport() override { zap_.reset(); }
 
   void SetServerKey(const std::string& address, const std::string& public_key) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     server_keys_[address] = public_key;
   }
 
@@ -289,7 +290,7 @@ class ZmqTransport final : public Transport {
       if (options_.curve.enabled()) {
         std::string server_key;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           auto it = server_keys_.find(address);
           if (it != server_keys_.end()) server_key = it->second;
         }
@@ -354,8 +355,8 @@ class ZmqTransport final : public Transport {
   const Clock* clock_;
   zmq::context_t context_;
   std::unique_ptr<ZapHandler> zap_;  // before any socket binds
-  std::mutex mu_;                                   // guards server_keys_
-  std::map<std::string, std::string> server_keys_;  // address -> public key
+  Mutex mu_;                                   // guards server_keys_
+  std::map<std::string, std::string> server_keys_ ABSL_GUARDED_BY(mu_);  // address -> public key
 };
 
 }  // namespace

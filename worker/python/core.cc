@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ps/base/cli.h"
+#include "ps/base/mutex.h"
 #include "ps/base/transport.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
@@ -92,7 +93,7 @@ class CallThread {
   CallThread() : thread_([this] { Loop(); }) {}
   ~CallThread() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       exit_ = true;
     }
     cv_.notify_one();
@@ -100,7 +101,7 @@ class CallThread {
   }
   void Post(std::function<void()> f) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(std::move(f));
     }
     cv_.notify_one();
@@ -108,21 +109,21 @@ class CallThread {
 
  private:
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [this] { return exit_ || !queue_.empty(); });
+      cv_.wait(lock.native(), [this] { mu_.AssertHeld(); return exit_ || !queue_.empty(); });
       if (queue_.empty()) return;  // exit_, nothing left
       std::function<void()> f = std::move(queue_.front());
       queue_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       f();
-      lock.lock();
+      lock.Lock();
     }
   }
-  std::mutex mu_;  // guards queue_, exit_
+  Mutex mu_;  // guards queue_, exit_
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool exit_ = false;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool exit_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

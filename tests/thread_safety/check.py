@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Clang's thread-safety analysis over ps/, monitor/ and worker/.
+
+  check.py BUILD_DIR [--clang CLANGXX] [-j N]
+
+Every translation unit of those directories in BUILD_DIR/compile_commands.json
+is parsed by clang (whatever compiler built it) with
+-fsyntax-only -Wthread-safety -Werror: a field marked ABSL_GUARDED_BY(mu) read
+or written without mu held, or a function marked
+ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) called without it, fails the test. First it
+proves the analysis bites (tests/thread_safety/unguarded.cc must be rejected),
+and that no std::mutex / std::lock_guard / std::scoped_lock / owning
+std::unique_lock is left in those directories (clang cannot see through
+libstdc++'s: they must be pacer::Mutex / pacer::MutexLock, ps/base/mutex.h),
+nor a lock()/unlock() on MutexLock::native().
+Exit 77 (skipped) without clang++."""
+import argparse, json, os, re, shlex, shutil, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
+
+DIRS = ('ps', 'monitor', 'worker')
+FLAGS = ['-fsyntax-only', '-Wthread-safety', '-Werror']
+# Declarations of unannotated locks (a std::unique_lock<std::mutex>& parameter,
+# as Clock::WaitUntil takes, is fine: MutexLock::native() lends one).
+FORBIDDEN = re.compile(r'\bstd::(?:recursive_|timed_|shared_)?mutex\s+\w+\s*[;{]'
+                       r'|\bstd::(?:lock_guard|scoped_lock)\b'
+                       r'|\bstd::unique_lock<[^>]*>\s+\w+\s*[({]'
+                       # native() lends the std::unique_lock to waits only: unlocking
+                       # it by hand would be invisible to the analysis.
+                       r'|\.native\(\)\.(?:un)?lock\(')
+
+ap = argparse.ArgumentParser()
+ap.add_argument('build_dir')
+ap.add_argument('--clang', default=None)
+ap.add_argument('-j', type=int, default=os.cpu_count() or 1)
+a = ap.parse_args()
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+clang = a.clang or shutil.which('clang++') or shutil.which('clang++-14')
+if not clang:
+    print('check.py: no clang++ (Debian: apt-get install clang); skipped')
+    sys.exit(77)
+db_path = os.path.join(a.build_dir, 'compile_commands.json')
+if not os.path.exists(db_path):
+    print(f'check.py: {db_path} missing (CMAKE_EXPORT_COMPILE_COMMANDS)'); sys.exit(1)
+
+failed = False
+# 1. No lock clang cannot see.
+for d in DIRS:
+    for dirpath, _, files in os.walk(os.path.join(root, d)):
+        for name in files:
+            if not name.endswith(('.h', '.cc')):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == 'ps/base/mutex.h':
+                continue
+            for n, line in enumerate(open(path, encoding='utf-8', errors='replace'), 1):
+                if FORBIDDEN.search(line.split('//')[0]):
+                    print(f'{rel}:{n}: use pacer::Mutex / pacer::MutexLock (ps/base/mutex.h): {line.strip()}')
+                    failed = True
+
+# 2. The analysis is on: a known violation is rejected, its correct half is not.
+fixture = os.path.join(root, 'tests/thread_safety/unguarded.cc')
+base = [clang, '-std=c++20', '-I', root] + FLAGS + [fixture]
+ok = subprocess.run(base, capture_output=True, text=True)
+bad = subprocess.run(base + ['-DPACER_TSA_BUG'], capture_output=True, text=True)
+if ok.returncode != 0 or bad.returncode == 0 or 'requires holding mutex' not in bad.stderr:
+    print('check.py: the thread-safety analysis does not bite on tests/thread_safety/unguarded.cc')
+    print(ok.stderr + bad.stderr)
+    failed = True
+
+# 3. Every translation unit of ps/, monitor/, worker/ that can see an
+# annotation: one that includes no annotated file has nothing to check. Which
+# files each includes comes from ninja's record of the build (ninja -t deps);
+# without it, every translation unit.
+ANNOTATION = re.compile(r'\bABSL_(?:PT_)?GUARDED_BY\b|\bABSL_(?:EXCLUSIVE|SHARED)_LOCKS_REQUIRED\b|\bABSL_LOCKABLE\b')
+annotated = set()
+for d in DIRS:
+    for dirpath, _, files in os.walk(os.path.join(root, d)):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if name.endswith(('.h', '.cc')) and ANNOTATION.search(open(path, encoding='utf-8', errors='replace').read()):
+                annotated.add(os.path.realpath(path))
+sees = None  # source -> whether it includes an annotated file
+try:
+    deps = subprocess.run(['ninja', '-C', a.build_dir, '-t', 'deps'], capture_output=True, text=True, check=True).stdout
+    sees, source, hit = {}, None, False
+    for line in deps.splitlines() + ['#deps end']:
+        if '#deps' in line:
+            if source:
+                sees[source] = sees.get(source, False) or hit
+            source, hit, first = None, False, True
+        elif line.startswith('    '):
+            dep = os.path.realpath(os.path.join(a.build_dir, line.strip()))
+            if first:
+                source, first = dep, False
+            hit = hit or dep in annotated
+except (OSError, subprocess.CalledProcessError):
+    print('check.py: no ninja deps; every translation unit is checked')
+
+jobs, seen = [], set()
+for e in json.load(open(db_path)):
+    f = os.path.abspath(os.path.join(e.get('directory', ''), e['file']))
+    rel = os.path.relpath(f, root)
+    if not f.endswith('.cc') or rel.split(os.sep)[0] not in DIRS or rel in seen:
+        continue
+    seen.add(rel)
+    if sees is not None and not sees.get(os.path.realpath(f), True):
+        continue  # sees no annotation (a file ninja has not built yet is checked)
+    args = e['arguments'] if 'arguments' in e else shlex.split(e['command'])
+    keep, it = [], iter(args[1:])
+    for x in it:
+        if x in ('-o', '-MF', '-MT', '-MQ'):
+            next(it)
+        elif x in ('-c', e['file'], f) or x.startswith(('-O', '-W', '-MD', '-MMD', '-g')):
+            pass
+        elif x == '-isystem':
+            inc = next(it)
+            if os.path.isdir(inc):  # /usr/local/cuda/include on a CUDA build only
+                keep += [x, inc]
+        else:
+            keep.append(x)
+    jobs.append((rel, [clang] + keep + FLAGS + [f], e.get('directory', root)))
+
+def run(job):
+    rel, cmd, cwd = job
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    return rel, p.returncode, p.stderr
+
+t0 = time.time()
+with ThreadPoolExecutor(a.j) as ex:
+    for rel, rc, err in ex.map(run, jobs):
+        if rc:
+            failed = True
+            print(f'FAIL {rel}\n{err}')
+print(f'check.py: {len(jobs)} translation units, {time.time() - t0:.0f} s, '
+      f'{"FAILED" if failed else "ok"}')
+sys.exit(1 if failed else 0)
