@@ -20,10 +20,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   s->options_ = options;
   s->registry_ = options.shard.registry ? options.shard.registry
                                         : std::make_shared<prometheus::Registry>();
-  auto router = transport->Bind(options.listen);
-  if (!router.ok()) return router.status();
-  s->router_ = std::move(*router);
-  s->address_ = s->router_->address();
+  auto bound = transport->Bind(options.listen);
+  if (!bound.ok()) return bound.status();
+  std::unique_ptr<Socket> router = std::move(*bound);
+  s->address_ = router->address();
   const std::string advertised = options.advertise.empty() ? s->address_ : options.advertise;
 
   // The latest snapshot, if this shard ran here before.
@@ -103,16 +103,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       }
       ShardOptions sopts = options.shard;
       sopts.registry = s->registry_;
-      s->core_ = std::make_unique<ShardCore>(sopts, clock);
-      s->core_->Configure(job, s->id_);
+      ServedRange own;
+      own.range = s->id_;
+      own.core = std::make_unique<ShardCore>(sopts, clock);
+      own.core->Configure(job, s->id_);
+      own.router = std::move(router);
+      own.address = advertised;
       s->job_ = job;
       if (r.job) s->shard_lease_ = std::chrono::milliseconds(r.job->shard_lease_ms);
       if (snapshot) {
-        if (absl::Status st = s->core_->Restore(*snapshot); !st.ok()) return st;
+        if (absl::Status st = own.core->Restore(*snapshot); !st.ok()) return st;
         s->restored_ = true;
         s->awaiting_monitor_ = true;
-        s->core_->SetAwaitingMonitor(true);
+        own.core->SetAwaitingMonitor(true);
       }
+      s->ranges_.push_back(std::move(own));
       s->monitor_->options().job_id = job.job_id;
       s->monitor_->options().sender = s->id_;
       s->monitor_->options().check_job = true;
@@ -134,9 +139,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
   }
   if (store) {
-    s->writer_ = std::make_unique<CheckpointWriter>(std::move(store), s->registry_,
-                                                    options.checkpoint_interval, clock,
-                                                    options.faults, s->id_);
+    s->ranges_[0].writer = std::make_unique<CheckpointWriter>(
+        std::move(store), s->registry_, options.checkpoint_interval, clock, options.faults, s->id_);
+    s->own_writer_ = s->ranges_[0].writer.get();
   }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   s->heartbeat_thread_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
@@ -155,16 +160,18 @@ void ShardServer::Wait() {
 
 void ShardServer::MaybeCheckpoint(bool final) {
   const TimePoint deadline = transport_->clock()->Now() + options_.stop_timeout;
-  if (writer_) Checkpoint(*core_, *writer_, checkpointed_, final, deadline, 0);
-  for (Hosted& h : hosted_) {
-    // Served elsewhere now: its writer was let go (the checkpoint stays).
-    if (h.writer) Checkpoint(*h.core, *h.writer, h.checkpointed, final, deadline, h.range);
+  for (ServedRange& r : ranges_) {
+    // A range taken over and served elsewhere now has let its writer go
+    // (the checkpoint stays).
+    if (r.writer) Checkpoint(r, final, deadline);
   }
 }
 
-void ShardServer::Checkpoint(ShardCore& core, CheckpointWriter& writer,
-                             CheckpointProgress& p, bool final, TimePoint deadline,
-                             uint32_t range) {
+void ShardServer::Checkpoint(ServedRange& r, bool final, TimePoint deadline) {
+  ShardCore& core = *r.core;
+  CheckpointWriter& writer = *r.writer;
+  CheckpointProgress& p = r.checkpointed;
+  const uint32_t range = &r == ranges_.data() ? 0 : r.range;  // 0: its own, in logs
   writer.AgeSeconds();
   if (!core.initialized()) return;  // nothing worth keeping yet
   const Clock* clock = transport_->clock();
@@ -256,84 +263,33 @@ absl::StatusOr<std::optional<ShardSnapshot>> ShardServer::LoadRangeCheckpoint(
 void ShardServer::HeartbeatLoop() {
   const Clock* clock = transport_->clock();
   RuntimeFaults runtime_faults(options_.faults);
-  ReplicaConfig last_replication;  // the last set heard of
-  PromoteConfig last_promote;      // the last ranges to serve heard of
   while (!serving_ended_) {
     const TimePoint next = clock->Now() + options_.heartbeat_interval;
     msg::Heartbeat hb;
     hb.role = wire::Role::Shard;
     hb.clock = static_cast<uint64_t>(std::max<int64_t>(0, applied_clock_.load()));
-    hb.checkpoint_age_seconds = writer_ ? static_cast<float>(writer_->AgeSeconds()) : -1.0f;
+    hb.checkpoint_age_seconds = own_writer_ ? static_cast<float>(own_writer_->AgeSeconds()) : -1.0f;
     {
-      MutexLock lock(lr_mu_);
-      hb.replicas = report_replicas_;
-      hb.serving = report_serving_;
-      hb.lagging = report_lagging_;
-      hb.lag = report_lag_;
+      MutexLock lock(mu_);
+      hb.replicas = report_.replicas;
+      hb.serving = report_.serving;
+      hb.lagging = report_.lagging;
+      hb.lag = report_.lag;
+      hb.handed_off = report_.handed_off;
     }
-    hb.handed_off = handed_off_.load();
     const TimePoint sent = clock->Now();
     auto reply = monitor_->Call(hb, sent + options_.request_timeout);
     if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
-      // The lease runs from when this heartbeat left: the monitor's, from
-      // when it arrived, ends later. It is renewed after this reply's
-      // configs are handed over (renew), so that the serving thread, which
-      // reads both under lr_mu_, never unfences without them.
-      const auto renew = [&] {
-        MutexLock lock(lr_mu_);
-        lease_until_ns_ = (sent + shard_lease_).time_since_epoch().count();
-        heard_monitor_ = true;
-      };
       const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-      // Asked to hand its range over; a request the monitor no longer asks
-      // for is forgotten, and if this shard stopped applying for it but
-      // its backups do not hold its last record yet and the monitor says
-      // it gave the drain up, it applies again (a monitor that restarted
-      // knows of no drain, and finishes it once this shard hands off).
-      if (r.hand_off) {
-        hand_off_requested_ = true;
-      } else if (!left_for_hand_off_) {
-        hand_off_requested_ = false;
-      } else if (!handed_off_ && r.hand_off_given_up) {
-        cancel_hand_off_ = true;
-      }
-      PromoteConfig promote{r.promote, r.promote_backups, r.hold_durable_ranges};
-      if (!promote.ranges.empty() && (promote.ranges != last_promote.ranges ||
-                                      promote.backups != last_promote.backups ||
-                                      promote.hold != last_promote.hold)) {
-        last_promote = promote;
-        MutexLock lock(lr_mu_);
-        pending_promote_ = std::move(promote);
-      }
+      // The lease runs from when this heartbeat left: the monitor's, from
+      // when it arrived, ends later.
+      Post(r, (sent + shard_lease_).time_since_epoch().count());
       if (r.state == wire::JobState::Stopped) {
         spdlog::info("shard {}: job stopped", id_);
-        renew();
         job_stopped_ = true;
         return;
       }
       runtime_faults.Apply(r.faults_version, r.faults);
-      if (r.lr_overrides_version > 0) {
-        MutexLock lock(lr_mu_);
-        if (!pending_lr_ || pending_lr_->first < r.lr_overrides_version) {
-          pending_lr_.emplace(r.lr_overrides_version, r.lr_overrides);
-        }
-      }
-      ReplicaConfig config{r.replica_epoch, r.replica_backups, r.backing, r.deposed,
-                           r.hold_durable};
-      if (config.epoch != last_replication.epoch ||
-          config.backups != last_replication.backups ||
-          config.backing != last_replication.backing ||
-          config.deposed != last_replication.deposed ||
-          config.hold_durable != last_replication.hold_durable) {
-        last_replication = config;
-        MutexLock lock(lr_mu_);
-        pending_replication_ = std::move(config);
-      }
-      if (!r.deposed_ranges.empty()) {
-        MutexLock lock(lr_mu_);
-        for (const msg::ShardInfo& d : r.deposed_ranges) pending_deposed_[d.id] = d.epoch;
-      }
-      renew();
     }
     if (!reply.ok()) SPDLOG_DEBUG("shard {}: heartbeat: {}", id_, ErrorText(reply.status()));
     // Sleep in short steps so that shutdown is prompt; a promotion reports
@@ -354,6 +310,79 @@ void ShardServer::HeartbeatLoop() {
     } else {
       spdlog::warn("shard {}: could not deregister: {}", id_, ErrorText(reply.status()));
     }
+  }
+}
+
+ShardServer::Directive::Directive() = default;
+
+void ShardServer::Post(const msg::HeartbeatReply& r, int64_t lease_until_ns) {
+  // A reply that says the job stopped renews the lease and may name ranges
+  // to serve and a drain; it sets nothing else.
+  const bool stopped = r.state == wire::JobState::Stopped;
+  PromoteConfig promote{r.promote, r.promote_backups, r.hold_durable_ranges};
+  const bool promote_changed = !promote.ranges.empty() && !(promote == last_promote_);
+  if (promote_changed) last_promote_ = promote;
+  ReplicaConfig replication{r.replica_epoch, r.replica_backups, r.backing, r.deposed,
+                            r.hold_durable};
+  const bool replication_changed = !stopped && !(replication == last_replication_);
+  if (replication_changed) last_replication_ = replication;
+
+  MutexLock lock(mu_);
+  Directive& d = pending_ ? *pending_ : pending_.emplace();
+  if (promote_changed) d.promote = std::move(promote);
+  if (replication_changed) d.replication = std::move(replication);
+  if (!stopped) {
+    if (r.lr_overrides_version > 0 && (!d.lr || d.lr->first < r.lr_overrides_version)) {
+      d.lr.emplace(r.lr_overrides_version, r.lr_overrides);
+    }
+    for (const msg::ShardInfo& g : r.deposed_ranges) d.deposed[g.id] = g.epoch;
+  }
+  d.hand_off = r.hand_off;
+  d.hand_off_given_up = r.hand_off_given_up;
+  d.lease_until_ns = lease_until_ns;
+}
+
+void ShardServer::Follow(Directive d, std::vector<ShardCore::Outgoing>* out) {
+  if (d.lr) {
+    for (ServedRange& r : ranges_) r.core->SetLrOverrides(d.lr->first, d.lr->second);
+  }
+  // Promotions first: the replica set no longer lists a range promoted
+  // here as backed up.
+  if (d.promote) Promote(*d.promote);
+  if (d.replication) {
+    ApplyReplication(*d.replication, out);
+    SendAll(ranges_[0], out);
+  }
+  for (ServedRange& r : taken_over()) {
+    // Served since a promotion, and failed over again elsewhere while this
+    // shard was cut off: no longer its to answer for.
+    auto g = d.deposed.find(r.range);
+    if (g == d.deposed.end() || g->second <= r.epoch || r.core->deposed_epoch() != 0) continue;
+    spdlog::warn("shard {}: shard {}'s range, which it served since epoch {}, is served "
+                 "elsewhere since epoch {}; it answers nothing of it any more",
+                 id_, r.range, r.epoch, g->second);
+    r.core->Depose(g->second);
+    r.core->SetReplicaSet(0, {}, out);
+    SendAll(r, out);
+    r.writer.reset();  // its checkpoint stays, of the state it had
+  }
+  // Asked to hand its range over; a request the monitor no longer asks for
+  // is forgotten, and if this shard stopped applying for it but its backups
+  // do not hold its last record yet and the monitor says it gave the drain
+  // up, it applies again (a monitor that restarted knows of no drain, and
+  // finishes it once this shard hands off).
+  if (d.hand_off) {
+    hand_off_requested_ = true;
+  } else if (!left_for_hand_off_) {
+    hand_off_requested_ = false;
+  } else if (!handed_off_ && d.hand_off_given_up) {
+    cancel_hand_off_ = true;
+  }
+  lease_until_ns_ = d.lease_until_ns;
+  if (awaiting_monitor_) {
+    // The monitor's word (a deposing among it) is in effect.
+    awaiting_monitor_ = false;
+    own().SetAwaitingMonitor(false);
   }
 }
 
@@ -397,73 +426,78 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
                                    std::vector<ShardCore::Outgoing>* out) {
   std::vector<uint32_t> ids;
   for (const msg::ShardInfo& b : config.backups) ids.push_back(b.id);
-  std::vector<uint32_t> backups = ConnectBackups(config.backups, ids, &backup_sockets_);
+  std::vector<uint32_t> backups = ConnectBackups(config.backups, ids, &ranges_[0].backups);
   std::map<uint32_t, ShardCore::BackedRange> backing;
   for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
-  core_->SetBacking(std::move(backing));
+  own().SetBacking(std::move(backing));
   if (config.deposed) {
     // Cut off from the monitor (not dead) while a backup took its range
     // over: the range is no longer this shard's to answer for.
-    if (core_->deposed_epoch() == 0) {
+    if (own().deposed_epoch() == 0) {
       spdlog::warn("shard {}: its range is served by another shard since epoch {} (a failover "
                    "while this shard was cut off from the monitor); it answers nothing of it "
                    "any more",
                    id_, config.epoch);
     }
-    core_->Depose(config.epoch);
-    core_->SetReplicaSet(0, {}, out);
+    own().Depose(config.epoch);
+    own().SetReplicaSet(0, {}, out);
     return;
   }
-  if (core_->deposed_epoch() != 0 && config.epoch > core_->deposed_epoch()) {
+  if (own().deposed_epoch() != 0 && config.epoch > own().deposed_epoch()) {
     // Given back: the shard its range failed over to was lost before it
     // served it (so it acknowledged nothing of it), and this shard's state
     // holds everything acknowledged.
     spdlog::warn("shard {}: serves its range again at epoch {}: the shard it failed over to "
                  "was lost before serving it",
                  id_, config.epoch);
-    core_->Depose(0);
+    own().Depose(0);
   }
   // Held before the new set takes effect (its backups' acknowledgements
   // must not make durable what the standby lacks), let go after.
-  if (config.hold_durable) core_->SetDurableHold(true);
-  core_->SetReplicaSet(config.epoch, std::move(backups), out);
-  if (!config.hold_durable) core_->SetDurableHold(false);
+  if (config.hold_durable) own().SetDurableHold(true);
+  own().SetReplicaSet(config.epoch, std::move(backups), out);
+  if (!config.hold_durable) own().SetDurableHold(false);
 }
 
-void ShardServer::Send(ShardCore::Outgoing& o, Socket* router,
-                       std::map<uint32_t, BackupSocket>& backups) {
-  if (o.to_shard != 0) {
-    auto b = backups.find(o.to_shard);
-    if (b == backups.end()) return;
-    absl::Status st = b->second.socket->Send(std::move(o.frames));
-    if (!st.ok()) SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
-    return;
+void ShardServer::SendAll(ServedRange& r, std::vector<ShardCore::Outgoing>* out) {
+  for (ShardCore::Outgoing& o : *out) {
+    if (o.to_shard != 0) {
+      auto b = r.backups.find(o.to_shard);
+      if (b == r.backups.end()) continue;
+      absl::Status st = b->second.socket->Send(std::move(o.frames));
+      if (!st.ok()) {
+        SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
+      }
+      continue;
+    }
+    o.frames.insert(o.frames.begin(), o.peer);
+    absl::Status st = r.router->Send(std::move(o.frames));
+    if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
   }
-  o.frames.insert(o.frames.begin(), o.peer);
-  absl::Status st = router->Send(std::move(o.frames));
-  if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
+  out->clear();
 }
 
 void ShardServer::Promote(const PromoteConfig& config) {
   const std::vector<msg::ShardInfo>& ranges = config.ranges;
   for (const msg::ShardInfo& r : ranges) {
-    if (std::any_of(hosted_.begin(), hosted_.end(),
-                    [&](const Hosted& h) { return h.range == r.id && h.epoch == r.epoch; })) {
+    const auto served = taken_over();
+    if (std::any_of(served.begin(), served.end(),
+                    [&](const ServedRange& h) { return h.range == r.id && h.epoch == r.epoch; })) {
       continue;  // serving it already
     }
-    std::optional<ShardSnapshot> snapshot = core_->ReplicaSnapshot(r.id);
+    std::optional<ShardSnapshot> snapshot = own().ReplicaSnapshot(r.id);
     if (!snapshot) {
       // Served here at an older epoch: given back (the shard it failed over
       // to was lost before serving it, so acknowledged nothing of it), and
       // the latest core of it here holds everything acknowledged.
-      Hosted* old = nullptr;
-      for (Hosted& h : hosted_) {
+      ServedRange* old = nullptr;
+      for (ServedRange& h : taken_over()) {
         if (h.range == r.id && h.epoch < r.epoch && (old == nullptr || h.epoch > old->epoch)) {
           old = &h;
         }
       }
       if (old != nullptr) {
-        for (Hosted& h : hosted_) {
+        for (ServedRange& h : taken_over()) {
           if (&h != old && h.range == r.id) h.writer.reset();  // the store is the latest's
         }
         old->epoch = r.epoch;
@@ -498,7 +532,7 @@ void ShardServer::Promote(const PromoteConfig& config) {
       snapshot = std::move(*loaded);
       from_checkpoint = true;
     }
-    for (Hosted& old : hosted_) {
+    for (ServedRange& old : taken_over()) {
       // An older epoch of the same range, served elsewhere meanwhile: its
       // store is this one's now.
       if (old.range == r.id) old.writer.reset();
@@ -526,7 +560,7 @@ void ShardServer::Promote(const PromoteConfig& config) {
                     ErrorText(st));
       continue;
     }
-    Hosted h;
+    ServedRange h;
     h.range = r.id;
     h.epoch = r.epoch;
     h.core = std::move(core);
@@ -551,13 +585,13 @@ void ShardServer::Promote(const PromoteConfig& config) {
                    "replica at applied clock {}",
                    id_, r.id, h.address, r.epoch, snapshot->applied_clock);
     }
-    hosted_.push_back(std::move(h));
+    ranges_.push_back(std::move(h));
     heartbeat_now_ = true;
   }
   // Each served range's backups: connected, and a seed for each new one.
   std::vector<ShardCore::Outgoing> out;
   for (const msg::ShardInfo& r : ranges) {
-    for (Hosted& h : hosted_) {
+    for (ServedRange& h : taken_over()) {
       if (h.range != r.id || h.epoch != r.epoch) continue;
       std::vector<uint32_t> backups = ConnectBackups(config.backups, r.backups, &h.backups);
       // As for its own range (ApplyReplication): held before the new set
@@ -566,198 +600,149 @@ void ShardServer::Promote(const PromoteConfig& config) {
       if (hold) h.core->SetDurableHold(true);
       h.core->SetReplicaSet(r.epoch, std::move(backups), &out);
       if (!hold) h.core->SetDurableHold(false);
-      for (auto& o : out) Send(o, h.router.get(), h.backups);
-      out.clear();
+      SendAll(h, &out);
     }
   }
 }
 
-void ShardServer::UpdateReports() {
-  std::vector<msg::ShardInfo> replicas, serving;
-  for (const auto& [range, epoch] : core_->replica_epochs()) {
+void ShardServer::UpdateReport() {
+  Report report;
+  for (const auto& [range, epoch] : own().replica_epochs()) {
     msg::ShardInfo r;
     r.id = range;
     r.epoch = epoch;
-    replicas.push_back(std::move(r));
+    report.replicas.push_back(std::move(r));
   }
-  for (const Hosted& h : hosted_) {
+  for (const ServedRange& h : taken_over()) {
     if (h.core->deposed_epoch() != 0) continue;  // served elsewhere now
     msg::ShardInfo r;
     r.id = h.range;
     r.epoch = h.epoch;
     r.address = h.address;
-    serving.push_back(std::move(r));
+    report.serving.push_back(std::move(r));
   }
-  // Backups that fall behind, per range served (the monitor drops them).
-  std::vector<msg::ShardInfo> lagging;
-  const auto add_lagging = [&](uint32_t range, const ShardCore& core) {
-    std::vector<uint32_t> behind = core.lagging_backups();
-    if (behind.empty()) return;
-    msg::ShardInfo r;
-    r.id = range;
-    r.backups = std::move(behind);
-    lagging.push_back(std::move(r));
-  };
-  add_lagging(id_, *core_);
-  for (const Hosted& h : hosted_) add_lagging(h.range, *h.core);
-  // Each range served with backups: how far behind they are.
-  std::vector<msg::RangeLag> lag;
-  const auto add_lag = [&](uint32_t range, uint64_t epoch, const ShardCore& core) {
-    if (!core.replicated() || core.deposed_epoch() != 0) return;
-    lag.push_back({range, epoch, core.replication_lag_records(),
-                   static_cast<float>(core.replication_lag_seconds())});
-  };
-  add_lag(id_, core_->replication_epoch(), *core_);
-  for (const Hosted& h : hosted_) add_lag(h.range, h.epoch, *h.core);
-  MutexLock lock(lr_mu_);
-  report_replicas_ = std::move(replicas);
-  report_serving_ = std::move(serving);
-  report_lagging_ = std::move(lagging);
-  report_lag_ = std::move(lag);
+  for (const ServedRange& h : ranges_) {
+    const ShardCore& core = *h.core;
+    // Backups that fall behind, per range served (the monitor drops them).
+    if (std::vector<uint32_t> behind = core.lagging_backups(); !behind.empty()) {
+      msg::ShardInfo r;
+      r.id = h.range;
+      r.backups = std::move(behind);
+      report.lagging.push_back(std::move(r));
+    }
+    // Each range served with backups: how far behind they are.
+    if (core.replicated() && core.deposed_epoch() == 0) {
+      const uint64_t epoch = &h == ranges_.data() ? core.replication_epoch() : h.epoch;
+      report.lag.push_back({h.range, epoch, core.replication_lag_records(),
+                            static_cast<float>(core.replication_lag_seconds())});
+    }
+  }
+  report.handed_off = handed_off_;
+  MutexLock lock(mu_);
+  report_ = std::move(report);
 }
 
 void ShardServer::Run() {
   const Clock* clock = transport_->clock();
   std::vector<ShardCore::Outgoing> out;
-  // What the serving loop waits on: this shard's ROUTER, its connections to
-  // its backups (their replies), and the sockets of the ranges it serves
-  // since a promotion.
+  // What the serving loop waits on: each served range's socket and its
+  // connections to the range's backups (their replies).
   struct Source {
     Socket* socket;
-    ShardCore* core;
-    Hosted* hosted;    // the range served since a promotion (null: this shard's own)
-    bool dealer;       // a connection to a backup: no routing id
+    ServedRange* range;
+    bool dealer;  // a connection to a backup: no routing id
   };
   std::vector<Source> sources;
   std::vector<Socket*> sockets;
   TimePoint next_report{};
-  bool fenced = false;
-  int64_t lease_until = std::numeric_limits<int64_t>::max();  // read under lr_mu_
   // Leaving (the job stopped, or SIGTERM): the last records go out, and the
   // shard stays until its backups hold them and its replicas got their
   // primaries' last records, or kLeaveWait passed.
   std::optional<TimePoint> leave_by;
   while (true) {
-    if (!leave_by && (shutdown_ || job_stopped_ || core_->stop_requested())) {
-      if (core_->stop_requested()) spdlog::info("shard {}: stop received", id_);
-      core_->Leave(&out);
-      for (auto& o : out) Send(o, router_.get(), backup_sockets_);
-      out.clear();
-      for (Hosted& h : hosted_) {
-        h.core->Leave(&out);
-        for (auto& o : out) Send(o, h.router.get(), h.backups);
-        out.clear();
+    if (!leave_by && (shutdown_ || job_stopped_ || own().stop_requested())) {
+      if (own().stop_requested()) spdlog::info("shard {}: stop received", id_);
+      for (ServedRange& r : ranges_) {
+        r.core->Leave(&out);
+        SendAll(r, &out);
       }
       leave_by = clock->Now() + kLeaveWait;
     }
     if (leave_by && (clock->Now() >= *leave_by || ReplicationSettled())) break;
-    TimePoint deadline =
-        std::min(core_->NextDeadline(), clock->Now() + std::chrono::milliseconds(100));
-    for (const Hosted& h : hosted_) deadline = std::min(deadline, h.core->NextDeadline());
+    TimePoint deadline = clock->Now() + std::chrono::milliseconds(100);
+    for (const ServedRange& r : ranges_) deadline = std::min(deadline, r.core->NextDeadline());
+    // The monitor's orders from the heartbeat thread, taken whole between
+    // messages under mu_ and followed after (a promotion may read a
+    // checkpoint from disk, and a writer let go may wait for one; the
+    // heartbeats must not wait for that).
+    std::optional<Directive> directive;
     {
-      // From the heartbeat thread, taken between messages: pacerctl set-lr,
-      // promotions (before the replica set, which no longer lists a range
-      // promoted here as backed up), the replica set, the deposed ranges,
-      // and the lease that came with them. Taken under lr_mu_, applied
-      // after (a promotion may read a checkpoint from disk, and a writer
-      // let go may wait for one; the heartbeats must not wait for that).
-      std::optional<PromoteConfig> promote;
-      std::optional<ReplicaConfig> replication;
-      std::map<uint32_t, uint64_t> deposed;
-      bool heard = false;
-      {
-        MutexLock lock(lr_mu_);
-        if (pending_lr_) {
-          core_->SetLrOverrides(pending_lr_->first, pending_lr_->second);
-          for (Hosted& h : hosted_) h.core->SetLrOverrides(pending_lr_->first, pending_lr_->second);
-          pending_lr_.reset();
-        }
-        promote.swap(pending_promote_);
-        replication.swap(pending_replication_);
-        deposed.swap(pending_deposed_);
-        lease_until = lease_until_ns_.load();
-        heard = heard_monitor_;
-      }
-      if (promote) Promote(*promote);
-      if (replication) ApplyReplication(*replication, &out);
-      for (Hosted& h : hosted_) {
-        // Served since a promotion, and failed over again elsewhere while
-        // this shard was cut off: no longer its to answer for.
-        auto d = deposed.find(h.range);
-        if (d == deposed.end() || d->second <= h.epoch || h.core->deposed_epoch() != 0) {
-          continue;
-        }
-        spdlog::warn("shard {}: shard {}'s range, which it served since epoch {}, is served "
-                     "elsewhere since epoch {}; it answers nothing of it any more",
-                     id_, h.range, h.epoch, d->second);
-        h.core->Depose(d->second);
-        h.core->SetReplicaSet(0, {}, &out);
-        h.writer.reset();  // its checkpoint stays, of the state it had
-      }
-      if (awaiting_monitor_ && heard) {
-        // The reply's configs (a deposing among them) are in effect.
-        awaiting_monitor_ = false;
-        core_->SetAwaitingMonitor(false);
-      }
+      MutexLock lock(mu_);
+      directive.swap(pending_);
     }
-    if (cancel_hand_off_.exchange(false) && left_for_hand_off_ && !handed_off_ && !leave_by) {
-      core_->CancelLeave(&out);
+    if (directive) Follow(std::move(*directive), &out);
+    if (std::exchange(cancel_hand_off_, false) && left_for_hand_off_ && !handed_off_ &&
+        !leave_by) {
+      own().CancelLeave(&out);
+      SendAll(ranges_[0], &out);
       left_for_hand_off_ = false;
       hand_off_requested_ = false;
       spdlog::warn("shard {}: the monitor gave the drain up before the backups held the last "
                    "record; applying pushes again",
                    id_);
     }
-    if (hand_off_requested_ && !core_->leaving() && core_->replicated()) {
+    if (hand_off_requested_ && !own().leaving() && own().replicated()) {
       // pacerctl drain-shard: apply nothing more; the last record takes
       // everything applied to the backups, and the monitor promotes one
       // once they hold it.
-      core_->Leave(&out);
-      left_for_hand_off_ = core_->leaving();
+      own().Leave(&out);
+      SendAll(ranges_[0], &out);
+      left_for_hand_off_ = own().leaving();
       spdlog::info("shard {}: handing its range over to its backups (pacerctl drain-shard): "
                    "applies nothing more; last record {}",
-                   id_, core_->replication_record());
+                   id_, own().replication_record());
     }
-    if (core_->leaving() && hand_off_requested_ && !handed_off_ &&
-        core_->durable_record() >= core_->replication_record()) {
+    if (own().leaving() && hand_off_requested_ && !handed_off_ &&
+        own().durable_record() >= own().replication_record()) {
       handed_off_ = true;
+      {
+        MutexLock lock(mu_);
+        report_.handed_off = true;
+      }
       heartbeat_now_ = true;  // the monitor promotes a backup on hearing it
       spdlog::info("shard {}: its backups hold its last record {}; the range can be handed over",
-                   id_, core_->replication_record());
+                   id_, own().replication_record());
     }
     // Fencing: a primary with backups that has not heard from the monitor
     // for its lease stops answering (the monitor may promote a backup).
     const bool expired =
-        options_.fencing && clock->Now().time_since_epoch().count() > lease_until;
-    if (expired != fenced) {
-      fenced = expired;
-      core_->SetFenced(fenced);
-      for (Hosted& h : hosted_) h.core->SetFenced(fenced);
-      if (fenced && core_->replicated()) {
+        options_.fencing && clock->Now().time_since_epoch().count() > lease_until_ns_;
+    if (expired != fenced_) {
+      fenced_ = expired;
+      for (ServedRange& r : ranges_) r.core->SetFenced(fenced_);
+      if (fenced_ && own().replicated()) {
         spdlog::warn("shard {}: no word from the monitor for its shard lease ({:.2f} s): stops "
                      "answering pushes and pulls until it hears again",
                      id_, ToSeconds(shard_lease_));
       }
     }
-    if (backup_sockets_.empty() && hosted_.empty()) {
+    if (ranges_.size() == 1 && ranges_[0].backups.empty()) {
       // One message, then its replies. A message queued behind it is taken
       // by the next Recv at once; asking for one here was a receive that
       // usually found nothing, a system call of about 1.3 us per message.
       Frames frames;
-      auto got = transport_->Recv(router_.get(), &frames, deadline);
+      auto got = transport_->Recv(ranges_[0].router.get(), &frames, deadline);
       if (!got.ok()) {
         spdlog::error("shard {}: receive failed: {}", id_, ErrorText(got.status()));
         break;
       }
-      if (*got) core_->Handle(std::move(frames), &out);
+      if (*got) own().Handle(std::move(frames), &out);
+      SendAll(ranges_[0], &out);
     } else {
-      sources.assign(1, {router_.get(), core_.get(), nullptr, false});
-      for (auto& [shard, b] : backup_sockets_) {
-        sources.push_back({b.socket.get(), core_.get(), nullptr, true});
-      }
-      for (Hosted& h : hosted_) {
-        sources.push_back({h.router.get(), h.core.get(), &h, false});
-        for (auto& [shard, b] : h.backups) sources.push_back({b.socket.get(), h.core.get(), &h, true});
+      sources.clear();
+      for (ServedRange& r : ranges_) {
+        sources.push_back({r.router.get(), &r, false});
+        for (auto& [shard, b] : r.backups) sources.push_back({b.socket.get(), &r, true});
       }
       sockets.clear();
       for (const Source& src : sources) sockets.push_back(src.socket);
@@ -766,66 +751,57 @@ void ShardServer::Run() {
         spdlog::error("shard {}: poll failed: {}", id_, ErrorText(ready.status()));
         break;
       }
-      std::vector<ShardCore::Outgoing> hosted_out;
       for (size_t i : *ready) {
         const Source& src = sources[i];
         Frames frames;
         auto got = src.socket->TryRecv(&frames);
         if (!got.ok() || !*got) continue;
         if (src.dealer) frames.insert(frames.begin(), Frame());  // no routing id
-        if (src.core == core_.get()) {
-          core_->Handle(std::move(frames), &out);
-        } else {
-          src.core->Handle(std::move(frames), &hosted_out);
-          for (auto& o : hosted_out) Send(o, src.hosted->router.get(), src.hosted->backups);
-          hosted_out.clear();
-        }
+        src.range->core->Handle(std::move(frames), &out);
+        SendAll(*src.range, &out);
       }
     }
-    core_->Tick(&out);
-    for (auto& o : out) Send(o, router_.get(), backup_sockets_);
-    out.clear();
-    for (Hosted& h : hosted_) {
-      h.core->Tick(&out);
-      for (auto& o : out) Send(o, h.router.get(), h.backups);
-      out.clear();
-      if (h.core->stop_requested() && !h.stopped) {
-        h.stopped = true;
-        spdlog::info("shard {}: stop received for shard {}'s range", id_, h.range);
+    for (ServedRange& r : ranges_) {
+      r.core->Tick(&out);
+      SendAll(r, &out);
+      if (&r != ranges_.data() && r.core->stop_requested() && !r.stopped) {
+        r.stopped = true;
+        spdlog::info("shard {}: stop received for shard {}'s range", id_, r.range);
       }
     }
     if (clock->Now() >= next_report) {
-      UpdateReports();
+      UpdateReport();
       next_report = clock->Now() + std::chrono::milliseconds(50);
     }
-    applied_clock_ = core_->applied_clock();
-    holds_values_ = core_->initialized();
-    holds_keys_ = core_->has_keys();
+    applied_clock_ = own().applied_clock();
+    holds_values_ = own().initialized();
+    holds_keys_ = own().has_keys();
     MaybeCheckpoint(false);
   }
   MaybeCheckpoint(true);
+  const ShardCore& core = own();
   spdlog::info("shard {}: final: steps {}, applied through clock {}, incomplete steps {}, "
                "updates applied {}, stale {}, dropped {}",
-               id_, core_->steps(), core_->applied_clock(), core_->incomplete_steps(),
-               core_->updates_applied(), core_->stale_pushes(), core_->dropped_pushes());
-  if (core_->replication_epoch() != 0 || core_->replica_checks() > 0) {
+               id_, core.steps(), core.applied_clock(), core.incomplete_steps(),
+               core.updates_applied(), core.stale_pushes(), core.dropped_pushes());
+  if (core.replication_epoch() != 0 || core.replica_checks() > 0) {
     std::string held;
-    for (const auto& [range, rec] : core_->replica_records()) {
+    for (const auto& [range, rec] : core.replica_records()) {
       held += (held.empty() ? "" : ", ") + std::string("shard ") + std::to_string(range) +
               "'s through record " + std::to_string(rec);
     }
     spdlog::info("shard {}: replication: range epoch {}, records {}, durable through record {}; "
                  "replicas held: {}; replica checks {}, mismatches {}",
-                 id_, core_->replication_epoch(), core_->replication_record(),
-                 core_->durable_record(), held.empty() ? "none" : held, core_->replica_checks(),
-                 core_->replica_mismatches());
+                 id_, core.replication_epoch(), core.replication_record(),
+                 core.durable_record(), held.empty() ? "none" : held, core.replica_checks(),
+                 core.replica_mismatches());
   }
-  if (core_->restored()) {
+  if (core.restored()) {
     spdlog::info("shard {}: since its restore: {} acknowledged push(es) lost, {} clock(s) closed "
                  "with none of their pushes",
-                 id_, core_->lost_updates(), core_->skipped_clocks());
+                 id_, core.lost_updates(), core.skipped_clocks());
   }
-  for (const Hosted& h : hosted_) {
+  for (const ServedRange& h : taken_over()) {
     spdlog::info("shard {}: served shard {}'s range since its promotion (epoch {}): steps {}, "
                  "applied through clock {}, updates applied {}; {} acknowledged push(es) lost, {} "
                  "clock(s) closed with none of their pushes",
@@ -838,11 +814,9 @@ void ShardServer::Run() {
 }
 
 bool ShardServer::ReplicationSettled() const {
-  if (core_->durable_record() < core_->replication_record() || !core_->replicas_final()) {
-    return false;
-  }
-  for (const Hosted& h : hosted_) {
-    if (h.core->durable_record() < h.core->replication_record()) return false;
+  if (!own().replicas_final()) return false;
+  for (const ServedRange& r : ranges_) {
+    if (r.core->durable_record() < r.core->replication_record()) return false;
   }
   return true;
 }
@@ -865,20 +839,20 @@ void ShardServer::WriteLedger() const {
   };
   std::fprintf(f, "# pacer-server ledger: shard %u; one block per range it served or backed up\n",
                id_);
-  if (core_->initialized() && core_->has_keys() && core_->deposed_epoch() != 0) {
+  if (own().initialized() && own().has_keys() && own().deposed_epoch() != 0) {
     // Its range failed over while it was cut off: the epoch that took over.
-    range(id_, "deposed", core_->deposed_epoch(), core_->replication_record(), true,
-          core_->state_crc(), core_->ledger());
-  } else if (core_->initialized() && core_->has_keys()) {
-    range(id_, "primary", core_->replication_epoch(), core_->replication_record(), true,
-          core_->state_crc(), core_->ledger());
+    range(id_, "deposed", own().deposed_epoch(), own().replication_record(), true,
+          own().state_crc(), own().ledger());
+  } else if (own().initialized() && own().has_keys()) {
+    range(id_, "primary", own().replication_epoch(), own().replication_record(), true,
+          own().state_crc(), own().ledger());
   }
-  for (const Hosted& h : hosted_) {
+  for (const ServedRange& h : taken_over()) {
     const bool deposed = h.core->deposed_epoch() != 0;
     range(h.range, deposed ? "deposed" : "primary", deposed ? h.core->deposed_epoch() : h.epoch,
           h.core->replication_record(), true, h.core->state_crc(), h.core->ledger());
   }
-  for (const auto& [id, v] : core_->replica_views()) {
+  for (const auto& [id, v] : own().replica_views()) {
     range(id, "backup", v.epoch, v.record, v.last, v.crc, *v.ledger);
   }
   const bool ok = std::fflush(f) == 0 && std::ferror(f) == 0;

@@ -9,17 +9,18 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "ps/base/mutex.h"
-#include "ps/checkpoint_writer.h"
 #include "ps/base/fault.h"
-#include "ps/shard.h"
+#include "ps/base/mutex.h"
 #include "ps/base/transport.h"
+#include "ps/checkpoint_writer.h"
+#include "ps/shard.h"
 
 namespace pacer {
 
@@ -116,44 +117,8 @@ class ShardServer {
 
  private:
   ShardServer() = default;
-  // The serving loop: the only user of router_ and core_.
-  void Run();
-  // Heartbeats to the monitor on their own thread and connection, so the
-  // serving loop waits on one socket only; notices when the job stops.
-  // After a shutdown it tells the monitor that this shard leaves.
-  void HeartbeatLoop();
-  // Hands a snapshot of each core (its own range's, and each range's it
-  // serves since a promotion) to its writer when one is due (or `final`:
-  // one last snapshot of each, given up after stop_timeout).
-  void MaybeCheckpoint(bool final);
-  // Leaving: how long the shard waits for its last records to be held by
-  // its backups and for its replicas' last records.
-  static constexpr Duration kLeaveWait = std::chrono::seconds(3);
-  // Whether both have happened.
-  bool ReplicationSettled() const;
-  // Writes options_.ledger (serving thread, after the loop).
-  void WriteLedger() const;
 
-  Transport* transport_ = nullptr;
-  ShardServerOptions options_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<ShardCore> core_;
-  std::unique_ptr<Socket> router_;
-  std::unique_ptr<class RpcChannel> monitor_;  // used by HeartbeatLoop only
-  std::string address_;
-  uint32_t id_ = 0;
-  std::atomic<bool> shutdown_{false};
-  std::atomic<bool> done_{false};
-  std::atomic<bool> job_stopped_{false};
-  std::atomic<int64_t> applied_clock_{-1};  // mirrors core_, for heartbeats
-  std::atomic<bool> serving_ended_{false};
-  std::atomic<bool> holds_values_{false};  // mirrors core_->initialized()
-  std::atomic<bool> holds_keys_{false};    // mirrors core_->has_keys()
-  bool restored_ = false;
-  std::thread thread_;
-  std::thread heartbeat_thread_;
-
-  // Where a core's checkpoints stand (serving thread only): what the last
+  // Where a range's checkpoints stand (serving thread only): what the last
   // one offered held, and how many were taken on time or count.
   struct CheckpointProgress {
     TimePoint last{};
@@ -162,13 +127,131 @@ class ShardServer {
     uint64_t keys = 0;
     uint64_t periodic_taken = 0;
   };
-  // Offers `core`'s snapshot to `writer` when one is due; `final`: one last
-  // snapshot, given up at `deadline`. `range` names a range served since a
-  // promotion in logs (0: this shard's own).
-  void Checkpoint(ShardCore& core, CheckpointWriter& writer, CheckpointProgress& progress,
-                  bool final, TimePoint deadline, uint32_t range);
-  // DATA_DIR/range-<id>: where a range served since a promotion is
-  // checkpointed, apart from this shard's own (DATA_DIR/checkpoint).
+  // A connection to one of a range's backups.
+  struct BackupSocket {
+    std::string address;
+    std::unique_ptr<Socket> socket;
+  };
+  // A key range this shard serves, with everything it is served with: its
+  // own (ranges_[0], from registration) and each it took over when the
+  // monitor promoted its replica of it (a failover), which keeps its id
+  // (the workers' and the monitor's name for it) and gets a core and a
+  // socket of its own. Serving thread only.
+  struct ServedRange {
+    uint32_t range = 0;  // the range's id: the shard that first served it
+    // A range taken over: the epoch it was given at (its own range's epoch
+    // is its core's replication_epoch()).
+    uint64_t epoch = 0;
+    std::unique_ptr<ShardCore> core;
+    std::unique_ptr<Socket> router;
+    std::string address;  // as advertised
+    bool stopped = false;  // a range taken over: its core was told to stop
+    std::map<uint32_t, BackupSocket> backups;  // by shard id
+    // Its checkpoints (null: no --data-dir; for a range taken over, also
+    // once it is served elsewhere): its own in DATA_DIR/checkpoint, a
+    // range taken over in DATA_DIR/range-<id>.
+    std::unique_ptr<CheckpointWriter> writer;
+    CheckpointProgress checkpointed;
+  };
+
+  // The replica set of its own range from a heartbeat reply.
+  struct ReplicaConfig {
+    uint64_t epoch = 0;
+    std::vector<msg::ShardInfo> backups;
+    std::vector<msg::ShardInfo> backing;
+    bool deposed = false;  // its own range is served elsewhere (epoch: the range's)
+    bool hold_durable = false;  // a standby of its range may be promoted
+    bool operator==(const ReplicaConfig&) const = default;
+  };
+  // The ranges to serve since a promotion (each with its backups' ids) and
+  // those backups, from a heartbeat reply.
+  struct PromoteConfig {
+    std::vector<msg::ShardInfo> ranges;
+    std::vector<msg::ShardInfo> backups;
+    std::vector<uint32_t> hold;  // ranges whose durability is held (a standby)
+    bool operator==(const PromoteConfig&) const = default;
+  };
+  // What the monitor's heartbeat replies order, as one value: the
+  // heartbeat thread folds each reply into the pending directive (posted
+  // under mu_); the serving thread takes it whole between messages, so the
+  // lease it renews never takes effect without the orders that came with
+  // it (a deposing must not be missed by a shard that unfences).
+  struct Directive {
+    Directive();  // out of line: clang sees the defaults below only then
+    // pacerctl set-lr: the overrides' version and value (the newest wins).
+    std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> lr;
+    // Changed since the last reply that said otherwise (nullopt: as before).
+    std::optional<PromoteConfig> promote;
+    std::optional<ReplicaConfig> replication;
+    // Ranges served since a promotion that failed over again elsewhere
+    // (range -> its new epoch).
+    std::map<uint32_t, uint64_t> deposed;
+    // pacerctl drain-shard with backups: the last reply asked this primary
+    // to hand its range over (hand_off), or said the drain was given up.
+    bool hand_off = false;
+    bool hand_off_given_up = false;
+    // The shard lease, renewed with this reply: fenced past it (the
+    // transport clock's nanoseconds).
+    int64_t lease_until_ns = std::numeric_limits<int64_t>::max();
+  };
+  // What the serving thread tells the heartbeats, refreshed every 50 ms.
+  struct Report {
+    std::vector<msg::ShardInfo> replicas;  // replicas held (range, epoch)
+    std::vector<msg::ShardInfo> serving;   // ranges served since a promotion
+    std::vector<msg::ShardInfo> lagging;   // per range served: backups behind
+    std::vector<msg::RangeLag> lag;        // per range served with backups
+    bool handed_off = false;  // its backups hold its last record (a drain)
+  };
+
+  // The serving loop: the only user of ranges_.
+  void Run();
+  // Heartbeats to the monitor on their own thread and connection, so the
+  // serving loop waits on one socket only; notices when the job stops.
+  // After a shutdown it tells the monitor that this shard leaves.
+  void HeartbeatLoop();
+  // Folds one heartbeat reply into the pending directive (heartbeat thread).
+  void Post(const msg::HeartbeatReply& r, int64_t lease_until_ns);
+  // Carries out a directive taken from the heartbeat thread (serving thread).
+  void Follow(Directive d, std::vector<ShardCore::Outgoing>* out);
+  // The own range's replica set: connects to new backups, lets go of old
+  // ones, and hands the set to its core; deposes it when it is served
+  // elsewhere.
+  void ApplyReplication(const ReplicaConfig& config, std::vector<ShardCore::Outgoing>* out);
+  // Serves the ranges new to the list from their replicas (from their
+  // checkpoints here when it holds none), and sets every served range's
+  // backups.
+  void Promote(const PromoteConfig& config);
+  // The ranges taken over since a promotion (ranges_ after the first).
+  std::span<ServedRange> taken_over() { return std::span<ServedRange>(ranges_).subspan(1); }
+  std::span<const ServedRange> taken_over() const {
+    return std::span<const ServedRange>(ranges_).subspan(1);
+  }
+  ShardCore& own() { return *ranges_[0].core; }
+  const ShardCore& own() const { return *ranges_[0].core; }
+  // A range's outgoing messages: replies on its socket, records to its backups.
+  void SendAll(ServedRange& r, std::vector<ShardCore::Outgoing>* out);
+  // Connects to the backups named by `ids` (addresses and keys from
+  // `infos`), keeping connections that stay; returns the ids connected.
+  std::vector<uint32_t> ConnectBackups(const std::vector<msg::ShardInfo>& infos,
+                                       const std::vector<uint32_t>& ids,
+                                       std::map<uint32_t, BackupSocket>* sockets);
+  // The report from every served range (serving thread).
+  void UpdateReport();
+  // Hands a snapshot of each served range to its writer when one is due
+  // (or `final`: one last snapshot of each, given up after stop_timeout).
+  void MaybeCheckpoint(bool final);
+  // Offers `r`'s snapshot to its writer when one is due; `final`: one last
+  // snapshot, given up at `deadline`.
+  void Checkpoint(ServedRange& r, bool final, TimePoint deadline);
+  // Leaving: how long the shard waits for its last records to be held by
+  // its backups and for its replicas' last records.
+  static constexpr Duration kLeaveWait = std::chrono::seconds(3);
+  // Whether both have happened.
+  bool ReplicationSettled() const;
+  // Writes options_.ledger (serving thread, after the loop).
+  void WriteLedger() const;
+  // DATA_DIR/range-<id>: where a range taken over is checkpointed, apart
+  // from this shard's own (DATA_DIR/checkpoint).
   absl::StatusOr<std::string> RangeCheckpointPath(uint32_t range) const;
   // A writer to that store (null, logged, when it cannot be opened; null
   // without --data-dir).
@@ -178,112 +261,65 @@ class ShardServer {
   // restarted, and every other holder of the range is gone too).
   absl::StatusOr<std::optional<ShardSnapshot>> LoadRangeCheckpoint(uint32_t range) const;
 
-  // Checkpoints (null: no --data-dir).
-  std::unique_ptr<CheckpointWriter> writer_;
-  CheckpointProgress checkpointed_;
-  absl::Status stop_status_;               // serving thread; read after Wait()
+  // Constant after Start.
+  Transport* transport_ = nullptr;
+  ShardServerOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::string address_;
+  uint32_t id_ = 0;
+  bool restored_ = false;
+  ShardJob job_;  // from registration
+  // The shard lease (the monitor's --shard-lease).
+  Duration shard_lease_ = std::chrono::seconds(1);
+  // Its own range's checkpoint writer (ranges_[0].writer; null without
+  // --data-dir), whose age the heartbeats report (it is thread-safe).
+  CheckpointWriter* own_writer_ = nullptr;
+  std::thread thread_;
+  std::thread heartbeat_thread_;
+
+  // Serving thread only.
+  std::vector<ServedRange> ranges_;  // its own first, then those taken over
   // Restored from a checkpoint: its own range answers no push, pull or init
-  // until the serving thread has taken the monitor's first heartbeat reply
+  // until the serving thread has followed the monitor's first directive
   // (which may say that a backup serves the range now, promoted because
   // this process restarted), so that nothing is acknowledged from the
   // checkpoint's older state beside that backup.
-  bool awaiting_monitor_ = false;            // serving thread
-  std::atomic<bool> heard_monitor_{false};   // set with a reply's configs, under lr_mu_
+  bool awaiting_monitor_ = false;
+  // pacerctl drain-shard with backups: asked to hand its range over; Leave
+  // called for it; its backups hold the last record (reported).
+  bool hand_off_requested_ = false;
+  bool left_for_hand_off_ = false;
+  bool handed_off_ = false;
+  int64_t lease_until_ns_ = std::numeric_limits<int64_t>::max();
+  bool fenced_ = false;
+  absl::Status stop_status_;  // read after Wait()
 
-  // pacerctl set-lr's overrides (version, by group) from a heartbeat reply,
-  // until the serving thread hands them to core_.
-  // Guards what the heartbeat thread hands the serving thread (pending_*,
-  // lease_until_ns_ with them) and what the serving thread hands back for
-  // the heartbeats (report_*).
-  Mutex lr_mu_;
-  std::optional<std::pair<uint64_t, std::vector<wire::GroupLr>>> pending_lr_ ABSL_GUARDED_BY(lr_mu_);
+  // The monitor gave a drain up before the backups held the last record:
+  // apply again (CancelLeave).
+  bool cancel_hand_off_ = false;
 
-  // Replication (--replicas on the monitor): the replica set from the last
-  // heartbeat reply that changed it, until the serving thread takes it.
-  struct ReplicaConfig {
-    uint64_t epoch = 0;
-    std::vector<msg::ShardInfo> backups;
-    std::vector<msg::ShardInfo> backing;
-    bool deposed = false;  // its own range is served elsewhere (epoch: the range's)
-    bool hold_durable = false;  // a standby of its range may be promoted
-  };
-  std::optional<ReplicaConfig> pending_replication_ ABSL_GUARDED_BY(lr_mu_);
-  // The serving thread's: connects to new backups, lets go of old ones, and
-  // hands the set to core_.
-  void ApplyReplication(const ReplicaConfig& config, std::vector<ShardCore::Outgoing>* out);
-  // Its connections to its range's backups, by shard id.
-  struct BackupSocket {
-    std::string address;
-    std::unique_ptr<Socket> socket;
-  };
-  std::map<uint32_t, BackupSocket> backup_sockets_;
+  // Heartbeat thread only: the connection to the monitor, and the last
+  // ranges to serve and replica set heard of (a directive carries them
+  // only when they change).
+  std::unique_ptr<class RpcChannel> monitor_;
+  PromoteConfig last_promote_;
+  ReplicaConfig last_replication_;
 
-  // Failover: ranges this shard serves since the monitor promoted its
-  // replica of them, each with a core and a socket of its own (the range
-  // keeps its id; the map gives the workers the new address).
-  struct Hosted {
-    uint32_t range = 0;
-    uint64_t epoch = 0;
-    std::unique_ptr<ShardCore> core;
-    std::unique_ptr<Socket> router;
-    std::string address;  // as advertised
-    bool stopped = false;
-    std::map<uint32_t, BackupSocket> backups;  // its range's backups
-    // Its checkpoints, in DATA_DIR/range-<id> (null: no --data-dir, or
-    // let go once the range is served elsewhere).
-    std::unique_ptr<CheckpointWriter> writer;
-    CheckpointProgress checkpointed;
-  };
-  // The list from the last heartbeat reply that changed it: the ranges to
-  // serve (each with its backups' ids) and those backups.
-  struct PromoteConfig {
-    std::vector<msg::ShardInfo> ranges;
-    std::vector<msg::ShardInfo> backups;
-    std::vector<uint32_t> hold;  // ranges whose durability is held (a standby)
-  };
-  std::vector<Hosted> hosted_;  // serving thread
-  std::optional<PromoteConfig> pending_promote_ ABSL_GUARDED_BY(lr_mu_);
-  // Served ranges that failed over again elsewhere (range -> its new
-  // epoch), from a heartbeat reply.
-  std::map<uint32_t, uint64_t> pending_deposed_ ABSL_GUARDED_BY(lr_mu_);
-  // Serves the ranges new to the list from their replicas (from their
-  // checkpoints here when it holds none), and sets every served range's
-  // backups.
-  void Promote(const PromoteConfig& config);
-  // Connects to the backups named by `ids` (addresses and keys from
-  // `infos`), keeping connections that stay; returns the ids connected.
-  std::vector<uint32_t> ConnectBackups(const std::vector<msg::ShardInfo>& infos,
-                                       const std::vector<uint32_t>& ids,
-                                       std::map<uint32_t, BackupSocket>* sockets);
-  // One of a core's outgoing messages: a reply on `router`, or a record to
-  // one of `backups`.
-  void Send(ShardCore::Outgoing& o, Socket* router, std::map<uint32_t, BackupSocket>& backups);
-  // What the heartbeats report (replicas held, ranges served), guarded by
-  // lr_mu_, refreshed by the serving thread.
-  void UpdateReports();
-  std::vector<msg::ShardInfo> report_replicas_ ABSL_GUARDED_BY(lr_mu_);
-  std::vector<msg::ShardInfo> report_serving_ ABSL_GUARDED_BY(lr_mu_);
-  std::vector<msg::ShardInfo> report_lagging_ ABSL_GUARDED_BY(lr_mu_);  // per range served: backups behind
-  std::vector<msg::RangeLag> report_lag_ ABSL_GUARDED_BY(lr_mu_);        // per range served with backups
-  std::atomic<bool> heartbeat_now_{false};
-  // pacerctl drain-shard with backups: the monitor asked this primary to
-  // hand its range over (HeartbeatReply.hand_off); the serving thread has
-  // made it stop applying and its backups hold everything (reported in
-  // Heartbeat.handed_off).
-  std::atomic<bool> hand_off_requested_{false};
-  std::atomic<bool> handed_off_{false};
-  std::atomic<bool> left_for_hand_off_{false};  // Leave called for it (serving thread)
-  // The monitor gave the drain up before the backups held the last record
-  // (heartbeat thread): the serving thread applies again (CancelLeave).
-  std::atomic<bool> cancel_hand_off_{false};
-  ShardJob job_;  // from registration
-  // The shard lease (the monitor's --shard-lease): fenced past
-  // lease_until_ns_ (the transport clock's nanoseconds).
-  Duration shard_lease_ = std::chrono::seconds(1);
-  // Renewed under lr_mu_ together with the configs from the same reply (a
-  // deposing must not be seen after the lease it came with); read by the
-  // serving thread under lr_mu_ too.
-  std::atomic<int64_t> lease_until_ns_{std::numeric_limits<int64_t>::max()};
+  // The hand-over between the two threads: the monitor's orders one way,
+  // the report the other.
+  mutable Mutex mu_;
+  std::optional<Directive> pending_ ABSL_GUARDED_BY(mu_);
+  Report report_ ABSL_GUARDED_BY(mu_);
+
+  // Signals and mirrors read by any thread.
+  std::atomic<bool> shutdown_{false};       // SIGTERM (Shutdown)
+  std::atomic<bool> job_stopped_{false};    // the monitor said the job stopped
+  std::atomic<bool> serving_ended_{false};  // the serving loop is over
+  std::atomic<bool> done_{false};
+  std::atomic<bool> heartbeat_now_{false};  // a heartbeat is due at once
+  std::atomic<int64_t> applied_clock_{-1};  // the own range's, for heartbeats
+  std::atomic<bool> holds_values_{false};   // its own core's initialized()
+  std::atomic<bool> holds_keys_{false};     // its own core's has_keys()
 };
 
 }  // namespace pacer
