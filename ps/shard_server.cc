@@ -18,6 +18,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->transport_ = transport;
   s->options_ = options;
+  s->checkpoint_policy_ = {options.checkpoint_interval, options.checkpoint_updates,
+                           options.periodic_checkpoints, options.stop_timeout};
   s->registry_ = options.shard.registry ? options.shard.registry
                                         : std::make_shared<prometheus::Registry>();
   auto bound = transport->Bind(options.listen);
@@ -104,6 +106,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       ShardOptions sopts = options.shard;
       sopts.registry = s->registry_;
       ServedRange own;
+      own.shard = s->id_;
       own.range = s->id_;
       own.core = std::make_unique<ShardCore>(sopts, clock);
       own.core->Configure(job, s->id_);
@@ -163,59 +166,10 @@ void ShardServer::MaybeCheckpoint(bool final) {
   for (ServedRange& r : ranges_) {
     // A range taken over and served elsewhere now has let its writer go
     // (the checkpoint stays).
-    if (r.writer) Checkpoint(r, final, deadline);
+    if (!r.writer) continue;
+    absl::Status st = r.Checkpoint(checkpoint_policy_, final, deadline, transport_->clock());
+    if (!st.ok() && stop_status_.ok()) stop_status_ = std::move(st);
   }
-}
-
-void ShardServer::Checkpoint(ServedRange& r, bool final, TimePoint deadline) {
-  ShardCore& core = *r.core;
-  CheckpointWriter& writer = *r.writer;
-  CheckpointProgress& p = r.checkpointed;
-  const uint32_t range = &r == ranges_.data() ? 0 : r.range;  // 0: its own, in logs
-  writer.AgeSeconds();
-  if (!core.initialized()) return;  // nothing worth keeping yet
-  const Clock* clock = transport_->clock();
-  if (final) {
-    const std::string what =
-        range == 0 ? "" : " of shard " + std::to_string(range) + "'s range";
-    const TimePoint t0 = clock->Now();
-    ShardSnapshot snap = core.Snapshot();
-    snap.taken_unix = UnixSeconds();
-    absl::Status st = writer.Final(std::move(snap), deadline);
-    if (!st.ok()) {
-      const std::string why =
-          "final checkpoint" + what + " at applied clock " + std::to_string(core.applied_clock()) +
-          " given up after " + absl::StrFormat("%.1f", ToSeconds(options_.stop_timeout)) +
-          " s (--stop-timeout): " + std::string(st.message()) + "; the previous checkpoint stays";
-      if (stop_status_.ok()) stop_status_ = absl::DeadlineExceededError(why);
-      spdlog::error("shard {}: {}", id_, why);
-      return;
-    }
-    spdlog::info("shard {}: final checkpoint{} at applied clock {} in {:.3f} s", id_, what,
-                 core.applied_clock(), ToSeconds(clock->Now() - t0));
-    return;
-  }
-  const bool keys_moved = core.key_version() != p.keys;
-  if (core.updates_applied() == p.updates && core.applied_clock() == p.clock && !keys_moved) {
-    return;  // nothing new since the last one
-  }
-  const TimePoint now = clock->Now();
-  // Keys that moved in or out: at once, so that a restart has the new set.
-  const bool on_time = keys_moved || (options_.checkpoint_interval > Duration::zero() &&
-                                      now - p.last >= options_.checkpoint_interval);
-  const bool on_count = options_.checkpoint_updates > 0 &&
-                        core.updates_applied() - p.updates >= options_.checkpoint_updates;
-  if (!on_time && !on_count) return;
-  if (!keys_moved && !options_.periodic_checkpoints && p.periodic_taken > 0) return;
-  if (!keys_moved) ++p.periodic_taken;
-  // Shares the buffers: the copy-free hand-over that keeps this cheap.
-  ShardSnapshot snap = core.Snapshot();
-  snap.taken_unix = UnixSeconds();
-  if (!writer.Offer(std::move(snap))) return;  // the previous one is still being written
-  p.last = now;
-  p.updates = core.updates_applied();
-  p.clock = core.applied_clock();
-  p.keys = core.key_version();
 }
 
 std::unique_ptr<CheckpointWriter> ShardServer::RangeWriter(uint32_t range) {
@@ -351,7 +305,7 @@ void ShardServer::Follow(Directive d, std::vector<ShardCore::Outgoing>* out) {
   if (d.promote) Promote(*d.promote);
   if (d.replication) {
     ApplyReplication(*d.replication, out);
-    SendAll(ranges_[0], out);
+    ranges_[0].SendAll(out);
   }
   for (ServedRange& r : taken_over()) {
     // Served since a promotion, and failed over again elsewhere while this
@@ -363,7 +317,7 @@ void ShardServer::Follow(Directive d, std::vector<ShardCore::Outgoing>* out) {
                  id_, r.range, r.epoch, g->second);
     r.core->Depose(g->second);
     r.core->SetReplicaSet(0, {}, out);
-    SendAll(r, out);
+    r.SendAll(out);
     r.writer.reset();  // its checkpoint stays, of the state it had
   }
   // Asked to hand its range over; a request the monitor no longer asks for
@@ -392,41 +346,11 @@ std::string ShardServer::NotReadyReason() const {
   return "";
 }
 
-std::vector<uint32_t> ShardServer::ConnectBackups(const std::vector<msg::ShardInfo>& infos,
-                                                 const std::vector<uint32_t>& ids,
-                                                 std::map<uint32_t, BackupSocket>* sockets) {
-  std::map<uint32_t, BackupSocket> kept;
-  std::vector<uint32_t> connected;
-  for (uint32_t id : ids) {
-    auto b = std::find_if(infos.begin(), infos.end(),
-                          [&](const msg::ShardInfo& x) { return x.id == id; });
-    if (b == infos.end()) continue;
-    auto it = sockets->find(b->id);
-    if (it != sockets->end() && it->second.address == b->address) {
-      kept[b->id] = std::move(it->second);
-    } else {
-      // Under CURVE the backup is authenticated by its server key, and
-      // knows this shard by its own (the sender-key binding).
-      if (!b->public_key.empty()) transport_->SetServerKey(b->address, b->public_key);
-      auto socket = transport_->Connect(b->address);
-      if (!socket.ok()) {
-        spdlog::warn("shard {}: cannot connect to backup {} at {}: {}", id_, b->id, b->address,
-                     ErrorText(socket.status()));
-        continue;
-      }
-      kept[b->id] = {b->address, std::move(*socket)};
-    }
-    connected.push_back(b->id);
-  }
-  *sockets = std::move(kept);
-  return connected;
-}
-
 void ShardServer::ApplyReplication(const ReplicaConfig& config,
                                    std::vector<ShardCore::Outgoing>* out) {
   std::vector<uint32_t> ids;
   for (const msg::ShardInfo& b : config.backups) ids.push_back(b.id);
-  std::vector<uint32_t> backups = ConnectBackups(config.backups, ids, &ranges_[0].backups);
+  std::vector<uint32_t> backups = ranges_[0].ConnectBackups(transport_, config.backups, ids);
   std::map<uint32_t, ShardCore::BackedRange> backing;
   for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
   own().SetBacking(std::move(backing));
@@ -457,24 +381,6 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
   if (config.hold_durable) own().SetDurableHold(true);
   own().SetReplicaSet(config.epoch, std::move(backups), out);
   if (!config.hold_durable) own().SetDurableHold(false);
-}
-
-void ShardServer::SendAll(ServedRange& r, std::vector<ShardCore::Outgoing>* out) {
-  for (ShardCore::Outgoing& o : *out) {
-    if (o.to_shard != 0) {
-      auto b = r.backups.find(o.to_shard);
-      if (b == r.backups.end()) continue;
-      absl::Status st = b->second.socket->Send(std::move(o.frames));
-      if (!st.ok()) {
-        SPDLOG_DEBUG("shard {}: record to {} dropped: {}", id_, o.to_shard, ErrorText(st));
-      }
-      continue;
-    }
-    o.frames.insert(o.frames.begin(), o.peer);
-    absl::Status st = r.router->Send(std::move(o.frames));
-    if (!st.ok()) SPDLOG_DEBUG("shard {}: reply dropped: {}", id_, ErrorText(st));
-  }
-  out->clear();
 }
 
 void ShardServer::Promote(const PromoteConfig& config) {
@@ -561,6 +467,7 @@ void ShardServer::Promote(const PromoteConfig& config) {
       continue;
     }
     ServedRange h;
+    h.shard = id_;
     h.range = r.id;
     h.epoch = r.epoch;
     h.core = std::move(core);
@@ -593,14 +500,14 @@ void ShardServer::Promote(const PromoteConfig& config) {
   for (const msg::ShardInfo& r : ranges) {
     for (ServedRange& h : taken_over()) {
       if (h.range != r.id || h.epoch != r.epoch) continue;
-      std::vector<uint32_t> backups = ConnectBackups(config.backups, r.backups, &h.backups);
+      std::vector<uint32_t> backups = h.ConnectBackups(transport_, config.backups, r.backups);
       // As for its own range (ApplyReplication): held before the new set
       // takes effect, let go after.
       const bool hold = std::count(config.hold.begin(), config.hold.end(), r.id) > 0;
       if (hold) h.core->SetDurableHold(true);
       h.core->SetReplicaSet(r.epoch, std::move(backups), &out);
       if (!hold) h.core->SetDurableHold(false);
-      SendAll(h, &out);
+      h.SendAll(&out);
     }
   }
 }
@@ -664,7 +571,7 @@ void ShardServer::Run() {
       if (own().stop_requested()) spdlog::info("shard {}: stop received", id_);
       for (ServedRange& r : ranges_) {
         r.core->Leave(&out);
-        SendAll(r, &out);
+        r.SendAll(&out);
       }
       leave_by = clock->Now() + kLeaveWait;
     }
@@ -684,7 +591,7 @@ void ShardServer::Run() {
     if (std::exchange(cancel_hand_off_, false) && left_for_hand_off_ && !handed_off_ &&
         !leave_by) {
       own().CancelLeave(&out);
-      SendAll(ranges_[0], &out);
+      ranges_[0].SendAll(&out);
       left_for_hand_off_ = false;
       hand_off_requested_ = false;
       spdlog::warn("shard {}: the monitor gave the drain up before the backups held the last "
@@ -696,7 +603,7 @@ void ShardServer::Run() {
       // everything applied to the backups, and the monitor promotes one
       // once they hold it.
       own().Leave(&out);
-      SendAll(ranges_[0], &out);
+      ranges_[0].SendAll(&out);
       left_for_hand_off_ = own().leaving();
       spdlog::info("shard {}: handing its range over to its backups (pacerctl drain-shard): "
                    "applies nothing more; last record {}",
@@ -737,7 +644,7 @@ void ShardServer::Run() {
         break;
       }
       if (*got) own().Handle(std::move(frames), &out);
-      SendAll(ranges_[0], &out);
+      ranges_[0].SendAll(&out);
     } else {
       sources.clear();
       for (ServedRange& r : ranges_) {
@@ -758,12 +665,12 @@ void ShardServer::Run() {
         if (!got.ok() || !*got) continue;
         if (src.dealer) frames.insert(frames.begin(), Frame());  // no routing id
         src.range->core->Handle(std::move(frames), &out);
-        SendAll(*src.range, &out);
+        src.range->SendAll(&out);
       }
     }
     for (ServedRange& r : ranges_) {
       r.core->Tick(&out);
-      SendAll(r, &out);
+      r.SendAll(&out);
       if (&r != ranges_.data() && r.core->stop_requested() && !r.stopped) {
         r.stopped = true;
         spdlog::info("shard {}: stop received for shard {}'s range", id_, r.range);

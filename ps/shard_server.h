@@ -20,6 +20,7 @@
 #include "ps/base/mutex.h"
 #include "ps/base/transport.h"
 #include "ps/checkpoint_writer.h"
+#include "ps/served_range.h"
 #include "ps/shard.h"
 
 namespace pacer {
@@ -118,42 +119,6 @@ class ShardServer {
  private:
   ShardServer() = default;
 
-  // Where a range's checkpoints stand (serving thread only): what the last
-  // one offered held, and how many were taken on time or count.
-  struct CheckpointProgress {
-    TimePoint last{};
-    uint64_t updates = 0;
-    int64_t clock = -2;
-    uint64_t keys = 0;
-    uint64_t periodic_taken = 0;
-  };
-  // A connection to one of a range's backups.
-  struct BackupSocket {
-    std::string address;
-    std::unique_ptr<Socket> socket;
-  };
-  // A key range this shard serves, with everything it is served with: its
-  // own (ranges_[0], from registration) and each it took over when the
-  // monitor promoted its replica of it (a failover), which keeps its id
-  // (the workers' and the monitor's name for it) and gets a core and a
-  // socket of its own. Serving thread only.
-  struct ServedRange {
-    uint32_t range = 0;  // the range's id: the shard that first served it
-    // A range taken over: the epoch it was given at (its own range's epoch
-    // is its core's replication_epoch()).
-    uint64_t epoch = 0;
-    std::unique_ptr<ShardCore> core;
-    std::unique_ptr<Socket> router;
-    std::string address;  // as advertised
-    bool stopped = false;  // a range taken over: its core was told to stop
-    std::map<uint32_t, BackupSocket> backups;  // by shard id
-    // Its checkpoints (null: no --data-dir; for a range taken over, also
-    // once it is served elsewhere): its own in DATA_DIR/checkpoint, a
-    // range taken over in DATA_DIR/range-<id>.
-    std::unique_ptr<CheckpointWriter> writer;
-    CheckpointProgress checkpointed;
-  };
-
   // The replica set of its own range from a heartbeat reply.
   struct ReplicaConfig {
     uint64_t epoch = 0;
@@ -228,21 +193,12 @@ class ShardServer {
   }
   ShardCore& own() { return *ranges_[0].core; }
   const ShardCore& own() const { return *ranges_[0].core; }
-  // A range's outgoing messages: replies on its socket, records to its backups.
-  void SendAll(ServedRange& r, std::vector<ShardCore::Outgoing>* out);
-  // Connects to the backups named by `ids` (addresses and keys from
-  // `infos`), keeping connections that stay; returns the ids connected.
-  std::vector<uint32_t> ConnectBackups(const std::vector<msg::ShardInfo>& infos,
-                                       const std::vector<uint32_t>& ids,
-                                       std::map<uint32_t, BackupSocket>* sockets);
   // The report from every served range (serving thread).
   void UpdateReport();
   // Hands a snapshot of each served range to its writer when one is due
-  // (or `final`: one last snapshot of each, given up after stop_timeout).
+  // (or `final`: one last snapshot of each, given up after stop_timeout,
+  // which stop_status_ then says).
   void MaybeCheckpoint(bool final);
-  // Offers `r`'s snapshot to its writer when one is due; `final`: one last
-  // snapshot, given up at `deadline`.
-  void Checkpoint(ServedRange& r, bool final, TimePoint deadline);
   // Leaving: how long the shard waits for its last records to be held by
   // its backups and for its replicas' last records.
   static constexpr Duration kLeaveWait = std::chrono::seconds(3);
@@ -271,6 +227,7 @@ class ShardServer {
   ShardJob job_;  // from registration
   // The shard lease (the monitor's --shard-lease).
   Duration shard_lease_ = std::chrono::seconds(1);
+  CheckpointPolicy checkpoint_policy_;
   // Its own range's checkpoint writer (ranges_[0].writer; null without
   // --data-dir), whose age the heartbeats report (it is thread-safe).
   CheckpointWriter* own_writer_ = nullptr;
@@ -278,7 +235,10 @@ class ShardServer {
   std::thread heartbeat_thread_;
 
   // Serving thread only.
-  std::vector<ServedRange> ranges_;  // its own first, then those taken over
+  // The ranges it serves: its own first (from registration), then each it
+  // took over when the monitor promoted its replica of it (a failover),
+  // which keeps its id and gets a core and a socket of its own here.
+  std::vector<ServedRange> ranges_;
   // Restored from a checkpoint: its own range answers no push, pull or init
   // until the serving thread has followed the monitor's first directive
   // (which may say that a backup serves the range now, promoted because
