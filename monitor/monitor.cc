@@ -39,7 +39,10 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       server_(*registry_, "monitor", clock, spdlog::level::warn),
       metrics_(*registry_),
       created_at_(clock->Now()),
-      policy_(PolicyFor(options), clock) {
+      policy_(PolicyFor(options), clock),
+      model_({options.optimizer, options.optimizer_settings, options.max_message_bytes,
+              options.data_stream},
+             &journal_) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
   metrics_.replicas_wanted->Set(options_.replicas);
 }
@@ -110,7 +113,7 @@ msg::ShardMap MonitorCore::Map() const {
   msg::ShardMap m;
   m.version = map_version_;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (ranges_[i].first == ranges_[i].second) continue;  // idle or drained
+    if (!HoldsKeys(i)) continue;  // idle or drained
     m.shards.push_back({shards_[i].id, shard_address(i), ranges_[i].first, ranges_[i].second,
                         shard_key(i), shards_[i].backups, shards_[i].epoch});
   }
@@ -212,10 +215,9 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
         if (s.public_key != peer.peer_key()) {
           s.public_key = peer.peer_key();
           if (map_built_) {  // workers learn its new key with the map
-            ++map_version_;
-            metrics_.map_version->Set(static_cast<double>(map_version_));
+            BumpMapVersion();
           }
-          dirty_ = true;
+          journal_.Mark();
         }
         out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{s.id, 0, Job()})});
         return;
@@ -230,7 +232,7 @@ void MonitorCore::OnRegister(const Frame& peer, const Decoded& d, std::vector<Ou
     s.node = r.node;
     shards_.push_back(s);
     if (map_built_) ranges_.emplace_back(0, 0);  // idle until pacerctl add-shard
-    dirty_ = true;
+    journal_.Mark();
     UpdateShardGauges();
     spdlog::info("shard {} registered at {}{}", s.id, address,
                  map_built_ ? " (idle: pacerctl add-shard gives it keys)" : "");
@@ -309,7 +311,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
   s.public_key = peer.peer_key();
   if (s.node != r.node) {
     s.node = r.node;
-    dirty_ = true;
+    journal_.Mark();
   }
   if (!retry) {
     ++s.restarts;
@@ -317,8 +319,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
     if (moved || new_key) {
       s.address = address;
       if (map_built_) {  // workers learn its new address (or key) with the map
-        ++map_version_;
-        metrics_.map_version->Set(static_cast<double>(map_version_));
+        BumpMapVersion();
       }
     }
     // Tell it its keys and the membership again.
@@ -327,7 +328,7 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
     s.last_sent = TimePoint{};
     s.down = false;
     s.last_seen = clock_->Now();
-    dirty_ = true;
+    journal_.Mark();
     UpdateShardGauges();
     spdlog::info("shard {} is back from its checkpoint (map v{}) at {}{}", s.id,
                  r.checkpoint_map_version, address,
@@ -437,7 +438,6 @@ std::string MonitorCore::HostOf(size_t shard) const {
 
 bool MonitorCore::AssignReplicas() {
   if (!map_built_) return false;
-  auto has_range = [&](size_t i) { return i < ranges_.size() && ranges_[i].first != ranges_[i].second; };
   auto usable = [&](size_t i) {
     return !shards_[i].down && !shards_[i].drained && !shards_[i].retired &&
            !(handoff_ && handoff_->shard == i);
@@ -453,7 +453,7 @@ bool MonitorCore::AssignReplicas() {
   // Ranges each shard holds or backs: new backups go to the least loaded.
   std::vector<size_t> load(shards_.size(), 0);
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (has_range(i)) ++load[primary(i)];
+    if (HoldsKeys(i)) ++load[primary(i)];
     for (uint32_t b : shards_[i].backups) {
       if (auto it = index.find(b); it != index.end()) ++load[it->second];
     }
@@ -462,7 +462,7 @@ bool MonitorCore::AssignReplicas() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     std::vector<uint32_t>& set = shards_[i].backups;
     const std::vector<uint32_t> before = set;
-    const size_t want = has_range(i) ? options_.replicas : 0;
+    const size_t want = HoldsKeys(i) ? options_.replicas : 0;
     const size_t p = primary(i);
     // A backup goes when it is down, drained or gone, or the range needs
     // fewer (a smaller --replicas, or the range moved away). Nor is a range
@@ -522,7 +522,7 @@ bool MonitorCore::AssignReplicas() {
   for (size_t i = 0; i < shards_.size(); ++i) PruneStandby(i);
   size_t short_of_k = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (has_range(i) && shards_[i].backups.size() < options_.replicas) ++short_of_k;
+    if (HoldsKeys(i) && shards_[i].backups.size() < options_.replicas) ++short_of_k;
   }
   if (short_of_k != under_replicated_) {
     if (short_of_k > 0) {
@@ -536,9 +536,7 @@ bool MonitorCore::AssignReplicas() {
     under_replicated_ = short_of_k;
   }
   if (changed) {
-    ++map_version_;
-    metrics_.map_version->Set(static_cast<double>(map_version_));
-    dirty_ = true;
+    BumpMapVersion();
   }
   UpdateReplicaGauges();
   return changed;
@@ -550,13 +548,19 @@ void MonitorCore::UpdateReplicaGauges() {
   if (options_.replicas == 0) return;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const prometheus::Labels labels{{"shard", std::to_string(shards_[i].id)}};
-    const bool has_range = i < ranges_.size() && ranges_[i].first != ranges_[i].second;
+    const bool has_range = HoldsKeys(i);
     if (!has_range) {
       metrics_.range_backups->Remove(&metrics_.range_backups->Add(labels));
       continue;
     }
     metrics_.range_backups->Add(labels).Set(static_cast<double>(shards_[i].backups.size()));
   }
+}
+
+void MonitorCore::BumpMapVersion() {
+  ++map_version_;
+  metrics_.map_version->Set(static_cast<double>(map_version_));
+  journal_.Mark();
 }
 
 void MonitorCore::UpdateShardGauges() {
@@ -566,118 +570,8 @@ void MonitorCore::UpdateShardGauges() {
 }
 
 void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  msg::DeclareModel m = msg::Read<msg::DeclareModel>(d);
-  if (m.keys.empty()) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "a model needs at least one key", out);
-  }
-  if ((!m.names.empty() && m.names.size() != m.keys.size()) ||
-      (!m.groups.empty() && m.groups.size() != m.keys.size())) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                      "a declaration names a tensor and a group for every key or for none", out);
-  }
-  // Keys in order, their names and groups with them.
-  std::vector<size_t> order(m.keys.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return m.keys[a].key() < m.keys[b].key(); });
-  std::vector<wire::KeyLen> keys;
-  std::vector<std::string> names;
-  std::vector<uint32_t> groups;
-  for (size_t i : order) {
-    keys.push_back(m.keys[i]);
-    if (!m.names.empty()) names.push_back(m.names[i]);
-    if (!m.groups.empty()) groups.push_back(m.groups[i]);
-  }
-  for (size_t i = 1; i < keys.size(); ++i) {
-    if (keys[i].key() == keys[i - 1].key()) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, "duplicate key in model", out);
-    }
-  }
-  uint64_t values = 0;
-  const uint64_t max_key_values = options_.max_message_bytes / sizeof(float);
-  for (const auto& k : keys) {
-    if (k.length() == 0 || k.length() > max_key_values || k.key() == UINT64_MAX) {
-      return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
-                        "key " + std::to_string(k.key()) + " has " + std::to_string(k.length()) +
-                            " values; each key needs 1.." + std::to_string(max_key_values) +
-                            " (--max-message-bytes) and key 2^64-1 is reserved",
-                        out);
-    }
-    values += k.length();
-  }
-  if (values > (uint64_t{1} << 34)) {
-    return ReplyError(peer, d.env, wire::ErrorCode::BadLength, "model too large", out);
-  }
-  // The groups' settings, over the job's (--optimizer and its flags).
-  TableConfig config{options_.optimizer, options_.optimizer_settings, m.param_groups};
-  if (absl::Status st = ParamTable::ValidateConfig(config); !st.ok()) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                      "model declaration: " + std::string(st.message()), out);
-  }
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (groups[i] > m.param_groups.size()) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "key " + std::to_string(keys[i].key()) + " is in group " +
-                            std::to_string(groups[i]) + "; the declaration has " +
-                            std::to_string(m.param_groups.size() + 1) + " (with 'default')",
-                        out);
-    }
-  }
-  if (std::all_of(groups.begin(), groups.end(), [](uint32_t g) { return g == kDefaultGroup; })) {
-    groups.clear();
-  }
-  if (options_.data_stream && m.samples == 0) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Refused,
-                      "this job reads its training set as one data stream (pacer-monitor's "
-                      "default): the model's declaration must say how many samples the "
-                      "training set has (a client that reads no data the monitor hands out: "
-                      "run the monitor with --data-partitions N)",
-                      out);
-  }
-  if (m.samples > UINT32_MAX) {
-    return ReplyError(peer, d.env, wire::ErrorCode::BadLength,
-                      "a training set of " + std::to_string(m.samples) +
-                          " samples: at most 2^32 - 1 (sample indices are 32-bit)",
-                      out);
-  }
-  if (options_.data_stream && data_samples_ != 0 && m.samples != data_samples_) {
-    return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                      "this worker's training set has " + std::to_string(m.samples) +
-                          " samples; the job's has " + std::to_string(data_samples_),
-                      out);
-  }
-  if (data_samples_ == 0 && m.samples != 0) {
-    data_samples_ = m.samples;
-    dirty_ = true;
-  }
-  if (model_.empty()) {
-    model_ = std::move(keys);
-    model_names_ = std::move(names);
-    model_groups_ = std::move(groups);
-    param_groups_ = std::move(m.param_groups);
-    dirty_ = true;
-    std::string group_list;
-    for (const GroupSettings& g : param_groups_) {
-      group_list += "; group '" + g.name + "': " + FormatGroupSettings(g);
-    }
-    spdlog::info("model declared by sender {}: {} keys, {} parameters; {} {}{}",
-                 d.env.sender, model_.size(), values, OptimizerName(options_.optimizer),
-                 FormatSettings(options_.optimizer, options_.optimizer_settings), group_list);
-  } else {
-    const bool same = keys.size() == model_.size() &&
-                      std::equal(keys.begin(), keys.end(), model_.begin(), [](auto& a, auto& b) {
-                        return a.key() == b.key() && a.length() == b.length();
-                      });
-    if (!same) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "model declaration differs from the one already declared", out);
-    }
-    if (names != model_names_ || groups != model_groups_ || m.param_groups != param_groups_) {
-      return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
-                        "model declaration's tensor names or parameter groups differ from the "
-                        "ones already declared",
-                        out);
-    }
+  if (auto refused = model_.Declare(msg::Read<msg::DeclareModel>(d), d.env.sender)) {
+    return ReplyError(peer, d.env, refused->code, refused->reason, out);
   }
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
@@ -726,8 +620,8 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
   reply.stop_reason = stop_reason_;
   reply.faults = faults_.For("server", env.sender);
   reply.faults_version = faults_.version();
-  reply.lr_overrides = LrOverridesByIndex();
-  reply.lr_overrides_version = lr_overrides_version_;
+  reply.lr_overrides = model_.LrOverridesByIndex();
+  reply.lr_overrides_version = model_.lr_overrides_version();
   if (at) {
     // Ranges it still serves since a promotion that another shard serves
     // now (they failed over again while it was cut off).
@@ -741,7 +635,7 @@ void MonitorCore::OnShardHeartbeat(const Frame& peer, const Envelope& env, const
     }
     DropLagging(*at, hb.lagging);
     if (hb.handed_off && !handoff_ && !move_ && shards_[*at].host == 0 && !shards_[*at].retired &&
-        *at < ranges_.size() && ranges_[*at].first != ranges_[*at].second) {
+        HoldsKeys(*at)) {
       // It stopped applying for a drain this monitor does not know of (it
       // restarted meanwhile, or gave the drain up too early): finish it.
       spdlog::warn("shard {} says it handed its range over; finishing that drain", shards_[*at].id);
@@ -772,9 +666,7 @@ void MonitorCore::TakeServing(ShardState& host, const std::vector<msg::ShardInfo
       s.acked_model = false;
       s.acked_membership = 0;
       s.last_sent = TimePoint{};
-      ++map_version_;
-      metrics_.map_version->Set(static_cast<double>(map_version_));
-      dirty_ = true;
+      BumpMapVersion();
       spdlog::info("shard {}'s range is served by shard {} at {} (epoch {}): shard map v{}", s.id,
                    host.id, r.address, s.epoch, map_version_);
     }
@@ -786,7 +678,7 @@ bool MonitorCore::FailOver() {
   bool changed = false;
   for (size_t i = 0; i < shards_.size(); ++i) {
     ShardState& s = shards_[i];
-    if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || s.drained) continue;
+    if (!HoldsKeys(i) || s.drained) continue;
     // Its primary: the shard itself, or after a failover the one hosting it.
     const auto h = s.host == 0 ? std::nullopt : ShardIndex(s.host);
     const ShardState* host = h ? &shards_[*h] : nullptr;
@@ -831,9 +723,7 @@ bool MonitorCore::RevertUnservedPromotion(size_t i, const std::string& why, bool
   s.epoch = ++epoch_;  // the lost shard, if only cut off, lets go of it
   s.backups.clear();
   s.standby.clear();
-  ++map_version_;
-  metrics_.map_version->Set(static_cast<double>(map_version_));
-  dirty_ = true;
+  BumpMapVersion();
   spdlog::warn("shard {}'s keys [{}, {}) go back to shard {} at epoch {}: {}, shard {} had not "
                "served them since its promotion, and no backup reported holding them",
                s.id, ranges_[i].first, ranges_[i].second, back, s.epoch, why, lost);
@@ -848,7 +738,7 @@ void MonitorCore::FailOverRestarted(size_t at) {
   if (options_.replicas == 0 || !map_built_ || state_ == wire::JobState::Stopped) return;
   bool changed = false;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (i >= ranges_.size() || ranges_[i].first == ranges_[i].second || shards_[i].drained ||
+    if (!HoldsKeys(i) || shards_[i].drained ||
         shard_host(i) != s.id) {
       continue;
     }
@@ -875,7 +765,7 @@ void MonitorCore::FailOverRestarted(size_t at) {
     ShardState& r = shards_[i];
     const auto h = r.host == 0 ? std::nullopt : ShardIndex(r.host);
     if (r.promoted_from != s.id || !r.served_at.empty() || !h || !shards_[*h].down ||
-        r.drained || ranges_[i].first == ranges_[i].second) {
+        r.drained || !HoldsKeys(i)) {
       continue;
     }
     const std::string why = fmt::format("shard {} is lost and shard {} is back", r.host, s.id);
@@ -909,7 +799,7 @@ std::optional<uint32_t> MonitorCore::InSyncBackup(size_t i, bool standby) const 
 bool MonitorCore::PruneStandby(size_t i) {
   ShardState& s = shards_[i];
   if (s.standby.empty()) return false;
-  const bool has_range = i < ranges_.size() && ranges_[i].first != ranges_[i].second;
+  const bool has_range = HoldsKeys(i);
   const uint32_t primary = s.host == 0 ? s.id : s.host;
   // Covered: a backup in the set holds the range. With none in the set the
   // primary calls every applied push durable at once (the guarantee of
@@ -928,7 +818,7 @@ bool MonitorCore::PruneStandby(size_t i) {
                  "its replica go",
                  ranges_[i].first, ranges_[i].second, s.id, IdList(s.backups), IdList(before));
   }
-  dirty_ = true;
+  journal_.Mark();
   return true;
 }
 
@@ -964,7 +854,7 @@ bool MonitorCore::PromoteBackup(size_t i, const std::string& reason, bool restar
     }
     (drain ? metrics_.handoffs : restarted ? metrics_.restart_failovers : metrics_.failovers)
         ->Increment();
-    dirty_ = true;
+    journal_.Mark();
     spdlog::warn("failover: {}; shard {}'s keys [{}, {}) go from shard {} to its backup, shard {}, "
                  "at epoch {}",
                  reason, s.id, ranges_[i].first, ranges_[i].second, before, b, s.epoch);
@@ -1007,9 +897,7 @@ void MonitorCore::DropLagging(size_t from, const std::vector<msg::ShardInfo>& la
   // free shard, if any, takes its place (AssignReplicas counts only its
   // own changes, so the map's version goes up here too).
   AssignReplicas();
-  ++map_version_;
-  metrics_.map_version->Set(static_cast<double>(map_version_));
-  dirty_ = true;
+  BumpMapVersion();
 }
 
 void MonitorCore::StepHandoff(size_t i, bool handed_off) {
@@ -1052,7 +940,6 @@ void MonitorCore::StepHandoff(size_t i, bool handed_off) {
 
 void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   if (options_.replicas == 0 || !map_built_ || i >= ranges_.size()) return;
-  const auto holds = [&](size_t j) { return ranges_[j].first != ranges_[j].second; };
   const auto info = [&](size_t j) {
     msg::ShardInfo s;
     s.id = shards_[j].id;
@@ -1070,7 +957,7 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   };
   // The ranges it serves since a failover, with their backups.
   for (size_t j = 0; j < shards_.size(); ++j) {
-    if (shards_[j].host != shards_[i].id || !holds(j)) continue;
+    if (shards_[j].host != shards_[i].id || !HoldsKeys(j)) continue;
     msg::ShardInfo r;
     r.id = shards_[j].id;
     r.epoch = shards_[j].epoch;
@@ -1085,20 +972,20 @@ void MonitorCore::FillReplication(size_t i, msg::HeartbeatReply* reply) const {
   // Its own range, unless that is served elsewhere now: then it is told
   // so (a shard cut off from the monitor while its range failed over still
   // holds it, and workers with an older map may still reach it).
-  if (holds(i) && shards_[i].host == 0) {
+  if (HoldsKeys(i) && shards_[i].host == 0) {
     reply->replica_epoch = shards_[i].epoch;
     add_backups(shards_[i].backups, &reply->replica_backups);
     reply->hand_off = handoff_ && handoff_->shard == i;
     reply->hand_off_given_up = handoff_given_up_.count(shards_[i].id) > 0;
     // A standby may be promoted: nothing it lacks may become durable.
     reply->hold_durable = !shards_[i].standby.empty();
-  } else if (holds(i)) {
+  } else if (HoldsKeys(i)) {
     reply->replica_epoch = shards_[i].epoch;
     reply->deposed = true;
   }
   // The ranges it backs up, each with its primary's key.
   for (size_t j = 0; j < shards_.size(); ++j) {
-    if (j == i || !holds(j)) continue;
+    if (j == i || !HoldsKeys(j)) continue;
     const auto& b = shards_[j].backups;
     const auto& sb = shards_[j].standby;
     if (std::find(b.begin(), b.end(), shards_[i].id) != b.end() ||
@@ -1164,7 +1051,7 @@ void MonitorCore::StreamHeartbeat(WorkerState& w, const msg::Heartbeat& hb,
     reply->chunks = stream_->Assign(w.id, w.last_seen);
   }
   reply->data_epoch = stream_->epoch();
-  if (stream_->TakeChanged()) dirty_ = true;  // saved before the reply goes out
+  if (stream_->TakeChanged()) journal_.Mark();  // saved before the reply goes out
   LogEpochsEnded();
 }
 
@@ -1191,7 +1078,7 @@ void MonitorCore::LogEpochsEnded() {
 
 DataStreamOptions MonitorCore::StreamOptions() const {
   DataStreamOptions so;
-  so.samples = data_samples_;
+  so.samples = model_.data_samples();
   so.epochs = options_.epochs;
   so.chunk_samples = options_.chunk_samples;
   return so;
@@ -1203,7 +1090,7 @@ void MonitorCore::ReleaseDeparted() {
   for (const auto& [id, w] : workers_) {
     if (!w.alive || w.done) stream_->Release(id, now);
   }
-  if (stream_->TakeChanged()) dirty_ = true;
+  if (stream_->TakeChanged()) journal_.Mark();
 }
 
 void MonitorCore::UpdateStreamGauges() {
@@ -1356,7 +1243,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   r.last_accuracy = last_accuracy_ ? static_cast<float>(*last_accuracy_) : -1.0f;
   if (map_built_) r.shard_map = Map();
   r.membership_version = membership_version_;
-  r.model = model_;
+  r.model = model_.keys();
   const TimePoint now = clock_->Now();
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& sh = shards_[i];
@@ -1385,7 +1272,7 @@ void MonitorCore::OnStatus(const Frame& peer, const Decoded& d, std::vector<Outg
   if (stream_) {
     r.data_stream = msg::DataStreamStatus{
         stream_->epoch(),          options_.epochs,
-        static_cast<float>(stream_->epoch_progress()), data_samples_,
+        static_cast<float>(stream_->epoch_progress()), model_.data_samples(),
         stream_->chunks_handed_out(), stream_->tails_taken_over(),
         stream_->chunks_returned()};
   }
@@ -1426,57 +1313,12 @@ void MonitorCore::OnFaultControl(const Frame& peer, const Decoded& d, std::vecto
 }
 
 void MonitorCore::OnSetLr(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
-  const msg::SetLr c = msg::Read<msg::SetLr>(d);
-  auto refuse = [&](const std::string& why) {
-    ReplyError(peer, d.env, wire::ErrorCode::Refused, why, out);
-  };
-  if (model_.empty()) return refuse("no model declared yet: its groups are not known");
-  const bool known = c.group == kDefaultGroupName ||
-                     std::any_of(param_groups_.begin(), param_groups_.end(),
-                                 [&](const GroupSettings& g) { return g.name == c.group; });
-  if (!known) {
-    std::string groups = kDefaultGroupName;
-    for (const GroupSettings& g : param_groups_) groups += ", " + g.name;
-    return refuse("no parameter group '" + c.group + "' (the model has: " + groups + ")");
+  if (auto refused = model_.SetLr(msg::Read<msg::SetLr>(d))) {
+    return ReplyError(peer, d.env, refused->code, refused->reason, out);
   }
-  if (c.clear) {
-    if (lr_overrides_.erase(c.group) > 0) {
-      ++lr_overrides_version_;
-      spdlog::info("pacerctl set-lr: group '{}' no longer overridden", c.group);
-    }
-  } else {
-    if (!std::isfinite(c.lr) || c.lr < 0.0f) {
-      return refuse("invalid learning rate " + std::to_string(c.lr) + " (must be >= 0)");
-    }
-    lr_overrides_[c.group] = c.lr;
-    ++lr_overrides_version_;
-    spdlog::info("pacerctl set-lr: group '{}' lr {} (wins over what pushes carry until cleared)",
-                 c.group, c.lr);
-  }
-  dirty_ = true;
   msg::SetLrReply reply;
-  reply.overrides.assign(lr_overrides_.begin(), lr_overrides_.end());
+  reply.overrides.assign(model_.lr_overrides().begin(), model_.lr_overrides().end());
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), reply)});
-}
-
-std::vector<wire::GroupLr> MonitorCore::LrOverridesByIndex() const {
-  std::vector<wire::GroupLr> out;
-  for (const auto& [name, lr] : lr_overrides_) {
-    if (name == kDefaultGroupName) {
-      out.emplace_back(kDefaultGroup, lr);
-      continue;
-    }
-    for (size_t i = 0; i < param_groups_.size(); ++i) {
-      if (param_groups_[i].name == name) out.emplace_back(static_cast<uint32_t>(i + 1), lr);
-    }
-  }
-  return out;
-}
-
-size_t MonitorCore::StateSlots() const {
-  bool amsgrad = options_.optimizer_settings.amsgrad;
-  for (const GroupSettings& g : param_groups_) amsgrad = amsgrad || g.amsgrad.value_or(false);
-  return MakeOptimizer(options_.optimizer, amsgrad)->state_slots();
 }
 
 void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
@@ -1506,10 +1348,9 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   const auto idx = ShardIndex(c.shard_id);
   if (!idx) return refuse("no shard " + std::to_string(c.shard_id));
   const size_t target = *idx;
-  auto has_range = [&](size_t i) { return ranges_[i].first != ranges_[i].second; };
   auto bytes_of = [&](size_t i) {
     uint64_t b = 0;
-    for (const auto& k : model_) {
+    for (const auto& k : model_.keys()) {
       if (k.key() >= ranges_[i].first && k.key() < ranges_[i].second) b += k.length();
     }
     return b;
@@ -1517,17 +1358,17 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
   size_t move_from = 0, move_to = 0;
   uint64_t key_begin = 0, key_end = 0;
   if (c.op == wire::ShardOp::Add) {
-    if (has_range(target) || shards_[target].drained || shards_[target].down) {
+    if (HoldsKeys(target) || shards_[target].drained || shards_[target].down) {
       return refuse("shard " + std::to_string(c.shard_id) + " is not an idle, live shard");
     }
     size_t from = SIZE_MAX;
     for (size_t i = 0; i < shards_.size(); ++i) {
-      if (has_range(i) && (from == SIZE_MAX || bytes_of(i) > bytes_of(from))) from = i;
+      if (HoldsKeys(i) && (from == SIZE_MAX || bytes_of(i) > bytes_of(from))) from = i;
     }
     if (from == SIZE_MAX) return refuse("no shard holds keys");
     // Split the largest range where half its bytes lie on each side.
     std::vector<wire::KeyLen> keys;
-    for (const auto& k : model_) {
+    for (const auto& k : model_.keys()) {
       if (k.key() >= ranges_[from].first && k.key() < ranges_[from].second) keys.push_back(k);
     }
     if (keys.size() < 2) return refuse("the largest range has a single key; nothing to split");
@@ -1544,7 +1385,7 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     key_begin = keys[split].key();
     key_end = ranges_[from].second;
   } else {
-    if (!has_range(target)) return refuse("shard " + std::to_string(c.shard_id) + " holds no keys");
+    if (!HoldsKeys(target)) return refuse("shard " + std::to_string(c.shard_id) + " holds no keys");
     // With backups: the primary hands its range to a backup first (it
     // stops applying, its backups take all it applied, one is promoted at
     // once), so nothing moves and no worker waits for a lease.
@@ -1567,10 +1408,10 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
     }
     size_t to = SIZE_MAX;
     for (size_t i = 0; i < shards_.size(); ++i) {
-      if (i != target && has_range(i) && ranges_[i].second == ranges_[target].first) to = i;
+      if (i != target && HoldsKeys(i) && ranges_[i].second == ranges_[target].first) to = i;
     }
     for (size_t i = 0; i < shards_.size() && to == SIZE_MAX; ++i) {
-      if (i != target && has_range(i) && ranges_[i].first == ranges_[target].second) to = i;
+      if (i != target && HoldsKeys(i) && ranges_[i].first == ranges_[target].second) to = i;
     }
     if (to == SIZE_MAX) return refuse("no other shard can take the range: add one first");
     move_from = target;
@@ -1584,10 +1425,10 @@ void MonitorCore::OnShardControl(const Frame& peer, const Decoded& d, std::vecto
                   " is down");
   }
   uint64_t moving = 0;
-  for (const auto& k : model_) {
+  for (const auto& k : model_.keys()) {
     if (k.key() >= key_begin && k.key() < key_end) moving += k.length();
   }
-  const size_t buffers = 1 + StateSlots();
+  const size_t buffers = 1 + model_.StateSlots();
   if (buffers * moving * sizeof(float) + 65536 > options_.max_message_bytes) {
     return refuse("the range holds " + std::to_string(moving) +
                   " values; moving them with their optimizer state (" + std::to_string(buffers) +
@@ -1613,7 +1454,7 @@ void MonitorCore::StepMove(std::vector<Outgoing>* out) {
       if (!w.paused || w.clock != pause_at_) return;
     }
     for (size_t i = 0; i < shards_.size(); ++i) {
-      if (ranges_[i].first == ranges_[i].second || shards_[i].drained) continue;
+      if (!HoldsKeys(i) || shards_[i].drained) continue;
       if (shards_[i].reported_applied < static_cast<int64_t>(pause_at_) - 1) return;
     }
     KeyMove::Request r = move_->Start(now);
@@ -1652,9 +1493,7 @@ void MonitorCore::FinishMove(std::vector<Outgoing>* out) {
     env.request_id = NewRequestId();
     out->push_back({Frame(), static_cast<int>(from), EncodeMessage(env, msg::Stop{"drained"})});
   }
-  ++map_version_;
-  metrics_.map_version->Set(static_cast<double>(map_version_));
-  dirty_ = true;
+  BumpMapVersion();
   spdlog::info("shard map v{}: keys [{}, {}) now on shard {}{} ({:.2f} s)", map_version_,
                m.key_begin(), m.key_end(), shards_[to].id,
                move_op_ == wire::ShardOp::Drain
@@ -1681,7 +1520,7 @@ void MonitorCore::OnRemoveWorker(const Frame& peer, const Decoded& d, std::vecto
 }
 
 void MonitorCore::ChangeMembership(const char* reason, const std::string& why) {
-  dirty_ = true;
+  journal_.Mark();
   if (auto it = metrics_.membership_changes.find(reason); it != metrics_.membership_changes.end()) {
     it->second->Increment();
   }
@@ -1740,7 +1579,7 @@ uint64_t MonitorCore::MinAckedMembership() const {
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardState& s = shards_[i];
     // A drained shard is gone; an idle one that is down holds no keys.
-    const bool idle = map_built_ && i < ranges_.size() && ranges_[i].first == ranges_[i].second;
+    const bool idle = map_built_ && i < ranges_.size() && !HoldsKeys(i);
     if (!s.drained && !(idle && s.down)) v = std::min(v, s.acked_membership);
   }
   return shards_.empty() ? 0 : v;
@@ -1764,11 +1603,13 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
     if (need_model) {
       msg::DeclareModel declare;
       declare.shard_map_version = map_version_;
-      declare.param_groups = param_groups_;
-      for (size_t k = 0; k < model_.size(); ++k) {
-        if (model_[k].key() < ranges_[i].first || model_[k].key() >= ranges_[i].second) continue;
-        declare.keys.push_back(model_[k]);
-        declare.groups.push_back(model_groups_.empty() ? kDefaultGroup : model_groups_[k]);
+      declare.param_groups = model_.param_groups();
+      const std::vector<wire::KeyLen>& keys = model_.keys();
+      const std::vector<uint32_t>& groups = model_.groups();
+      for (size_t k = 0; k < keys.size(); ++k) {
+        if (keys[k].key() < ranges_[i].first || keys[k].key() >= ranges_[i].second) continue;
+        declare.keys.push_back(keys[k]);
+        declare.groups.push_back(groups.empty() ? kDefaultGroup : groups[k]);
       }
       env.request_id = s.model_request = NewRequestId();
       out->push_back({Frame(), static_cast<int>(i), EncodeMessage(env, declare)});
@@ -1806,7 +1647,7 @@ void MonitorCore::StopJob(const std::string& reason, std::vector<Outgoing>* out)
   if (state_ == wire::JobState::Stopped) return;
   state_ = wire::JobState::Stopped;
   stop_reason_ = reason;
-  dirty_ = true;
+  journal_.Mark();
   stopped_at_ = clock_->Now();
   spdlog::info("stopping the job: {}", reason);
   Envelope env;
@@ -1826,7 +1667,7 @@ void MonitorCore::RunPolicy(TimePoint now) {
                  100 * policy_.last_imbalance(), policy_.slack_open() ? "open" : "closed");
   }
   metrics_.decisions->Increment();
-  dirty_ = true;
+  journal_.Mark();
   SyncPolicyCounters();
   // Routine rounds (sizes moved within the deadband) go to debug: a calm
   // policy on a noisy node would otherwise log a line every 250 ms. Interval
@@ -1995,14 +1836,13 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
 
   // Start: enough shards and workers, and a model.
   if (!map_built_ && shards_.size() >= options_.min_shards &&
-      LiveWorkers().size() >= options_.min_workers && !model_.empty()) {
-    std::vector<KeyRange> ranges = PartitionByBytes(model_, shards_.size());
+      LiveWorkers().size() >= options_.min_workers && model_.declared()) {
+    std::vector<KeyRange> ranges = PartitionByBytes(model_.keys(), shards_.size());
     ranges_.clear();
     for (const auto& r : ranges) ranges_.emplace_back(r.begin, r.end);
     for (auto& sh : shards_) sh.epoch = ++epoch_;
     map_built_ = true;
-    map_version_ = 1;
-    metrics_.map_version->Set(1);
+    BumpMapVersion();  // v1
     AssignReplicas();
     std::vector<uint32_t> live = LiveWorkers();
     if (options_.data_stream) {
@@ -2011,7 +1851,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
       for (uint32_t id : live) stream_->SetPace(id, 0, 1);
       partition_count_ = 0;
       partitions_.clear();
-      spdlog::info("data stream over {} samples: {} epoch(s), chunks of {}", data_samples_,
+      spdlog::info("data stream over {} samples: {} epoch(s), chunks of {}", model_.data_samples(),
                    options_.epochs == 0 ? std::string("no cap on") : std::to_string(options_.epochs),
                    options_.chunk_samples > 0 ? std::to_string(options_.chunk_samples) + " samples"
                                               : std::string("2 s of each worker's speed"));
@@ -2039,7 +1879,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     if (all) {
       state_ = wire::JobState::Running;
       started_at_ = now;
-      dirty_ = true;
+      journal_.Mark();
       spdlog::info("job {} running ({}, {} lr {}, global batch {})", options_.job_id,
                    wire::EnumNameMode(options_.mode), OptimizerName(options_.optimizer),
                    options_.optimizer_settings.lr,

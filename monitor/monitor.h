@@ -19,7 +19,9 @@
 #include "absl/status/statusor.h"
 #include "monitor/data_stream.h"
 #include "monitor/fault_table.h"
+#include "monitor/journal.h"
 #include "monitor/key_move.h"
+#include "monitor/model_registry.h"
 #include "monitor/monitor_metrics.h"
 #include "monitor/policy.h"
 #include "prometheus/registry.h"
@@ -261,11 +263,7 @@ class MonitorCore {
   // the live set again. DataLoss when it does not verify.
   absl::Status RestoreState(std::string_view bytes);
   // Whether something worth saving at once changed since the last call.
-  bool TakeDirty() {
-    const bool d = dirty_;
-    dirty_ = false;
-    return d;
-  }
+  bool TakeDirty() { return journal_.Take(); }
 
  private:
   struct ShardState {
@@ -341,6 +339,15 @@ class MonitorCore {
   // A shard restarted from its checkpoint, claiming its old id.
   void OnShardReturn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void UpdateShardGauges();
+  // Whether shard i's range holds keys (false: an idle shard, outside the
+  // map, or one whose keys moved away).
+  bool HoldsKeys(size_t i) const {
+    return i < ranges_.size() && ranges_[i].first != ranges_[i].second;
+  }
+  // The shard map changed (a range's address, key, backups or keys): its
+  // version goes up (the gauge with it), and the state is saved before the
+  // new map goes out. The one place the version moves.
+  void BumpMapVersion();
   // What replicas are placed apart by: the shard's --node, else its
   // address's host.
   std::string HostOf(size_t shard) const;
@@ -443,10 +450,6 @@ class MonitorCore {
   void OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // pacerctl set-lr: sets or clears a group's lr override.
   void OnSetLr(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  // The overrides by group index, for the shards.
-  std::vector<wire::GroupLr> LrOverridesByIndex() const;
-  // Per-value optimizer state buffers a shard keeps (a move carries them).
-  size_t StateSlots() const;
   // Elastic shards: starts the move in progress once the cluster is quiet,
   // re-sends its pending step.
   void StepMove(std::vector<Outgoing>* out);
@@ -493,7 +496,7 @@ class MonitorCore {
   TimePoint stopped_at_{};
   TimePoint created_at_{};
 
-  bool dirty_ = true;
+  Journal journal_;  // marked by every change worth saving at once
   bool awaiting_workers_ = false;  // resumed with no live worker yet
   std::optional<KeyMove> move_;  // a shard move in progress (pacerctl add-shard / drain-shard)
   // pacerctl drain-shard with --replicas: the primary at `shard` is asked
@@ -517,7 +520,6 @@ class MonitorCore {
   policy::StragglerPolicy policy_;
   uint32_t partition_count_ = 0;
   std::vector<PartitionState> partitions_;
-  uint64_t data_samples_ = 0;  // the training set's size, as declared
   std::optional<DataStream> stream_;  // the data stream, from the job's start
   // Stream counters already added to the metrics.
   uint64_t counted_handed_out_ = 0, counted_taken_over_ = 0, counted_returned_ = 0;
@@ -539,15 +541,8 @@ class MonitorCore {
   std::vector<ShardState> shards_;
   uint64_t membership_version_ = 0;
 
-  std::vector<wire::KeyLen> model_;  // declared by the first worker
-  // Its tensor names and group per key (parallel to model_; empty: none
-  // given) and its parameter groups (group i + 1 is param_groups_[i]).
-  std::vector<std::string> model_names_;
-  std::vector<uint32_t> model_groups_;
-  std::vector<GroupSettings> param_groups_;
-  // pacerctl set-lr: group name -> lr, and the version the shards see.
-  std::map<std::string, float> lr_overrides_;
-  uint64_t lr_overrides_version_ = 0;
+  // The model the first worker declared, and pacerctl set-lr's overrides.
+  ModelRegistry model_;
   bool map_built_ = false;
   uint64_t map_version_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // per shard

@@ -19,12 +19,7 @@ std::string MonitorCore::SaveState() const {
   r.stop_reason = stop_reason_;
   r.next_id = next_id_;
   r.next_rank = next_rank_;
-  r.model = model_;
-  r.model_names = model_names_;
-  r.model_groups = model_groups_;
-  r.param_groups = param_groups_;
-  r.lr_overrides.assign(lr_overrides_.begin(), lr_overrides_.end());
-  r.lr_overrides_version = lr_overrides_version_;
+  model_.Save(&r);
   r.map_built = map_built_;
   r.map_version = map_version_;
   r.membership_version = membership_version_;
@@ -54,7 +49,6 @@ std::string MonitorCore::SaveState() const {
   r.slack_open = policy_.slack_open();
   r.batch_per_worker = batch_per_worker_;
   r.epoch = epoch_;
-  r.data_samples = data_samples_;
   if (stream_) r.stream = stream_->Save();
   return EncodeMonitorRecord(r);
 }
@@ -72,13 +66,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   stop_reason_ = st.stop_reason;
   next_id_ = st.next_id;
   next_rank_ = st.next_rank;
-  model_ = st.model;
-  model_names_ = st.model_names;
-  model_groups_ = st.model_groups;
-  param_groups_ = st.param_groups;
-  lr_overrides_.clear();
-  lr_overrides_.insert(st.lr_overrides.begin(), st.lr_overrides.end());
-  lr_overrides_version_ = st.lr_overrides_version;
+  model_.Restore(st);
   map_built_ = st.map_built;
   map_version_ = st.map_version;
   membership_version_ = st.membership_version;
@@ -94,7 +82,6 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
                     "--data-partitions " +
                         std::to_string(std::max<uint32_t>(1, st.partition_count)));
   }
-  data_samples_ = st.data_samples;
   stream_.reset();
   if (st.stream) {
     stream_.emplace(StreamOptions());
