@@ -109,7 +109,8 @@ if grep -q '^pybind11_DIR:PATH=/' "$build/CMakeCache.txt"; then
   [ -n "$pydeb" ] || fail "cpack built no python3-pacer package"
   dpkg-deb -c "$pydeb" | awk '{print $6}' | sed 's|^\./|/|' > "$tmp/pycontents"
   for path in /usr/lib/python3/dist-packages/pacer/__init__.py \
-      /usr/lib/python3/dist-packages/pacer/torch.py \
+      /usr/lib/python3/dist-packages/pacer/torch/__init__.py \
+      /usr/lib/python3/dist-packages/pacer/torch/_optim.py \
       /usr/share/doc/python3-pacer/examples/train_fashion.py; do
     grep -qx "$path" "$tmp/pycontents" || fail "python3-pacer lacks $path"
   done

@@ -1,0 +1,187 @@
+"""``distribute``: the user's torch optimizer mapped onto the shards'
+(its kind, each param_group's settings), and ``DistributedOptimizer``,
+whose ``step()`` pushes the gradient with each group's current lr."""
+
+import warnings
+
+import numpy as np
+import torch
+
+from ._runtime import _require, _wait_for_copies
+
+# torch.optim class -> (the shards' kind, the settings the shards take).
+SUPPORTED_OPTIMIZERS = {
+    torch.optim.SGD: ("sgd", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+    torch.optim.Adam: ("adam", ("lr", "betas", "eps", "weight_decay", "amsgrad")),
+    torch.optim.AdamW: ("adamw", ("lr", "betas", "eps", "weight_decay", "amsgrad")),
+    torch.optim.Adagrad: ("adagrad", ("lr", "lr_decay", "weight_decay",
+                                      "initial_accumulator_value", "eps")),
+}
+# Options that choose how torch computes, not what: nothing to map.
+_HOW_NOT_WHAT = ("foreach", "capturable", "fused", "differentiable")
+
+
+def _glob_escape(name):
+    # fnmatch(3): a backslash makes the next character literal.
+    return "".join("\\" + c if c in "*?[]\\" else c for c in name)
+
+
+def _setting_text(key, value):
+    if key == "betas":
+        return "betas=%r:%r" % (float(value[0]), float(value[1]))
+    if isinstance(value, bool):
+        return "%s=%s" % (key, "true" if value else "false")
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    return "%s=%r" % (key, float(value))
+
+
+def _settings(kind, keys, group, what):
+    """The settings of one torch param_group, checked against what the shards take."""
+    for key, value in group.items():
+        if key == "params" or key in keys:
+            continue
+        if key == "maximize" and value:
+            raise TypeError("%s: maximize=True is not supported: the shards minimise "
+                            "(negate the loss instead)" % what)
+        if key in _HOW_NOT_WHAT or key == "maximize" or key == "initial_lr":
+            continue
+        raise TypeError("%s: option %r is not supported by the shards' %s (they take %s)"
+                        % (what, key, kind, ", ".join(keys)))
+    return {k: group[k] for k in keys if k in group}
+
+
+def distribute(module, optimizer):
+    """Hands ``module``'s parameters and ``optimizer``'s updates to the shards.
+    Returns (module, a DistributedOptimizer to call step() and zero_grad() on).
+    The module trains in place: its parameters become views of the runtime's
+    buffers once the DataLoader starts the run."""
+    state = _require()
+    if state.pending is not None or state.started:
+        raise RuntimeError("pacer.torch.distribute: one model per worker process")
+    entry = SUPPORTED_OPTIMIZERS.get(type(optimizer))
+    if entry is None:
+        raise TypeError("pacer.torch.distribute: %s is not supported; the shards run %s"
+                        % (type(optimizer).__name__,
+                           ", ".join("torch.optim." + c.__name__ for c in SUPPORTED_OPTIMIZERS)))
+    kind, keys = entry
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("pacer.torch.distribute: the module has no trainable parameters")
+    name_of = {id(p): n for n, p in named}
+    groups, group_settings, seen = [], [], set()
+    for i, g in enumerate(optimizer.param_groups):
+        what = "torch.optim.%s param_groups[%d]" % (type(optimizer).__name__, i)
+        settings = _settings(kind, keys, g, what)
+        names = []
+        for p in g["params"]:
+            if id(p) not in name_of:
+                raise ValueError("%s holds a tensor that is not a trainable parameter of the "
+                                 "module" % what)
+            if id(p) in seen:
+                raise ValueError("%s: a parameter is in two groups" % what)
+            seen.add(id(p))
+            names.append(name_of[id(p)])
+        if not names:
+            continue
+        spec = ",".join(_setting_text(k, v) for k, v in settings.items())
+        groups.append("group%d:%s:%s" % (i, ",".join(_glob_escape(n) for n in names), spec))
+        group_settings.append((len(groups), g, {k: v for k, v in settings.items() if k != "lr"}))
+    missing = [n for n, p in named if id(p) not in seen]
+    if missing:
+        raise ValueError("pacer.torch.distribute: the optimizer does not train %s; give it every "
+                         "trainable parameter (or set requires_grad=False)" % ", ".join(missing))
+    for n, p in named:
+        if p.dtype != torch.float32:
+            raise TypeError("pacer.torch.distribute: %s is %s; the shards hold float32"
+                            % (n, p.dtype))
+    if any(True for _ in module.buffers()):
+        warnings.warn("pacer.torch: the module's buffers (such as BatchNorm's running "
+                      "statistics) are not shared: each worker keeps and updates its own",
+                      stacklevel=2)
+    init_values = np.concatenate(
+        [p.detach().to("cpu").reshape(-1).numpy().astype(np.float32) for _, p in named])
+    state.pending = ([n for n, _ in named], [p.numel() for _, p in named], init_values, named,
+                     groups, kind)
+    state.optimizer = DistributedOptimizer(optimizer, group_settings, kind)
+    return module, state.optimizer
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, stepped on the shards. ``param_groups`` are the
+    user's own (an lr_scheduler changes their lr, which each push carries)."""
+
+    def __init__(self, inner, group_settings, kind):
+        # Not Optimizer.__init__: the groups and defaults are the inner one's.
+        self.inner = inner
+        self.defaults = inner.defaults
+        self.param_groups = inner.param_groups
+        self.state = {}
+        self.kind = kind
+        self._declared = group_settings  # (pacer group, torch group, settings but lr)
+        self._hook_for_increment_step = None
+
+    def __getstate__(self):
+        return {"kind": self.kind}
+
+    def __repr__(self):
+        return "pacer.torch.DistributedOptimizer(%r on the shards)" % (self.inner,)
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradient buffer the push sends (never sets it to None:
+        backward accumulates into that buffer)."""
+        state = _require()
+        if not state.started:
+            self.inner.zero_grad()
+            return
+        for p, _, host_g in state.views:
+            if p.grad is not None and p.grad.data_ptr() != host_g.data_ptr():
+                p.grad.zero_()
+        state.trainer.grads.fill(0.0)
+
+    def step(self, closure=None, loss=None):
+        """Pushes the gradient (with each group's lr) and waits for the
+        shards' acknowledgement. ``loss`` (optional) shows in progress lines
+        and pacer_training_loss."""
+        if closure is not None:
+            raise TypeError("pacer.torch: step(closure) is not supported: the shards step once "
+                            "per push")
+        state = _require()
+        if not state.started:
+            raise RuntimeError("pacer.torch: step() before the DataLoader's first batch")
+        if not state.planned:
+            raise RuntimeError("pacer.torch: step() once per batch the DataLoader yields")
+        lrs = []
+        for group_id, group, declared in self._declared:
+            for key, value in declared.items():
+                now = group.get(key)
+                if (tuple(now) if key == "betas" else now) != (tuple(value) if key == "betas"
+                                                               else value):
+                    raise RuntimeError(
+                        "pacer.torch: %s of a param_group changed from %r to %r while training "
+                        "(a scheduler?); the shards fix everything but lr at the start"
+                        % (key, value, now))
+            lr = group["lr"]
+            lrs.append((group_id, float(lr.item() if isinstance(lr, torch.Tensor) else lr)))
+        state.trainer.set_learning_rates(lrs)
+        for p, host_p, _ in state.views:
+            if p.shape != host_p.shape:
+                raise RuntimeError("pacer.torch: a parameter changed shape from %s to %s while "
+                                   "training; the shards hold the shapes distribute() declared"
+                                   % (tuple(host_p.shape), tuple(p.shape)))
+        copied = False
+        for p, _, host_g in state.views:
+            # A gradient that is not the buffer (a device model, or grad
+            # replaced): copy it in.
+            if p.grad is None:
+                host_g.zero_()
+            elif p.grad.data_ptr() != host_g.data_ptr():
+                host_g.copy_(p.grad.detach(), non_blocking=bool(state.pinned))
+                copied = True
+        if copied:
+            _wait_for_copies(state)  # the gradients are in before the push
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().item()
+        state.planned = False
+        state.trainer.push(float("nan") if loss is None else float(loss))
+        return None
