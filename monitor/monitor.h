@@ -181,6 +181,9 @@ class MonitorCore {
   };
 
   MonitorCore(const MonitorOptions& options, const Clock* clock);
+  // Its managers point at its journal: never copied or moved.
+  MonitorCore(const MonitorCore&) = delete;
+  MonitorCore& operator=(const MonitorCore&) = delete;
 
   // One message from the ROUTER socket; frames[0] is the peer's routing id.
   void Handle(Frames frames, std::vector<Outgoing>* out);

@@ -115,9 +115,34 @@ class PsClient {
 
   // Sends params() to every shard as its initial values.
   absl::Status Init();
-  // Pushes grads() (a batch-mean gradient over `batch` samples) for `clock`
-  // to every shard, concurrently; an empty push to shards without our keys.
-  // grads() travels zero-copy: after an error return, a send to another
+
+  // One asynchronous vocabulary: a push and a pull are each started and
+  // finished (Start*/Finish*), so that the caller computes or prepares the
+  // next batch in between; Push and Pull below are their compositions.
+  //
+  // StartPush sends a push of grads() for `clock` (a batch-mean gradient
+  // over `batch` samples; retry: the previous push's seq again), PushStage
+  // sends the parts a finished stage completes (a layer-wise push, see
+  // SetPushStages), FinishPush sends what is left and waits until every
+  // shard has the whole push.
+  void StartPush(uint64_t clock, uint32_t batch, bool retry = false);
+  // Stage `stage` is final in grads(): sends every part it completes
+  // without waiting, and takes any replies already there.
+  absl::Status PushStage(size_t stage);
+  // Sends the parts not sent yet (all of them when no stage was reported),
+  // then waits for every shard to have the whole push. The same errors as
+  // Push.
+  absl::Status FinishPush();
+  // StartPull sends a pull for `clock` (latest: the current values, not
+  // waiting on the barrier); FinishPull waits and returns the lowest clock
+  // the shards have applied through.
+  absl::Status StartPull(uint64_t clock, bool latest = false);
+  absl::StatusOr<int64_t> FinishPull();
+
+  // The blocking calls. Push(clock, batch, retry) is StartPush(clock,
+  // batch, retry) then FinishPush(); what a push carries and means:
+  // grads() goes to every shard concurrently (an empty push to shards
+  // without our keys), zero-copy: after an error return, a send to another
   // shard may still be reading it (a change then fails that push's CRC).
   // The push names the version the gradient was computed on: the applied
   // clock and step count the last Pull returned (the shards weigh stale
@@ -128,6 +153,12 @@ class PsClient {
   // sends the previous push's number again: the same push, after a failure
   // such as a shard-map change.
   absl::Status Push(uint64_t clock, uint32_t batch, bool retry = false);
+  // Pull(clock, latest) is StartPull(clock, latest) then FinishPull():
+  // it pulls the parameters for `clock` into params(), concurrently from
+  // every shard. latest=true reads the current values without waiting on the
+  // barrier. Returns the lowest clock the shards have applied through.
+  absl::StatusOr<int64_t> Pull(uint64_t clock, bool latest = false);
+
   // The learning rate the following pushes ask for, per parameter group
   // (a scheduler on the worker's side; the shards' precedence rule decides,
   // see ps/shard.h). Empty: none asked for, each group steps at its own.
@@ -142,31 +173,13 @@ class PsClient {
   // with one stage gets one message, as from Push. Empty: one message per
   // shard. Survives SetMap.
   void SetPushStages(std::vector<FlatRange> stages);
-  // Starts a push of grads() for `clock` (retry: the previous seq again).
-  void StartPush(uint64_t clock, uint32_t batch, bool retry = false);
-  // Stage `stage` is final in grads(): sends every part it completes
-  // without waiting, and takes any replies already there.
-  absl::Status PushStage(size_t stage);
-  // Sends the parts not sent yet (all of them when no stage was reported),
-  // then waits for every shard to have the whole push. The same errors as
-  // Push.
-  absl::Status FinishPush();
   // Messages sent by the pushes so far, and how many of them were parts of
   // a push in several parts (for metrics and tests).
   uint64_t push_messages() const { return push_messages_; }
   uint64_t push_parts() const { return push_parts_; }
 
-  // A pull split in two, so that the caller can prepare the next batch
-  // while the shards answer: StartPull sends it, FinishPull waits and
-  // returns what Pull returns.
-  absl::Status StartPull(uint64_t clock, bool latest = false);
-  absl::StatusOr<int64_t> FinishPull();
   // The sequence number of the last push (0: none yet).
   uint64_t push_seq() const { return push_seq_; }
-  // Pulls the parameters for `clock` into params(), concurrently from every
-  // shard. latest=true reads the current values without waiting on the
-  // barrier. Returns the lowest clock the shards have applied through.
-  absl::StatusOr<int64_t> Pull(uint64_t clock, bool latest = false);
   // Of the last Pull: the longest any shard held it on its consistency rule
   // (the rest of its latency is communication).
   double last_wait_seconds() const { return last_wait_seconds_; }

@@ -57,8 +57,25 @@ std::vector<uint32_t> ServedRange::ConnectBackups(Transport* transport,
   return connected;
 }
 
+void ServedRange::SetBackups(Transport* transport, const std::vector<msg::ShardInfo>& infos,
+                             const std::vector<uint32_t>& ids, uint64_t epoch, bool hold,
+                             std::vector<ShardCore::Outgoing>* out) {
+  std::vector<uint32_t> connected = ConnectBackups(transport, infos, ids);
+  if (hold) core->SetDurableHold(true);
+  core->SetReplicaSet(epoch, std::move(connected), out);
+  if (!hold) core->SetDurableHold(false);
+  SendAll(out);
+}
+
+void ServedRange::Depose(uint64_t epoch, std::vector<ShardCore::Outgoing>* out) {
+  core->Depose(epoch);
+  core->SetReplicaSet(0, {}, out);
+  SendAll(out);
+}
+
 absl::Status ServedRange::Checkpoint(const CheckpointPolicy& policy, bool final,
                                      TimePoint deadline, const Clock* clock) {
+  if (!writer) return absl::OkStatus();
   CheckpointProgress& p = checkpointed;
   writer->AgeSeconds();
   if (!core->initialized()) return absl::OkStatus();  // nothing worth keeping yet

@@ -64,7 +64,10 @@ struct ServedRange {
   std::unique_ptr<CheckpointWriter> writer;
   CheckpointProgress checkpointed;
 
+  // Whether it is the serving shard's own range (else one taken over).
   bool own() const { return range == shard; }
+  // The range's epoch as this shard serves it.
+  uint64_t current_epoch() const { return own() ? core->replication_epoch() : epoch; }
   // Sends `out` and clears it: replies on the range's socket, records to
   // its backups.
   void SendAll(std::vector<ShardCore::Outgoing>* out);
@@ -73,9 +76,21 @@ struct ServedRange {
   std::vector<uint32_t> ConnectBackups(Transport* transport,
                                        const std::vector<msg::ShardInfo>& infos,
                                        const std::vector<uint32_t>& ids);
-  // Offers the core's snapshot to the writer when one is due by `policy`;
-  // `final`: one last snapshot, given up at `deadline` (then the error says
-  // why; the previous checkpoint stays).
+  // The range's backups (shard ids `ids`, addresses and keys from `infos`)
+  // at `epoch`: connected, and a seed for each new one. With `hold`,
+  // durability is held before the new set takes effect (its backups'
+  // acknowledgements must not make durable what a standby lacks); without,
+  // it is let go after.
+  void SetBackups(Transport* transport, const std::vector<msg::ShardInfo>& infos,
+                  const std::vector<uint32_t>& ids, uint64_t epoch, bool hold,
+                  std::vector<ShardCore::Outgoing>* out);
+  // The range is served elsewhere since `epoch` (a failover while this
+  // shard was cut off from the monitor): its core answers nothing of it
+  // any more and copies to no backup.
+  void Depose(uint64_t epoch, std::vector<ShardCore::Outgoing>* out);
+  // Offers the core's snapshot to the writer (none: nothing to do) when
+  // one is due by `policy`; `final`: one last snapshot, given up at
+  // `deadline` (then the error says why; the previous checkpoint stays).
   absl::Status Checkpoint(const CheckpointPolicy& policy, bool final, TimePoint deadline,
                           const Clock* clock);
 };

@@ -305,7 +305,6 @@ void ShardServer::Follow(Directive d, std::vector<ShardCore::Outgoing>* out) {
   if (d.promote) Promote(*d.promote);
   if (d.replication) {
     ApplyReplication(*d.replication, out);
-    ranges_[0].SendAll(out);
   }
   for (ServedRange& r : taken_over()) {
     // Served since a promotion, and failed over again elsewhere while this
@@ -315,9 +314,7 @@ void ShardServer::Follow(Directive d, std::vector<ShardCore::Outgoing>* out) {
     spdlog::warn("shard {}: shard {}'s range, which it served since epoch {}, is served "
                  "elsewhere since epoch {}; it answers nothing of it any more",
                  id_, r.range, r.epoch, g->second);
-    r.core->Depose(g->second);
-    r.core->SetReplicaSet(0, {}, out);
-    r.SendAll(out);
+    r.Depose(g->second, out);
     r.writer.reset();  // its checkpoint stays, of the state it had
   }
   // Asked to hand its range over; a request the monitor no longer asks for
@@ -350,7 +347,6 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
                                    std::vector<ShardCore::Outgoing>* out) {
   std::vector<uint32_t> ids;
   for (const msg::ShardInfo& b : config.backups) ids.push_back(b.id);
-  std::vector<uint32_t> backups = ranges_[0].ConnectBackups(transport_, config.backups, ids);
   std::map<uint32_t, ShardCore::BackedRange> backing;
   for (const msg::ShardInfo& p : config.backing) backing[p.id] = {p.epoch, p.public_key};
   own().SetBacking(std::move(backing));
@@ -363,8 +359,8 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
                    "any more",
                    id_, config.epoch);
     }
-    own().Depose(config.epoch);
-    own().SetReplicaSet(0, {}, out);
+    ranges_[0].ConnectBackups(transport_, config.backups, ids);
+    ranges_[0].Depose(config.epoch, out);
     return;
   }
   if (own().deposed_epoch() != 0 && config.epoch > own().deposed_epoch()) {
@@ -376,11 +372,7 @@ void ShardServer::ApplyReplication(const ReplicaConfig& config,
                  id_, config.epoch);
     own().Depose(0);
   }
-  // Held before the new set takes effect (its backups' acknowledgements
-  // must not make durable what the standby lacks), let go after.
-  if (config.hold_durable) own().SetDurableHold(true);
-  own().SetReplicaSet(config.epoch, std::move(backups), out);
-  if (!config.hold_durable) own().SetDurableHold(false);
+  ranges_[0].SetBackups(transport_, config.backups, ids, config.epoch, config.hold_durable, out);
 }
 
 void ShardServer::Promote(const PromoteConfig& config) {
@@ -500,14 +492,8 @@ void ShardServer::Promote(const PromoteConfig& config) {
   for (const msg::ShardInfo& r : ranges) {
     for (ServedRange& h : taken_over()) {
       if (h.range != r.id || h.epoch != r.epoch) continue;
-      std::vector<uint32_t> backups = h.ConnectBackups(transport_, config.backups, r.backups);
-      // As for its own range (ApplyReplication): held before the new set
-      // takes effect, let go after.
       const bool hold = std::count(config.hold.begin(), config.hold.end(), r.id) > 0;
-      if (hold) h.core->SetDurableHold(true);
-      h.core->SetReplicaSet(r.epoch, std::move(backups), &out);
-      if (!hold) h.core->SetDurableHold(false);
-      h.SendAll(&out);
+      h.SetBackups(transport_, config.backups, r.backups, r.epoch, hold, &out);
     }
   }
 }
@@ -539,8 +525,7 @@ void ShardServer::UpdateReport() {
     }
     // Each range served with backups: how far behind they are.
     if (core.replicated() && core.deposed_epoch() == 0) {
-      const uint64_t epoch = &h == ranges_.data() ? core.replication_epoch() : h.epoch;
-      report.lag.push_back({h.range, epoch, core.replication_lag_records(),
+      report.lag.push_back({h.range, h.current_epoch(), core.replication_lag_records(),
                             static_cast<float>(core.replication_lag_seconds())});
     }
   }
@@ -671,7 +656,7 @@ void ShardServer::Run() {
     for (ServedRange& r : ranges_) {
       r.core->Tick(&out);
       r.SendAll(&out);
-      if (&r != ranges_.data() && r.core->stop_requested() && !r.stopped) {
+      if (!r.own() && r.core->stop_requested() && !r.stopped) {
         r.stopped = true;
         spdlog::info("shard {}: stop received for shard {}'s range", id_, r.range);
       }

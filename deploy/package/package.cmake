@@ -76,9 +76,12 @@ install(PROGRAMS ${PACER_DEPLOY}/make-keys.sh DESTINATION ${CMAKE_INSTALL_DATADI
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PACER_DEPLOY}/prometheus/RUNBOOKS.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
 # The manuals the README links to, where its links find them.
-foreach(manual deploy ps monitor worker tests/chaos)
+foreach(manual deploy deploy/k8s deploy/grafana ps monitor worker worker/python tests tests/chaos
+        bench)
   install(FILES ${PROJECT_SOURCE_DIR}/${manual}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/${manual})
 endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/bench/RESULTS.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/bench)
+install(FILES ${PACER_DEPLOY}/prometheus/RUNBOOKS.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/deploy/prometheus)
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/example/CMakeLists.txt
   ${CMAKE_CURRENT_LIST_DIR}/example/train_logistic.cc ${CMAKE_CURRENT_LIST_DIR}/example/blobs.csv
   DESTINATION ${CMAKE_INSTALL_DOCDIR}/example)

@@ -12,8 +12,9 @@ namespace {
 
 class InProcTransport;
 
-// All state lives in the transport and is guarded by its one mutex: tests
-// are small, and one lock makes Poll over several sockets trivial.
+// All state lives in the transport and is guarded by its one mutex (the
+// sockets' inboxes too): tests are small, and one lock makes Poll over
+// several sockets trivial.
 class InProcSocket final : public Socket {
  public:
   InProcSocket(InProcTransport* t, std::string address, bool router, uint64_t id)
@@ -27,7 +28,6 @@ class InProcSocket final : public Socket {
   const std::string address_;
   const bool router_;
   const uint64_t id_;
-  std::deque<Frames> inbox_;  // guarded by transport_->mu_
 };
 
 class InProcTransport final : public Transport {
@@ -64,7 +64,8 @@ class InProcTransport final : public Transport {
     for (;;) {
       std::vector<size_t> ready;
       for (size_t i = 0; i < sockets.size(); ++i) {
-        if (!static_cast<InProcSocket*>(sockets[i])->inbox_.empty()) ready.push_back(i);
+        auto in = inboxes_.find(static_cast<InProcSocket*>(sockets[i]));
+        if (in != inboxes_.end() && !in->second.empty()) ready.push_back(i);
       }
       if (!ready.empty() || expired) return ready;
       // One more look after the deadline: a message that came with it counts.
@@ -85,12 +86,12 @@ class InProcTransport final : public Transport {
       auto it = dealers_.find(to);
       if (it == dealers_.end()) return absl::UnavailableError("peer gone");
       frames.erase(frames.begin());
-      it->second->inbox_.push_back(std::move(frames));
+      inboxes_[it->second].push_back(std::move(frames));
     } else {
       auto it = routers_.find(from->address_);
       if (it == routers_.end()) return absl::OkStatus();  // nobody bound: lost, like a network
       frames.insert(frames.begin(), Frame::Copy(&from->id_, sizeof(from->id_)));
-      it->second->inbox_.push_back(std::move(frames));
+      inboxes_[it->second].push_back(std::move(frames));
     }
     cv_.notify_all();
     return absl::OkStatus();
@@ -98,14 +99,16 @@ class InProcTransport final : public Transport {
 
   bool Take(InProcSocket* s, Frames* frames) {
     MutexLock lock(mu_);
-    if (s->inbox_.empty()) return false;
-    *frames = std::move(s->inbox_.front());
-    s->inbox_.pop_front();
+    auto in = inboxes_.find(s);
+    if (in == inboxes_.end() || in->second.empty()) return false;
+    *frames = std::move(in->second.front());
+    in->second.pop_front();
     return true;
   }
 
   void Remove(InProcSocket* s) {
     MutexLock lock(mu_);
+    inboxes_.erase(s);
     if (s->router_) {
       routers_.erase(s->address_);
     } else {
@@ -115,12 +118,14 @@ class InProcTransport final : public Transport {
 
  private:
   const Clock* clock_;
-  Mutex mu_;  // guards the maps and counters below
+  Mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, InProcSocket*> routers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, InProcSocket*> dealers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_name_ ABSL_GUARDED_BY(mu_) = 0;
+  // Each socket's received messages, oldest first.
+  std::map<const InProcSocket*, std::deque<Frames>> inboxes_ ABSL_GUARDED_BY(mu_);
 };
 
 InProcSocket::~InProcSocket() { transport_->Remove(this); }

@@ -23,7 +23,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 work=$(mktemp -d -t pacer-walkthrough.XXXXXX)
 pids=()
 cleanup() {
-  # SIGTERM stops each process cleanly (the README says so): workers first,
+  # SIGTERM stops each process cleanly (deploy/README.md says so): workers first,
   # then shards, then the monitor; whatever is left after 15 s is killed.
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
