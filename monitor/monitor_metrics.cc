@@ -1,5 +1,14 @@
 #include "monitor/monitor_metrics.h"
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "monitor/data_feed.h"
+#include "monitor/membership.h"
+#include "monitor/range_table.h"
+#include "monitor/shard_registry.h"
+
 namespace pacer {
 
 MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
@@ -203,6 +212,139 @@ MonitorMetrics::MonitorMetrics(prometheus::Registry& r) {
               .Help("Workers declared dead after missing their lease")
               .Register(r)
               .Add({});
+}
+
+void MonitorMetrics::ShowShards(const ShardRegistry& reg) {
+  shards->Set(static_cast<double>(reg.size()));
+  shards_up->Set(static_cast<double>(
+      std::count_if(reg.begin(), reg.end(), [](const ShardProcess& s) { return !s.down; })));
+}
+
+void MonitorMetrics::ShowReplicas(const RangeTable& ranges, uint32_t replicas,
+                                  size_t under_replicated_ranges) {
+  replicas_wanted->Set(replicas);
+  under_replicated->Set(static_cast<double>(under_replicated_ranges));
+  if (replicas == 0) return;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const prometheus::Labels labels{{"shard", std::to_string(ranges[i].id)}};
+    if (!ranges.HoldsKeys(i)) {
+      range_backups->Remove(&range_backups->Add(labels));
+      continue;
+    }
+    range_backups->Add(labels).Set(static_cast<double>(ranges[i].backups.size()));
+  }
+}
+
+void MonitorMetrics::ShowBatch(uint32_t rank, uint32_t size) {
+  batch->Add({{"worker_rank", std::to_string(rank)}}).Set(size);
+  gauged_ranks_.insert(rank);  // so that its series goes when it does
+}
+
+void MonitorMetrics::ShowRounds(const policy::StragglerPolicy& policy) {
+  for (size_t r = 0; r < static_cast<size_t>(policy::RoundReason::kCount); ++r) {
+    const uint64_t now = policy.rounds(static_cast<policy::RoundReason>(r));
+    if (now > rounds_counted_[r]) rounds[r]->Increment(static_cast<double>(now - rounds_counted_[r]));
+    rounds_counted_[r] = now;
+  }
+}
+
+void MonitorMetrics::ShowStream(const DataFeed& data, const Membership& members) {
+  const DataStream* stream = data.stream();
+  if (stream == nullptr) return;
+  const DataStream& s = *stream;
+  data_epoch->Set(s.epoch());
+  // Once every epoch is trained the epoch gauge says so; the progress
+  // would read 1 more (the dashboard adds the two).
+  data_epoch_progress->Set(s.finished() ? 0.0 : s.epoch_progress());
+  auto count = [&](const char* event, uint64_t now, uint64_t* counted) {
+    if (now > *counted) data_chunks[event]->Increment(static_cast<double>(now - *counted));
+    *counted = now;
+  };
+  count("handed_out", s.chunks_handed_out(), &counted_handed_out_);
+  count("taken_over", s.tails_taken_over(), &counted_taken_over_);
+  count("returned", s.chunks_returned(), &counted_returned_);
+  const auto& samples = s.samples_in_epoch(s.epoch());
+  std::set<uint32_t> ranks;
+  for (uint32_t id : members.LiveWorkers()) {
+    const uint32_t rank = members.at(id).rank;
+    auto it = samples.find(id);
+    data_samples->Add({{"worker_rank", std::to_string(rank)}})
+        .Set(it == samples.end() ? 0 : static_cast<double>(it->second));
+    ranks.insert(rank);
+  }
+  for (uint32_t rank : gauged_stream_ranks_) {
+    if (!ranks.count(rank)) {
+      data_samples->Remove(&data_samples->Add({{"worker_rank", std::to_string(rank)}}));
+    }
+  }
+  gauged_stream_ranks_ = std::move(ranks);
+  if (s.epoch() > 0) {
+    if (auto tail = s.tail_seconds(s.epoch() - 1)) data_tail->Set(*tail);
+  }
+}
+
+void MonitorMetrics::ShowJob(const char* job_state, const Membership& members,
+                             const policy::StragglerPolicy& policy, const DataFeed& data,
+                             const ShardRegistry& reg) {
+  for (auto& [name, g] : state) g->Set(name == job_state ? 1 : 0);
+  ShowStream(data, members);
+  const std::vector<uint32_t> live = members.LiveWorkers();
+  std::vector<double> speeds;
+  uint64_t newest = 0;
+  const double even = static_cast<double>(policy.global_batch()) /
+                      static_cast<double>(std::max<size_t>(1, live.size()));
+  auto compute_at_even = [&](uint32_t id) -> std::optional<double> {
+    if (auto c = policy.cost(id); c && c->per_sample_seconds > 0) return c->Compute(even);
+    return std::nullopt;
+  };
+  for (uint32_t id : live) {
+    if (auto p = compute_at_even(id)) speeds.push_back(*p);
+    newest = std::max(newest, members.at(id).clock);
+  }
+  double median = 0;
+  if (!speeds.empty()) {
+    std::nth_element(speeds.begin(), speeds.begin() + static_cast<long>(speeds.size() / 2),
+                     speeds.end());
+    median = speeds[speeds.size() / 2];
+  }
+  std::set<uint32_t> ranks;
+  for (uint32_t id : live) {
+    const WorkerState& w = members.at(id);
+    const prometheus::Labels labels{{"worker_rank", std::to_string(w.rank)}};
+    ranks.insert(w.rank);
+    auto p = compute_at_even(id);
+    straggler->Add(labels).Set(p && median > 0 ? *p / median : 1.0);
+    if (auto c = policy.cost(id)) {
+      fixed_cost->Add(labels).Set(c->fixed_seconds);
+      sample_cost->Add(labels).Set(c->per_sample_seconds);
+    }
+    lag->Add(labels).Set(static_cast<double>(newest - w.clock));
+    worker_sps->Add(labels).Set(w.samples_per_second);
+    worker_clock->Add(labels).Set(static_cast<double>(w.clock));
+  }
+  // A departed worker's series go, so that max() and count() see live ones.
+  for (uint32_t rank : gauged_ranks_) {
+    if (ranks.count(rank)) continue;
+    const prometheus::Labels labels{{"worker_rank", std::to_string(rank)}};
+    for (auto* family : {straggler, lag, worker_sps, worker_clock, batch, fixed_cost, sample_cost}) {
+      family->Remove(&family->Add(labels));
+    }
+  }
+  gauged_ranks_ = std::move(ranks);
+  ShowRounds(policy);
+  for (const ShardProcess& sh : reg) {
+    const prometheus::Labels labels{{"shard", std::to_string(sh.id)}};
+    if (sh.drained) {
+      for (auto* family : {shard_up, shard_clock, shard_ckpt_age}) {
+        family->Remove(&family->Add(labels));
+      }
+      continue;
+    }
+    shard_up->Add(labels).Set(sh.down ? 0 : 1);
+    shard_clock->Add(labels).Set(static_cast<double>(sh.applied_clock));
+    // -1 (no checkpoint reported) leaves the series out rather than lying.
+    if (sh.checkpoint_age >= 0) shard_ckpt_age->Add(labels).Set(sh.checkpoint_age);
+  }
 }
 
 }  // namespace pacer

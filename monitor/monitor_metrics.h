@@ -1,9 +1,12 @@
 // The monitor's metrics (pacer_monitor_*, pacer_training_*), registered in
-// one place; MonitorCore sets them.
+// one place. Counters count where their events happen; the gauges are read
+// here from the managers' views (the Show* calls).
 #ifndef PACER_MONITOR_MONITOR_METRICS_H_
 #define PACER_MONITOR_MONITOR_METRICS_H_
 
+#include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "monitor/policy.h"
@@ -14,8 +17,27 @@
 
 namespace pacer {
 
+class DataFeed;
+class Membership;
+class RangeTable;
+class ShardRegistry;
+
 struct MonitorMetrics {
   explicit MonitorMetrics(prometheus::Registry& r);
+
+  // pacer_monitor_shards, pacer_monitor_shards_up.
+  void ShowShards(const ShardRegistry& shards);
+  // The replica sets: wanted, each range's backups, the ranges short of K.
+  void ShowReplicas(const RangeTable& ranges, uint32_t replicas, size_t under_replicated);
+  // One worker's assigned batch (its series goes when the worker does).
+  void ShowBatch(uint32_t rank, uint32_t batch);
+  // pacer_monitor_policy_rounds_total up to the policy's own counts.
+  void ShowRounds(const policy::StragglerPolicy& policy);
+  // The job's state, the data stream's, the per-worker series (straggler
+  // score, clock lag, speed, fitted costs) of the live workers (a departed
+  // worker's are removed) and the per-shard ones.
+  void ShowJob(const char* state, const Membership& members, const policy::StragglerPolicy& policy,
+               const DataFeed& data, const ShardRegistry& shards);
 
   prometheus::Gauge* live_workers = nullptr;
   prometheus::Gauge* shards = nullptr;
@@ -63,6 +85,15 @@ struct MonitorMetrics {
   prometheus::Gauge* data_tail = nullptr;
   std::map<std::string, prometheus::Counter*> membership_changes;
   std::map<std::string, prometheus::Gauge*> state;
+
+ private:
+  void ShowStream(const DataFeed& data, const Membership& members);
+
+  // What the gauges and counters already show.
+  uint64_t rounds_counted_[static_cast<size_t>(policy::RoundReason::kCount)] = {};
+  uint64_t counted_handed_out_ = 0, counted_taken_over_ = 0, counted_returned_ = 0;
+  std::set<uint32_t> gauged_ranks_;         // ranks with per-worker series
+  std::set<uint32_t> gauged_stream_ranks_;  // ranks with a data-samples series
 };
 
 }  // namespace pacer
