@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
   }
   opts.lease = pacer::FromSeconds(lease_s);
   opts.shard_lease = pacer::FromSeconds(shard_lease_s);
-  opts.lease_expiry = !unsafe.Off("lease-expiry");
+  opts.safeguards = unsafe.safeguards();
   opts.shard_resend = pacer::FromSeconds(shard_resend_ms / 1000.0);
   opts.stop_grace = pacer::FromSeconds(stop_grace_s);
   opts.registry = std::make_shared<prometheus::Registry>();

@@ -544,7 +544,7 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
   // stands.
   shards_.ExpireLeases(now, options_.replicas > 0 ? options_.shard_lease : options_.lease);
   if (!job_.stopped()) replication_.FailOver();
-  if (options_.lease_expiry) membership_.ExpireLeases(now, options_.lease);
+  if (options_.safeguards.On(Safeguard::kLeaseExpiry)) membership_.ExpireLeases(now, options_.lease);
   if (job_.stopped()) return;
 
   // Start: enough shards and workers, and a model.

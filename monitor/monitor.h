@@ -38,6 +38,7 @@
 #include "ps/base/fault.h"
 #include "ps/base/metrics.h"
 #include "ps/base/rpc.h"
+#include "ps/base/safeguards.h"
 #include "ps/base/messages.h"
 #include "ps/base/server_core.h"
 #include "ps/base/transport.h"
@@ -94,10 +95,10 @@ struct MonitorOptions {
   uint32_t min_workers = 1;
   // A worker silent for longer than this is declared dead (--lease).
   Duration lease = std::chrono::seconds(3);
-  // false only to show a chaos invariant failing (--unsafe-disable
-  // lease-expiry): a silent worker is never declared dead, so the others
-  // wait for it forever.
-  bool lease_expiry = true;
+  // Fault handlings, all on; lease-expiry is switched off only to show a
+  // chaos invariant failing (--unsafe-disable lease-expiry): a silent worker
+  // is never declared dead, so the others wait for it forever.
+  Safeguards safeguards;
   // Without data_stream, data partitions (--data-partitions N): the
   // training set is cut into this many, each read in its own shuffled order
   // per epoch and owned by one live worker at a time; 0: one per worker

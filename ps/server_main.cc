@@ -102,11 +102,7 @@ int main(int argc, char** argv) {
   pacer::SetupLogging("server", log_level);
   pacer::WarnUnsafe(unsafe);
   pacer::TuneAllocatorForLargeBuffers();
-  opts.shard.dedup = !unsafe.Off("dedup");
-  opts.shard.verify_crc = !unsafe.Off("crc-check");
-  opts.shard.wait_durable = !unsafe.Off("durable-wait");
-  opts.periodic_checkpoints = !unsafe.Off("checkpoints");
-  opts.fencing = !unsafe.Off("fencing");
+  opts.shard.safeguards = unsafe.safeguards();
   opts.shard.apply_updates = !no_apply;
   opts.shard.check_crc = !no_crc;
   opts.shard.pull_timeout = pacer::FromSeconds(pull_timeout_s);

@@ -22,10 +22,14 @@
 #include "ps/checkpoint.h"
 #include "ps/base/clock.h"
 #include "ps/base/metrics.h"
+#include "ps/base/safeguards.h"
 #include "ps/table.h"
 #include "ps/base/messages.h"
 #include "ps/base/server_core.h"
 #include "ps/applied_ledger.h"
+#include "ps/range_replicator.h"
+#include "ps/replica_holder.h"
+#include "ps/shard_range.h"
 #include "ps/shard_metrics.h"
 #include "ps/base/wire.h"
 
@@ -37,19 +41,14 @@ struct ShardOptions {
   // Compute and verify the envelope's CRC-32 (--no-crc turns it off, for
   // benchmarks; then every peer must turn it off too).
   bool check_crc = true;
-  // Verify the CRC-32 of what arrives (replies still carry one). false
-  // only to show a chaos invariant failing (--unsafe-disable crc-check):
-  // corrupted gradients are then applied.
-  bool verify_crc = true;
-  // Apply each (worker, push seq) at most once. false only to show a chaos
-  // invariant failing (--unsafe-disable dedup): a duplicate or retried push
-  // is applied again.
-  bool dedup = true;
-  // With backups, a push is durable once every backup holds it. false only
-  // to show a chaos invariant failing (--unsafe-disable durable-wait): a
-  // push is called durable as soon as it is applied, so a primary's death
-  // loses pushes the workers were told are durable.
-  bool wait_durable = true;
+  // Fault handlings, all on; switched off only to show a chaos invariant
+  // failing (--unsafe-disable): crc-check (what arrives is not verified,
+  // so corrupted gradients are applied; replies still carry checks), dedup
+  // (a duplicate or retried push is applied again), durable-wait (with
+  // backups, a push is called durable as soon as it is applied, so a
+  // primary's death loses pushes the workers were told are durable), and
+  // the server's checkpoints and fencing (ShardServerOptions).
+  Safeguards safeguards;
   // Apply pushes to the parameters. false only for transport benchmarks:
   // pushes are accepted, verified and acknowledged, and nothing changes.
   bool apply_updates = true;
@@ -108,22 +107,40 @@ struct StagedPush {
   std::map<uint64_t, uint64_t> keys;              // key -> length, of the parts held
 };
 
-// Single-threaded: one thread calls every method.
+// What a shard's range answers, as ShardCore::serving() says.
+enum class ServingState : uint8_t {
+  // Not registered yet (Configure): every message is answered NotReady.
+  kUnconfigured,
+  // Restored from a checkpoint, until the monitor's first word on the range
+  // has been taken (ShardServer): pushes, pulls and inits are answered
+  // NotReady, with or without backups (a backup may be serving the range
+  // already, promoted because this process restarted).
+  kAwaitingMonitor,
+  kServing,
+  // Its last record went to its backups (Leave): pushes are answered
+  // NotReady, no step is applied, pulls are still answered, so that the
+  // primary and its backups leave with the same state.
+  kLeaving,
+  // The monitor gave the range to another shard (a failover while this one
+  // was cut off from it): pushes, pulls and inits are answered NotOwner, so
+  // that a worker whose map is older than the failover moves on; no step
+  // is applied. The range's state stays for the ledger.
+  kDeposed,
+};
+const char* ServingStateName(ServingState s);
+
+// Single-threaded: one thread calls every method. ShardCore sequences its
+// rooms: it checks each message and the serving state's gates (shard.cc),
+// then hands it to the push intake (shard_intake.cc), the clock barrier
+// (shard_barrier.cc), range transfer (shard_transfer.cc), or replication:
+// the primary's side (RangeReplicator, ps/range_replicator.h) and the
+// backup's (ReplicaHolder, ps/replica_holder.h). The range's data they
+// share is a ShardRange (ps/shard_range.h).
 class ShardCore {
  public:
-  struct Outgoing {
-    Frame peer;  // routing id of the receiver
-    Frames frames;
-    // Nonzero: a request to that shard (a backup of this one's range), sent
-    // on the server's connection to it; `peer` is not used.
-    uint32_t to_shard = 0;
-  };
-  // A range this shard backs up: its epoch and its primary's CURVE key
-  // (empty without transport security).
-  struct BackedRange {
-    uint64_t epoch = 0;
-    std::string public_key;
-  };
+  using Outgoing = ShardOutgoing;
+  using BackedRange = ReplicaHolder::BackedRange;
+  using ReplicaView = ReplicaHolder::View;
 
   ShardCore(const ShardOptions& options, const Clock* clock);
 
@@ -143,8 +160,8 @@ class ShardCore {
   // Observers, for the server loop and tests. incomplete_steps(): BSP steps
   // that included pushes from workers no longer live when the clock closed
   // (a step never closes without a push from every live worker).
-  int64_t applied_clock() const { return applied_clock_; }
-  uint64_t steps() const { return steps_; }
+  int64_t applied_clock() const { return range_.applied_clock; }
+  uint64_t steps() const { return range_.steps; }
   uint64_t incomplete_steps() const { return incomplete_steps_; }
   // Backup mode: pushes that came after their clock closed, dropped.
   uint64_t dropped_pushes() const { return dropped_pushes_; }
@@ -158,90 +175,80 @@ class ShardCore {
   uint32_t last_grant(uint32_t worker) const;
   // Worker pushes folded into the parameters (each (worker, clock) once).
   uint64_t updates_applied() const { return updates_applied_; }
-  bool initialized() const { return initialized_; }
+  bool initialized() const { return range_.initialized; }
+  bool configured() const { return serving_ != ServingState::kUnconfigured; }
   // Whether this shard holds a key range (values or not).
-  bool has_keys() const { return !table_->empty(); }
+  bool has_keys() const { return !range_.table->empty(); }
   bool stop_requested() const { return stop_requested_; }
   uint64_t membership_version() const { return membership_version_; }
   size_t parked_pulls() const { return parked_.size(); }
   double rejected(wire::ErrorCode code) const { return server_.rejected(code); }
   prometheus::Registry& registry() { return *registry_; }
   // Parameters of one owned key (tests).
-  std::span<const float> Param(uint64_t key) const { return table_->Param(key); }
+  std::span<const float> Param(uint64_t key) const { return range_.table->Param(key); }
   // The parameter table (tests, benchmarks).
-  const ParamTable& table() const { return *table_; }
+  const ParamTable& table() const { return *range_.table; }
 
   // The learning rates set by hand (pacerctl set-lr, from the monitor's
   // heartbeat replies), by group index: each wins over what pushes carry
   // until a later version leaves it out. Older versions are ignored.
   void SetLrOverrides(uint64_t version, const std::vector<wire::GroupLr>& overrides);
 
-  // Replication (the monitor's --replicas; issue 23).
+  // Replication (the monitor's --replicas; issue 23): the primary's side
+  // is the RangeReplicator room (ps/range_replicator.h), the backup's the
+  // ReplicaHolder room (ps/replica_holder.h); these calls reach them.
   //
   // As a range's primary: its epoch and backups (shard ids), from the
-  // monitor. A backup new to the set gets a seed, the whole range, once the
-  // range holds values; after that every applied step goes to each backup
-  // in a record, after aggregation: one record per step at once in bsp and
-  // backup mode, in ssp and dssp the steps of up to kReplicaBatchDelay
-  // (kReplicaBatchSteps steps), in asp the steps of up to kReplicaBatchSteps pushes
-  // (kReplicaBatchValues values) or kReplicaBatchDelay per record. Once a
-  // batch's gradients take more values than the state they changed (the
-  // parameters and each optimizer state slot), its record carries that
-  // state instead, which the backup takes as it is (ReplicaStep.assign). A
-  // worker's push is durable once every backup in the set acknowledged
-  // the record that holds it, and push and pull replies say how far
-  // (durable_seq): through which of the worker's push seqs. With the set
-  // empty nothing is replicated and every applied push counts as durable
-  // (the guarantee of --replicas 0).
-  void SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups, std::vector<Outgoing>* out);
+  // monitor. Push and pull replies say how far a worker's pushes are
+  // durable (durable_seq): through which of its push seqs.
+  void SetReplicaSet(uint64_t epoch, std::vector<uint32_t> backups, std::vector<Outgoing>* out) {
+    primary_.SetReplicaSet(epoch, std::move(backups), out);
+  }
   // As a backup: the ranges it holds replicas of, by their primary's id.
-  // Replicas of ranges no longer listed are dropped; records of a range not
-  // listed, or of a lower epoch than listed, are refused.
-  void SetBacking(std::map<uint32_t, BackedRange> ranges);
-  // The worker's pushes through this seq are durable (0: none yet).
-  uint64_t durable_seq(uint32_t worker) const;
-  uint64_t replication_epoch() const { return repl_epoch_; }
+  void SetBacking(std::map<uint32_t, BackedRange> ranges) { replicas_.SetBacking(std::move(ranges)); }
+  uint64_t durable_seq(uint32_t worker) const { return primary_.durable_seq(worker); }
+  uint64_t replication_epoch() const { return primary_.epoch(); }
   // Records made so far, and how far backup `id` acknowledged them.
-  uint64_t replication_record() const { return record_; }
-  uint64_t backup_acked(uint32_t id) const;
+  uint64_t replication_record() const { return primary_.record(); }
+  uint64_t backup_acked(uint32_t id) const { return primary_.backup_acked(id); }
   // The last record every backup acknowledged (all made, with none).
-  uint64_t durable_record() const;
+  uint64_t durable_record() const { return primary_.durable_record(); }
   // Records made and not yet acknowledged by every backup (0 without any).
   uint64_t replication_lag_records() const {
-    return backups_.empty() ? 0 : record_ - durable_record();
+    return primary_.replicated() ? primary_.record() - primary_.durable_record() : 0;
   }
   // The replicas held: range (its primary's id) -> the record held through.
-  std::map<uint32_t, uint64_t> replica_records() const;
+  std::map<uint32_t, uint64_t> replica_records() const { return replicas_.records(); }
   // A replica this shard holds of range `range` (its primary's id): null
   // when none; the record it holds through.
-  const ParamTable* replica_table(uint32_t range) const;
-  uint64_t replica_record(uint32_t range) const;
+  const ParamTable* replica_table(uint32_t range) const { return replicas_.table(range); }
+  uint64_t replica_record(uint32_t range) const { return replicas_.record(range); }
   // Each worker's last applied push seq the replica holds (dedup after a
   // promotion).
-  std::map<uint32_t, uint64_t> replica_marks(uint32_t range) const;
+  std::map<uint32_t, uint64_t> replica_marks(uint32_t range) const { return replicas_.marks(range); }
   // The replicas held, by range, with their epochs (reported to the
   // monitor, which promotes only a replica of the range's current epoch).
-  std::map<uint32_t, uint64_t> replica_epochs() const;
+  std::map<uint32_t, uint64_t> replica_epochs() const { return replicas_.epochs(); }
   // Replica `range` as a snapshot a new core of that range restores from
-  // (a promotion): the table, applied clock, steps and each worker's last
-  // applied push seq; nullopt when none is held.
-  std::optional<ShardSnapshot> ReplicaSnapshot(uint32_t range) const;
-  // Fencing (the shard lease): while set, a shard with backups answers
-  // pushes, pulls and inits NotReady.
-  void SetFenced(bool fenced) { fenced_ = fenced; }
-  // Restored from a checkpoint, until the monitor's first word on the range
-  // has been taken (ShardServer): pushes, pulls and inits are answered
-  // NotReady, with or without backups (a backup may be serving the range
-  // already, promoted because this process restarted).
-  void SetAwaitingMonitor(bool awaiting) { awaiting_monitor_ = awaiting; }
-  // The monitor gave this shard's own range to another shard at `epoch` (a
-  // failover while this one was cut off from it): from now on pushes,
-  // pulls and inits are answered NotOwner, so that a worker whose map is
-  // older than the failover moves on instead of being acknowledged here.
-  // The range's state stays for the ledger (pacer-server --ledger).
-  void Depose(uint64_t epoch) { deposed_epoch_ = epoch; }
+  // (a promotion); nullopt when none is held.
+  std::optional<ShardSnapshot> ReplicaSnapshot(uint32_t range) const {
+    return replicas_.Snapshot(range, job_.job_id, map_version_);
+  }
+  // The range's serving state (ServingState), and its moves: a restored
+  // core awaits the monitor's word (true) until it comes (false: serving).
+  ServingState serving() const { return serving_; }
+  void SetAwaitingMonitor(bool awaiting);
+  // The monitor gave this shard's range to another shard at `epoch`
+  // (kDeposed); 0: given back (the shard it went to was lost before it
+  // served it), serving again.
+  void Depose(uint64_t epoch);
   uint64_t deposed_epoch() const { return deposed_epoch_; }
-  bool replicated() const { return !backups_.empty(); }
+  // Fencing (the shard lease): while set, a shard with backups answers
+  // pushes, pulls and inits NotReady, whatever its serving state. Not a
+  // state of the range but of the process's contact with the monitor: the
+  // server sets and clears it on every loop, over any serving state.
+  void SetFenced(bool fenced) { fenced_ = fenced; }
+  bool replicated() const { return primary_.replicated(); }
   // The shard is leaving (its job stopped, or SIGTERM). With backups: the
   // steps not yet in a record go out in one marked last, which tells each
   // backup that nothing follows, and from then on the core applies no step
@@ -255,34 +262,28 @@ class ShardCore {
   // keeps a backup dropped from the set as a standby it may promote, which
   // lacks what the new set takes from here. Cleared, it catches up at once.
   // With no backup in the set every applied push stays durable at once.
-  void SetDurableHold(bool hold);
-  bool durable_hold() const { return durable_hold_; }
+  void SetDurableHold(bool hold) { primary_.SetDurableHold(hold); }
+  bool durable_hold() const { return primary_.durable_hold(); }
   // Undoes Leave (the monitor gave a drain up before the backups held the
-  // last record): the core applies steps again, and the records go on
-  // after the last one (a backup takes a record after a last one as
+  // last record): the core serves and applies steps again, and the records
+  // go on after the last one (a backup takes a record after a last one as
   // usual). Nothing when not leaving.
   void CancelLeave(std::vector<Outgoing>* out);
   // Every replica held got its primary's last record.
-  bool replicas_final() const;
+  bool replicas_final() const { return replicas_.final(); }
   // Leave took effect (it had backups to send a last record to).
-  bool leaving() const { return leaving_; }
+  bool leaving() const { return serving_ == ServingState::kLeaving; }
 
   // The ledger: every (worker, seq) this range applied, kept by the
   // primary and by each replica (records carry them; seeds carry the
   // whole ledger), and the range's state as one CRC-32 (parameters, then
   // each state slot) to compare a replica with its primary.
-  const AppliedLedger& ledger() const { return ledger_; }
+  const AppliedLedger& ledger() const { return primary_.ledger(); }
   uint32_t state_crc() const;
-  struct ReplicaView {
-    uint64_t epoch = 0, record = 0;
-    bool last = false;  // its primary's last record came
-    uint32_t crc = 0;
-    const AppliedLedger* ledger = nullptr;
-  };
   // The replicas held, by range.
-  std::map<uint32_t, ReplicaView> replica_views() const;
-  uint64_t replica_checks() const { return replica_checks_; }
-  uint64_t replica_mismatches() const { return replica_mismatches_; }
+  std::map<uint32_t, ReplicaView> replica_views() const { return replicas_.views(); }
+  uint64_t replica_checks() const { return replicas_.checks(); }
+  uint64_t replica_mismatches() const { return replicas_.mismatches(); }
   // Records made in asp, ssp and dssp hold this many steps at most (or
   // up to the first that brings them past this many values), and wait
   // this long at most for more. A batch past a few steps of the range
@@ -290,21 +291,21 @@ class ShardCore {
   // waits a few steps' time: pushes become durable up to this much later
   // (no worker waits for that in these modes), and records and their
   // acknowledgements go several times less often.
-  static constexpr size_t kReplicaBatchSteps = 16;
-  static constexpr size_t kReplicaBatchValues = size_t{1} << 22;
-  static constexpr Duration kReplicaBatchDelay = std::chrono::milliseconds(10);
+  static constexpr size_t kReplicaBatchSteps = RangeReplicator::kReplicaBatchSteps;
+  static constexpr size_t kReplicaBatchValues = RangeReplicator::kReplicaBatchValues;
+  static constexpr Duration kReplicaBatchDelay = RangeReplicator::kReplicaBatchDelay;
   // Every this many records carries a check of a block range.
-  static constexpr uint64_t kReplicaCheckEvery = 16;
+  static constexpr uint64_t kReplicaCheckEvery = RangeReplicator::kReplicaCheckEvery;
   // A backup that owes an acknowledgement (of a record or a seed) for
   // longer than this falls behind: the primary reports it to the monitor
   // (lagging_backups(), in its heartbeats), which drops it from the range's
   // set and gives the range another; durability waits for it until the
   // monitor's new set arrives, never longer.
-  static constexpr Duration kBackupLagLimit = std::chrono::seconds(5);
+  static constexpr Duration kBackupLagLimit = RangeReplicator::kBackupLagLimit;
   // The backups that fall behind (kBackupLagLimit), and how long the
   // longest has owed an acknowledgement (0: none owes one).
-  std::vector<uint32_t> lagging_backups() const;
-  double replication_lag_seconds() const;
+  std::vector<uint32_t> lagging_backups() const { return primary_.lagging_backups(); }
+  double replication_lag_seconds() const { return primary_.lag_seconds(); }
 
   // Checkpoints (issue 4). Snapshot: what a restart must not lose, taken
   // between two messages, so no step is half applied: the parameter table
@@ -384,6 +385,9 @@ class ShardCore {
     std::span<const wire::GroupLr> lrs;
   };
 
+  // shard.cc: the sequencing. Every check of a message, the serving
+  // state's gates, then the room it belongs to.
+  //
   // Under CURVE: whether the sender's id belongs to the key it came with
   // (else it is answered Refused and counted).
   bool SenderMatchesKey(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
@@ -398,26 +402,32 @@ class ShardCore {
   // and comes in ascending order without repeats (else BadLength).
   bool CheckKeys(std::span<const wire::KeyLen> keys, std::string* why,
                  wire::ErrorCode* code) const;
-
   void OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnInit(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  void OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  void OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void OnMembership(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  // Elastic shards: hand keys over (reply MoveData), or take them in.
-  void OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  void OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  void DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, uint64_t end,
-                std::vector<Outgoing>* out);
 
-  // Closes every clock that all live workers have pushed, then answers the
-  // pulls that became ready.
-  void Advance(std::vector<Outgoing>* out);
+  // shard_intake.cc: the push intake.
+  void OnPush(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // Whether a push was handled before and must not be applied again: dedup,
   // decided here only. A push with a seq: one at or below the worker's last
   // handled seq. Without one: asp, a clock at or below its last pushed one;
   // the synchronous modes, a clock still open that it pushed already.
   bool Duplicate(uint32_t worker, const Member& member, uint64_t seq, uint64_t clock) const;
+  // A part of a push in several parts: held, or the push completed by it
+  // handed on.
+  void OnPushPart(const Frame& peer, const Decoded& d, const msg::Push& m, Member& member,
+                  std::vector<Outgoing>* out);
+  void OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
+                   std::vector<Outgoing>* out);
+  // False when the push was answered NotReady or Refused for a clock too
+  // far ahead (not taken: the worker sends it again).
+  bool OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
+                  std::vector<Outgoing>* out);
+  // tau of a push, and the weight the staleness-aware learning rate gives it.
+  float StalenessWeight(const PushArgs& push);
+  void RecordPush(Member& member, uint64_t clock);
+  // One push folded in: updates_applied_ and its two metrics.
+  void CountApplied();
   // Each group's lr for a step, before its scale: a pacerctl set-lr
   // override, else the lr the step's push carried, else the group's
   // declared lr, else the job's default (the last two: the table's
@@ -429,66 +439,36 @@ class ShardCore {
   // step's samples over the global batch, becomes StepRecord::fraction.
   void ScaleStep(std::span<const wire::GroupLr> carried, float scale, float fraction,
                  StepRecord* step) const;
-  // One push folded in: updates_applied_ and its two metrics.
-  void CountApplied();
-  void RecordPush(Member& member, uint64_t clock);
-  // tau of a push, and the weight the staleness-aware learning rate gives it.
-  float StalenessWeight(const PushArgs& push);
+
+  // shard_barrier.cc: the clock barrier and the pulls.
+  //
+  // Closes every clock that all live workers have pushed, then answers the
+  // pulls that became ready.
+  void Advance(std::vector<Outgoing>* out);
   // Whether `worker` may read clock `clock` now (the mode's rule).
   bool PullReady(uint32_t worker, uint64_t clock);
-  // A part of a push in several parts: held, or the push completed by it
-  // handed on.
-  void OnPushPart(const Frame& peer, const Decoded& d, const msg::Push& m, Member& member,
-                  std::vector<Outgoing>* out);
-  void OnAsyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
-                   std::vector<Outgoing>* out);
-  // False when the push was answered NotReady or Refused for a clock too
-  // far ahead (not taken: the worker sends it again).
-  bool OnSyncPush(const Frame& peer, const Envelope& env, const PushArgs& push, Member& member,
-                  std::vector<Outgoing>* out);
+  // Moves a live worker's pushed clock up to `clock` (after a restore, the
+  // clocks it pushed before are lost, not missing).
+  void NotePassed(Member& member, int64_t clock);
+  void OnPull(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   void AnswerPull(const Frame& peer, const Envelope& to, uint64_t clock,
                   std::span<const wire::KeyLen> keys, double waited, std::vector<Outgoing>* out);
   // A pull with_state: the keys' parameters, then each state slot's values,
   // with the keys' step counts (copied: a tool's read, not the hot path).
   void AnswerStatePull(const Frame& peer, const Envelope& to, std::span<const wire::KeyLen> keys,
                        std::vector<Outgoing>* out);
-  std::vector<float> TakeBuffer();
-  // After keys moved in or out: staged parts and spare accumulators no
-  // longer fit the table's layout.
-  void LayoutChanged();
-  // Moves a live worker's pushed clock up to `clock` (after a restore, the
-  // clocks it pushed before are lost, not missing).
-  void NotePassed(Member& member, int64_t clock);
   // A payload buffer from a pool: reused once ZeroMQ has let go of it.
   std::shared_ptr<std::vector<float>> ReplyBuffer(size_t floats);
 
-  // A move's or a seed's description of `slice` (taken from `table`), and
-  // the slice a MoveData and its payload describe (sizes checked by the
-  // caller: groups and key_steps run parallel to keys).
-  static msg::MoveData MoveDataOf(const ParamTable& table, const TableSlice& slice,
-                                  int64_t applied_clock, uint64_t steps);
-  static TableSlice SliceOf(const msg::MoveData& m, std::span<const float> values);
-  // Replication, as a primary: a step applied (its record, the gradient
-  // copied unless `lent` holds it), then the record out to every seeded
-  // backup (Flush: at once in the synchronous modes, in batches in asp).
-  void ReplicateStep(const StepRecord& step, std::shared_ptr<std::vector<float>> lent);
-  void NoteApplied(uint32_t worker, uint64_t seq);
-  void FlushReplication(std::vector<Outgoing>* out);
-  // The next record, of what was applied since the last (FlushReplication,
-  // Leave).
-  void SendRecord(bool last, std::vector<Outgoing>* out);
-  // Forgets the batch of steps, marks and applied pushes not yet in a
-  // record (after a record, or with no backups left).
-  void ClearReplicationBatch();
-  void SendSeed(uint32_t backup, std::vector<Outgoing>* out);
-  // After an acknowledgement or a change of the set: what is durable now.
-  void UpdateDurable();
-  // The next check window: keys from check_cursor_ up to about 64 Ki values.
-  std::pair<uint64_t, uint64_t> NextCheckWindow();
-  Envelope RequestEnvelope();
-  void OnReplicate(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  void OnReplicateReply(const Decoded& d);
-  void OnBackupError(const Decoded& d);
+  // shard_transfer.cc: range transfer (elastic shards): hand keys over
+  // (reply MoveData), take them in, drop them.
+  void OnMoveOut(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void OnMoveIn(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
+  void DropKeys(const Frame& peer, const Decoded& d, uint64_t begin, uint64_t end,
+                std::vector<Outgoing>* out);
+  // After keys moved in or out: staged parts, spare accumulators and the
+  // backups' replicas no longer fit the table's layout.
+  void LayoutChanged();
 
   // Constant after construction.
   const ShardOptions options_;
@@ -499,16 +479,14 @@ class ShardCore {
 
   ShardJob job_;
   uint32_t shard_id_ = 0;  // set by Configure
-  bool configured_ = false;
+  ServingState serving_ = ServingState::kUnconfigured;
+  uint64_t deposed_epoch_ = 0;  // the epoch it was deposed at (kDeposed)
+  bool fenced_ = false;         // SetFenced
   bool stop_requested_ = false;
 
-  // The model: owned keys, parameters, optimizer state (DeclareModel, key
-  // moves, Restore). Its buffers are shared with ZeroMQ while a pull reply
-  // that references them is in flight, and with checkpoint snapshots; the
-  // table writes around them (copy-on-write), so replies go out zero-copy
-  // and never see a half-applied step.
-  std::unique_ptr<ParamTable> table_;
-  bool initialized_ = false;
+  // The range's data, shared by the rooms: the parameter table, how far it
+  // has stepped, the accumulators (ps/shard_range.h).
+  ShardRange range_;
 
   // pacerctl set-lr, by group index, and the version it came with.
   std::map<uint32_t, float> lr_overrides_;
@@ -523,14 +501,11 @@ class ShardCore {
   std::map<uint32_t, Member> live_;
 
   // The barrier.
-  int64_t applied_clock_ = -1;
   std::map<uint64_t, OpenClock> open_;
-  std::vector<std::vector<float>> spare_acc_;
   std::deque<ParkedPull> parked_;
   TimePoint async_reported_{};  // last stall report in the asynchronous modes
   std::vector<std::shared_ptr<std::vector<float>>> reply_pool_;
 
-  uint64_t steps_ = 0;
   uint64_t incomplete_steps_ = 0;
   uint64_t updates_applied_ = 0;
   uint64_t dropped_pushes_ = 0;
@@ -552,75 +527,11 @@ class ShardCore {
 
   TimePoint handle_start_{};  // when Handle began with the current message (latency metrics)
 
-  // Replication, as a primary (SetReplicaSet).
-  struct BackupLink {
-    uint64_t acked = 0;        // records it holds through
-    bool seeded = false;       // a seed went out; records follow it
-    uint64_t seed_record = 0;  // the record the last seed stood for
-    TimePoint retry_at{};      // after an error: seed again from then on
-    // Since when it has owed an acknowledgement (max: it holds everything
-    // sent), for lagging_backups().
-    TimePoint behind_since = TimePoint::max();
-  };
-  struct UnackedRecord {
-    uint64_t record = 0;
-    std::vector<std::pair<uint32_t, uint64_t>> marks;  // worker, last applied seq
-    TimePoint sent{};
-  };
-  // After `link` acknowledged: since when it owes the next record (max:
-  // nothing).
-  void UpdateBehind(BackupLink& link);
-  uint64_t repl_epoch_ = 0;
-  std::map<uint32_t, BackupLink> backups_;
-  uint64_t record_ = 0;  // the last record made
-  std::vector<msg::ReplicaStep> repl_steps_;   // applied since the last record
-  std::shared_ptr<std::vector<float>> repl_values_;  // their gradients, copied (asp)
-  // Buffers records went out with (TakeRecordBuffer), kRecordBuffers at most.
-  std::vector<std::shared_ptr<std::vector<float>>> sent_values_;
-  static constexpr size_t kRecordBuffers = 2;
-  std::shared_ptr<std::vector<float>> TakeRecordBuffer();
-  std::shared_ptr<std::vector<float>> repl_lent_;  // a step's accumulator (sync)
-  void RecycleAccumulator(std::shared_ptr<std::vector<float>> acc);
-  size_t repl_batch_steps_ = 0;  // steps applied since the last record
-  // The batch's record carries the state of the keys its steps changed
-  // (every key, or those listed), not their gradients (ReplicaStep.assign).
-  bool repl_assign_ = false;
-  bool repl_assign_all_ = false;
-  std::vector<uint64_t> repl_assign_keys_;
-  void NoteAssignKeys(std::span<const wire::KeyLen> keys);
-  // True when the batch's record is to be sent now (asp, ssp, dssp: its
-  // steps or values reached kReplicaBatchSteps or kReplicaBatchValues).
-  bool ReplicationBatchFull() const;
-  std::map<uint32_t, uint64_t> repl_marks_;    // changed since the last record
-  std::map<uint32_t, uint64_t> applied_marks_; // each worker's last applied seq
-  TimePoint repl_first_ = TimePoint::max();    // the oldest step not in a record
-  std::deque<UnackedRecord> unacked_;
-  std::map<uint32_t, uint64_t> durable_;       // worker -> durable through seq
-  AppliedLedger ledger_;                       // every push applied
-  std::vector<std::pair<uint32_t, uint64_t>> repl_applied_;  // applied since the last record
-  uint64_t check_cursor_ = 0;                  // first key of the next check window
-  std::vector<std::shared_ptr<std::vector<float>>> lent_acc_;  // accumulators in records
-
-  // Replication, as a backup (SetBacking).
-  struct Replica {
-    std::unique_ptr<ParamTable> table;
-    uint64_t epoch = 0;
-    uint64_t record = 0;
-    int64_t applied_clock = -1;
-    uint64_t steps = 0;
-    std::map<uint32_t, uint64_t> marks;
-    AppliedLedger ledger;
-    bool last = false;  // the primary's last record came
-  };
-  std::map<uint32_t, BackedRange> backing_;
-  std::map<uint32_t, Replica> replicas_;
-  uint64_t replica_checks_ = 0;
-  uint64_t replica_mismatches_ = 0;
-  bool fenced_ = false;  // SetFenced
-  bool awaiting_monitor_ = false;  // SetAwaitingMonitor
-  uint64_t deposed_epoch_ = 0;  // Depose (0: not deposed)
-  bool leaving_ = false;  // Leave
-  bool durable_hold_ = false;  // SetDurableHold
+  // The rooms of replication: the primary's side (records to the range's
+  // backups, durability, the ledger) and the backup's (replicas of other
+  // shards' ranges).
+  RangeReplicator primary_;
+  ReplicaHolder replicas_;
 };
 
 }  // namespace pacer

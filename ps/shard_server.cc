@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   s->transport_ = transport;
   s->options_ = options;
   s->checkpoint_policy_ = {options.checkpoint_interval, options.checkpoint_updates,
-                           options.periodic_checkpoints, options.stop_timeout};
+                           options.shard.safeguards.On(Safeguard::kCheckpoints),
+                           options.stop_timeout};
   s->registry_ = options.shard.registry ? options.shard.registry
                                         : std::make_shared<prometheus::Registry>();
   auto bound = transport->Bind(options.listen);
@@ -608,7 +609,7 @@ void ShardServer::Run() {
     // Fencing: a primary with backups that has not heard from the monitor
     // for its lease stops answering (the monitor may promote a backup).
     const bool expired =
-        options_.fencing && clock->Now().time_since_epoch().count() > lease_until_ns_;
+        options_.shard.safeguards.On(Safeguard::kFencing) && clock->Now().time_since_epoch().count() > lease_until_ns_;
     if (expired != fenced_) {
       fenced_ = expired;
       for (ServedRange& r : ranges_) r.core->SetFenced(fenced_);

@@ -61,16 +61,14 @@ struct ShardServerOptions {
   // (--stop-timeout): past it the checkpoint is given up, the previous one
   // stays, and stop_status() says why (pacer-server then exits 1).
   Duration stop_timeout = std::chrono::seconds(30);
-  // false only to show a chaos invariant failing (--unsafe-disable
-  // checkpoints): after its first checkpoint on time or count the shard
-  // takes no more (but for key moves and at exit), so a crash loses
-  // everything acknowledged since.
-  bool periodic_checkpoints = true;
-  // With backups, a primary that has not heard from the monitor for its
-  // shard lease stops answering (fencing). false only to show a chaos
-  // invariant failing (--unsafe-disable fencing): a primary cut off from
-  // the monitor goes on acknowledging after a backup took its range over.
-  bool fencing = true;
+  // The safeguards in shard.safeguards (ps/base/safeguards.h) include two
+  // of the server's own, switched off only to show a chaos invariant
+  // failing: checkpoints (after its first checkpoint on time or count the
+  // shard takes no more, but for key moves and at exit, so a crash loses
+  // everything acknowledged since) and fencing (with backups, a primary
+  // that has not heard from the monitor for its shard lease stops
+  // answering; off, it goes on acknowledging after a backup took its range
+  // over).
   // When it leaves, the shard writes to this file (--ledger; empty: none),
   // for each range it serves or holds a replica of: its role, epoch, last
   // record, a CRC-32 of its parameters and optimizer state, and its ledger,

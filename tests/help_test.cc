@@ -262,18 +262,14 @@ const OptionsStruct kOptions[] = {
 
 const std::map<std::string, std::string> kFieldFlag = {
     {"ShardServerOptions.heartbeat_interval", "--heartbeat-ms"},
-    {"ShardServerOptions.periodic_checkpoints", "--unsafe-disable"},
-    {"ShardServerOptions.fencing", "--unsafe-disable"},
     {"ShardServerOptions.faults", "--faults"},
     {"ShardOptions.check_crc", "--no-crc"},
-    {"ShardOptions.verify_crc", "--unsafe-disable"},
-    {"ShardOptions.dedup", "--unsafe-disable"},
-    {"ShardOptions.wait_durable", "--unsafe-disable"},
+    {"ShardOptions.safeguards", "--unsafe-disable"},
     {"ShardOptions.apply_updates", "--no-apply"},
     {"ShardOptions.monitor_key", "--allowed-keys"},  // the key named 'monitor'
     {"MonitorOptions.optimizer_settings", "--lr"},  // and the other optimizer flags
     {"MonitorOptions.time_cap_seconds", "--time-cap"},
-    {"MonitorOptions.lease_expiry", "--unsafe-disable"},
+    {"MonitorOptions.safeguards", "--unsafe-disable"},
     {"MonitorOptions.heartbeat_interval_ms", "--heartbeat-ms"},
     {"MonitorOptions.eval_interval_seconds", "--eval-interval"},
     {"MonitorOptions.eval_interval_clocks", "--eval-every-clocks"},

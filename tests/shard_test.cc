@@ -2168,7 +2168,7 @@ TEST_F(ReplicationTest, TheLedgerReachesTheBackupAndAPromotedCore) {
 // With dedup off, a retried push is applied again: the ledger counts it,
 // on the primary and (through the record) on the backup.
 TEST_F(ReplicationTest, APushAppliedTwiceIsCountedInTheLedger) {
-  options_.dedup = false;
+  options_.safeguards.SwitchOff(Safeguard::kDedup);
   StartReplicated(wire::Mode::Asp);
   RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
   RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);  // the same (worker, seq) again
@@ -2180,7 +2180,7 @@ TEST_F(ReplicationTest, APushAppliedTwiceIsCountedInTheLedger) {
 }
 
 TEST_F(ReplicationTest, WithDurableWaitOffAPushIsCalledDurableBeforeTheBackupHoldsIt) {
-  options_.wait_durable = false;
+  options_.safeguards.SwitchOff(Safeguard::kDurableWait);
   StartReplicated(wire::Mode::Bsp);
   hold_acks_ = true;  // the backup's acknowledgements never come
   RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1);
@@ -2324,6 +2324,43 @@ TEST_F(ReplicationTest, ADeposedPrimaryAnswersNothingOfItsRange) {
   }
   EXPECT_EQ(shard_->ledger().size(), 1u);
   EXPECT_EQ(shard_->durable_seq(kWorkerA), 1u) << "seq 2 must not be called durable";
+}
+
+// The serving state (ServingState) moves as the server says, one state at
+// a time: awaiting the monitor and back, leaving and back (a drain given
+// up), deposed and back (the range given back); a deposed core answers
+// nothing of its range and closes no clock, not even when the live set
+// shrinks to the workers that pushed.
+TEST_F(ReplicationTest, TheServingStateMovesOneStateAtATime) {
+  StartReplicated(wire::Mode::Bsp);
+  EXPECT_EQ(shard_->serving(), ServingState::kServing);
+  shard_->SetAwaitingMonitor(true);
+  EXPECT_EQ(shard_->serving(), ServingState::kAwaitingMonitor);
+  shard_->SetAwaitingMonitor(false);
+  EXPECT_EQ(shard_->serving(), ServingState::kServing);
+  std::vector<ShardCore::Outgoing> out;
+  shard_->Leave(&out);
+  Route(std::move(out));
+  EXPECT_EQ(shard_->serving(), ServingState::kLeaving);
+  EXPECT_TRUE(shard_->leaving());
+  shard_->SetAwaitingMonitor(true);  // only a serving core awaits the monitor
+  EXPECT_EQ(shard_->serving(), ServingState::kLeaving);
+  out.clear();
+  shard_->CancelLeave(&out);
+  Route(std::move(out));
+  EXPECT_EQ(shard_->serving(), ServingState::kServing);
+  EXPECT_EQ(ErrorOf(RPush(kWorkerA, 0, 1, Grad(0, kWorkerA), 1)), std::nullopt);
+  shard_->Depose(3);
+  EXPECT_EQ(shard_->serving(), ServingState::kDeposed);
+  EXPECT_EQ(shard_->deposed_epoch(), 3u);
+  out.clear();
+  shard_->Leave(&out);  // a deposed core has nothing to leave
+  EXPECT_EQ(shard_->serving(), ServingState::kDeposed);
+  ExpectAck(Membership(2, {{kWorkerA, 0, 1}}));  // B leaves: A's push alone would close clock 0
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  shard_->Depose(0);  // given back
+  EXPECT_EQ(shard_->serving(), ServingState::kServing);
+  EXPECT_EQ(shard_->deposed_epoch(), 0u);
 }
 
 // A backup that owes an acknowledgement for longer than kBackupLagLimit

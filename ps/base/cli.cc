@@ -263,6 +263,14 @@ bool UnsafeSwitches::Off(const std::string& name) const {
   return std::find(off.begin(), off.end(), name) != off.end();
 }
 
+Safeguards UnsafeSwitches::safeguards() const {
+  Safeguards s;
+  for (const std::string& name : off) {
+    if (auto g = Safeguards::Named(name)) s.SwitchOff(*g);
+  }
+  return s;
+}
+
 void AddUnsafeDisableFlag(CLI::App& app, UnsafeSwitches* switches,
                           const std::vector<std::pair<std::string, std::string>>& allowed) {
   std::string help =

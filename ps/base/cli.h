@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "ps/base/fault.h"
 #include "ps/base/metrics.h"
+#include "ps/base/safeguards.h"
 #include "ps/base/transport.h"
 
 namespace pacer {
@@ -89,6 +90,8 @@ void AddFaultFlags(CLI::App& app, FaultFlags* flags);
 struct UnsafeSwitches {
   std::vector<std::string> off;
   bool Off(const std::string& name) const;
+  // The shards' and the monitor's (ps/base/safeguards.h) among them.
+  Safeguards safeguards() const;
 };
 void AddUnsafeDisableFlag(CLI::App& app, UnsafeSwitches* switches,
                           const std::vector<std::pair<std::string, std::string>>& allowed);
