@@ -293,9 +293,6 @@ class MonitorCore {
   void OnFaultControl(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
   // pacerctl set-lr: sets or clears a group's lr override.
   void OnSetLr(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out);
-  // Workers joined, left or finished: the policy takes the live set once
-  // the map is built.
-  void WorkersChanged();
   // The first shard map, the data feed and the batch sizes, once enough
   // shards and workers registered and the model is declared.
   void StartJob(std::vector<Outgoing>* out);

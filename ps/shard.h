@@ -47,7 +47,8 @@ struct ShardOptions {
   // (a duplicate or retried push is applied again), durable-wait (with
   // backups, a push is called durable as soon as it is applied, so a
   // primary's death loses pushes the workers were told are durable), and
-  // the server's checkpoints and fencing (ShardServerOptions).
+  // the server's own two, checkpoints and fencing (read by ShardServer from
+  // ShardServerOptions::shard.safeguards).
   Safeguards safeguards;
   // Apply pushes to the parameters. false only for transport benchmarks:
   // pushes are accepted, verified and acknowledged, and nothing changes.

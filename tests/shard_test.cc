@@ -1138,7 +1138,7 @@ TEST(ShardNotReadyTest, MessagesBeforeConfigureAreNotReady) {
   EXPECT_EQ(d.As<wire::Error>()->code(), wire::ErrorCode::NotReady);
 }
 
-// Regression test for a shard bug (fixed): OnPull and OnPush (ps/shard.cc) ran
+// Regression test for a shard bug (fixed): OnPull and OnPush (ps/shard_barrier.cc, ps/shard_intake.cc) ran
 // CheckKeys before the "model not declared yet" check, so before DeclareModel
 // (e.g. a shard that restarted) every non-empty request is NotOwner, which
 // clients treat as a permanent InvalidArgument, instead of NotReady

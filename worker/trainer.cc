@@ -1,8 +1,4 @@
 #include "worker/trainer.h"
-#include "worker/chunk_reader.h"
-
-#include <fnmatch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,128 +6,23 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <mutex>
-#include <numeric>
 #include <optional>
-#include <random>
-#include <set>
 #include <thread>
 #include <tuple>
 
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
 #include "ps/base/mutex.h"
 #include "ps/base/rpc.h"
 #include "ps/client.h"
 #include "spdlog/spdlog.h"
+#include "worker/chunk_reader.h"
+#include "worker/layer_pusher.h"
+#include "worker/monitor_session.h"
+#include "worker/partition_reader.h"
+#include "worker/worker_metrics.h"
 
 namespace pacer::worker {
 
-std::vector<wire::KeyLen> BlockKeys(const std::vector<TensorSpec>& tensors, size_t block_floats) {
-  std::vector<wire::KeyLen> keys;
-  block_floats = std::max<size_t>(1, block_floats);
-  uint64_t k = 0;
-  for (const TensorSpec& t : tensors) {
-    for (size_t off = 0; off < t.size; off += block_floats) {
-      keys.emplace_back(k++, std::min(block_floats, t.size - off));
-    }
-  }
-  return keys;
-}
-
-absl::StatusOr<msg::DeclareModel> Declaration(const std::vector<TensorSpec>& tensors,
-                                              size_t block_floats,
-                                              const std::vector<ParamGroupSpec>& param_groups) {
-  msg::DeclareModel m;
-  for (size_t i = 0; i < param_groups.size(); ++i) {
-    const std::string& name = param_groups[i].settings.name;
-    if (name.empty() || name == kDefaultGroupName) {
-      return absl::InvalidArgumentError("a parameter group needs a name other than 'default'");
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (param_groups[j].settings.name == name) {
-        return absl::InvalidArgumentError("parameter group '" + name + "' is named twice");
-      }
-    }
-    m.param_groups.push_back(param_groups[i].settings);
-  }
-  m.keys = BlockKeys(tensors, block_floats);
-  size_t key = 0;
-  bool grouped = false;
-  for (const TensorSpec& t : tensors) {
-    uint32_t group = kDefaultGroup;
-    for (size_t g = 0; g < param_groups.size() && group == kDefaultGroup; ++g) {
-      for (const std::string& pattern : param_groups[g].patterns) {
-        if (fnmatch(pattern.c_str(), t.name.c_str(), 0) == 0) {
-          group = static_cast<uint32_t>(g + 1);
-          break;
-        }
-      }
-    }
-    grouped |= group != kDefaultGroup;
-    for (size_t off = 0; off < t.size; off += std::max<size_t>(1, block_floats), ++key) {
-      m.names.push_back(t.name);
-      m.groups.push_back(group);
-    }
-  }
-  if (!grouped) m.groups.clear();
-  return m;
-}
-
-absl::StatusOr<ParamGroupSpec> ParseParamGroup(const std::string& spec) {
-  const size_t a = spec.find(':');
-  const size_t b = a == std::string::npos ? a : spec.find(':', a + 1);
-  if (b == std::string::npos) {
-    return absl::InvalidArgumentError("--param-group '" + spec +
-                                      "': want NAME:PATTERNS:SETTINGS, e.g. "
-                                      "no_decay:*.bias:weight_decay=0");
-  }
-  auto settings = ParseGroupSettings(spec.substr(b + 1));
-  if (!settings.ok()) {
-    return absl::InvalidArgumentError("--param-group '" + spec +
-                                      "': " + std::string(settings.status().message()));
-  }
-  ParamGroupSpec g;
-  g.settings = *settings;
-  g.settings.name = spec.substr(0, a);
-  for (size_t at = a + 1; at <= b;) {
-    const size_t comma = std::min(spec.find(',', at), b);
-    if (comma > at) g.patterns.push_back(spec.substr(at, comma - at));
-    at = comma + 1;
-  }
-  if (g.settings.name.empty() || g.patterns.empty()) {
-    return absl::InvalidArgumentError("--param-group '" + spec +
-                                      "': a group needs a name and at least one pattern");
-  }
-  return g;
-}
-
 namespace {
-
-// The least time a heartbeat waits for its reply (at least twice the interval).
-constexpr Duration kMinHeartbeatWait = std::chrono::milliseconds(250);
-
-// What the latest heartbeat reply said, shared with the training thread.
-struct JobView {
-  wire::JobState state = wire::JobState::Waiting;
-  bool have_map = false;
-  ShardMapInfo map;
-  uint64_t start_clock = 0;
-  uint32_t partition_index = 0;
-  uint32_t partition_count = 1;
-  uint32_t batch = 0;            // the current assignment
-  uint32_t staleness_bound = 0;  // its s (ssp) or s_L (dssp)
-  uint32_t staleness_range = 0;  // its r_max (dssp)
-  bool evaluate = false;         // this worker evaluates the test set
-  uint64_t evaluate_now = 0;     // the monitor asks for an evaluation at once
-  uint64_t pause_at = 0;         // hold before running this clock (0: no pause)
-  // The data partitions this worker owns, with the monitor's positions.
-  std::vector<wire::PartitionPosition> partitions;
-  uint32_t data_epoch = 0;  // The data stream: the job's epoch
-  std::string stop_reason;
-  absl::Status error;  // set when the monitor refuses us
-};
 
 // A file opened to append to (the --*-log flags), closed when it goes; null
 // for an empty path.
@@ -144,212 +35,20 @@ absl::StatusOr<LogFile> OpenLog(const std::string& path, const char* flag) {
   return LogFile(f, &std::fclose);
 }
 
-// The gradient sink of a layer-wise push: sends each layer's part as the
-// backward pass finishes it. Straggler emulation stretches the compute
-// before each part (and the rest after the pass, Finish) by `factor`. An
-// asynchronous backend's reports are not timed on this thread, so under a
-// slowdown its parts are held until the whole pass is stretched (`defer`).
-struct LayerPusher : GradientSink {
-  LayerPusher(PsClient& c, const Clock& clk, double f, bool hold)
-      : client(c), clock(clk), factor(f), defer(hold && f > 1.0), mark(clk.Now()) {}
-  void Ready(size_t stage) override {
-    if (defer) {
-      held.push_back(stage);
-      return;
-    }
-    Stretch();
-    Send(stage);
-  }
-  // After the pass: the rest of the compute stretched, held parts sent.
-  void Finish() {
-    Stretch();
-    for (size_t stage : held) Send(stage);
-    held.clear();
-  }
-  void Send(size_t stage) {
-    if (!error.ok()) return;  // FinishPush is skipped; the caller sends it all again
-    const TimePoint start = clock.Now();
-    const uint64_t before = client.push_messages();
-    error = client.PushStage(stage);
-    if (client.push_messages() > before && !early) {
-      early = true;
-      first_sent = start;
-    }
-    mark = clock.Now();
-    sending += mark - start;
-  }
-  // Sleeps (factor - 1) times the compute since the last mark.
-  void Stretch() {
-    const TimePoint now = clock.Now();
-    if (factor > 1.0) {
-      clock.SleepUntil(now + std::chrono::duration_cast<Duration>((now - mark) * (factor - 1.0)));
-    }
-    mark = clock.Now();
-  }
-  PsClient& client;
-  const Clock& clock;
-  const double factor;
-  const bool defer;
-  TimePoint mark;
-  std::vector<size_t> held;
-  absl::Status error;
-  bool early = false;  // a part went out before the pass ended
-  TimePoint first_sent{};
-  Duration sending{};  // time in PushStage (communication, not compute)
-};
-
 }  // namespace
 
-// The worker's metrics, labelled with its rank (known once registered).
-struct WorkerMetrics {
-  WorkerMetrics(prometheus::Registry& r, uint32_t rank) {
-    const prometheus::Labels l{{"worker_rank", std::to_string(rank)}};
-    const prometheus::Histogram::BucketBoundaries seconds{
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-    compute = &prometheus::BuildHistogram()
-                   .Name("pacer_worker_compute_seconds")
-                   .Help(
-                       "Time one iteration spent computing its gradient (straggler "
-                       "emulation's sleep included)")
-                   .Register(r)
-                   .Add(l, seconds);
-    communication = &prometheus::BuildHistogram()
-                         .Name("pacer_worker_communication_seconds")
-                         .Help(
-                             "Time one iteration spent on push and pull, waiting on the "
-                             "consistency rule excluded")
-                         .Register(r)
-                         .Add(l, seconds);
-    overlap = &prometheus::BuildHistogram()
-                   .Name("pacer_worker_overlap_seconds")
-                   .Help(
-                       "Layer-wise push: how long one iteration's push was on its way while "
-                       "its gradient was still being computed")
-                   .Register(r)
-                   .Add(l, seconds);
-    wait = &prometheus::BuildHistogram()
-                .Name("pacer_worker_wait_seconds")
-                .Help(
-                    "Time one iteration's pull waited on the consistency rule (the barrier, "
-                    "the staleness bound)")
-                .Register(r)
-                .Add(l, seconds);
-    staleness = &prometheus::BuildHistogram()
-                     .Name("pacer_worker_observed_staleness_steps")
-                     .Help("Clocks the parameters one iteration read were behind it (0: fresh)")
-                     .Register(r)
-                     .Add(l, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
-    iterations = &prometheus::BuildCounter()
-                      .Name("pacer_worker_iterations_total")
-                      .Help("Iterations whose push every shard acknowledged")
-                      .Register(r)
-                      .Add(l);
-    samples = &prometheus::BuildCounter()
-                   .Name("pacer_worker_samples_total")
-                   .Help("Training samples in acknowledged pushes")
-                   .Register(r)
-                   .Add(l);
-    samples_per_second = &prometheus::BuildGauge()
-                              .Name("pacer_worker_samples_per_second")
-                              .Help("Training samples per second over the last progress interval")
-                              .Register(r)
-                              .Add(l);
-    batch = &prometheus::BuildGauge()
-                 .Name("pacer_worker_batch_size")
-                 .Help("The batch size this worker trains with (the policy's assignment)")
-                 .Register(r)
-                 .Add(l);
-    bound = &prometheus::BuildGauge()
-                 .Name("pacer_worker_staleness_bound_steps")
-                 .Help("The staleness bound assigned to this worker: s (ssp) or s_L (dssp)")
-                 .Register(r)
-                 .Add(l);
-    range = &prometheus::BuildGauge()
-                 .Name("pacer_worker_staleness_range_steps")
-                 .Help("dssp: r_max, the extra iterations past s_L this worker may be granted")
-                 .Register(r)
-                 .Add(l);
-    clock = &prometheus::BuildGauge()
-                 .Name("pacer_worker_clock")
-                 .Help("The clock (iteration) this worker runs next")
-                 .Register(r)
-                 .Add(l);
-    not_durable = &prometheus::BuildGauge()
-                       .Name("pacer_worker_pushes_not_durable")
-                       .Help(
-                           "Pushes kept until their range's backups hold them (monitor "
-                           "--replicas), to send again to a new primary after a failover")
-                       .Register(r)
-                       .Add(l);
-    loss = &prometheus::BuildGauge()
-                .Name("pacer_training_loss")
-                .Help("Training loss (cross-entropy, moving average over iterations)")
-                .Register(r)
-                .Add(l);
-  }
-  prometheus::Histogram *compute, *communication, *overlap, *wait, *staleness;
-  prometheus::Counter *iterations, *samples;
-  prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss, *not_durable;
-};
+// The trainer's inside: the training thread's sequence (NextBatch, Pull,
+// StartPush, FinishPush) over its rooms: the monitor session it is (its
+// base: registration, heartbeats, the job's view; worker/monitor_session.h),
+// the data it reads (partitions, or the data stream's chunks), the layer
+// pusher (worker/layer_pusher.h), the evaluation thread (EvaluationLoop)
+// and the metrics (worker/worker_metrics.h).
+struct Trainer::Impl : MonitorSession {
+  Impl(Transport* t, TrainerOptions o) : MonitorSession(t, std::move(o)) {}
 
-struct Trainer::Impl {
-  Transport* transport;
-  TrainerOptions options;
-  const Clock* clock;
-  std::atomic<bool> cancel{false};
-
-  uint32_t id = 0;
-  uint32_t rank = 0;
-  uint64_t job_id = 0;
-  // Job settings from the register reply.
-  uint32_t epochs = 0;
-  bool data_stream = false;  // the job reads one data stream (chunks)
-  wire::Mode mode = wire::Mode::Bsp;
-  uint64_t seed = 1;
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  double eval_interval = 1.0;
-  uint32_t eval_clocks = 0;  // also evaluate every this many clocks; 0: off
-  Duration heartbeat_interval = std::chrono::milliseconds(100);
-
-  Mutex mu;  // guards view, positions, progress, reported, monitor_up, paused, window
-  std::condition_variable cv;
-  JobView view ABSL_GUARDED_BY(mu);
-  std::atomic<uint64_t> clock_now{0};
-  std::atomic<float> samples_per_second{0};
-  std::atomic<bool> done{false};  // finished its epochs
-  std::atomic<bool> stop{false};  // the job stopped (or we must stop)
-  // Set with stop, and by Cancel(): requests in flight give up.
-  std::atomic<bool> interrupt{false};
-  std::atomic<bool> heartbeat_exit{false};
   // What the worker is doing, for /readyz.
   enum class Phase { kLoading, kRegistering, kWaitingForRun, kTraining, kFinished };
   std::atomic<Phase> phase{Phase::kLoading};
-  // The newest shard-map version the monitor announced (view.map holds it).
-  std::atomic<uint64_t> map_version{0};
-  // Read positions after the last acknowledged push, per owned partition,
-  // for the monitor (guarded by mu). progress: bumped with each; reported:
-  // the progress the monitor has acknowledged; monitor_up: the last
-  // heartbeat got an answer.
-  std::map<uint32_t, std::pair<uint32_t, uint64_t>> positions ABSL_GUARDED_BY(mu);
-  uint64_t progress ABSL_GUARDED_BY(mu) = 0;
-  uint64_t reported ABSL_GUARDED_BY(mu) = 0;
-  bool monitor_up ABSL_GUARDED_BY(mu) = true;
-  bool paused ABSL_GUARDED_BY(mu) = false;  // held at the monitor's pause clock
-  std::condition_variable progress_cv;
-  // Timings since the last heartbeat, for the policy (guarded by mu).
-  struct Window {
-    uint32_t iterations = 0;
-    uint64_t samples = 0;
-    double compute = 0, communication = 0, wait = 0;
-    // Sums of batch^2 and batch x compute seconds, for the policy's fit,
-    // and the quickest and slowest iteration's compute.
-    double batch_squares = 0, batch_compute = 0;
-    double compute_min = 0, compute_max = 0;
-    void AddRange(double lo, double hi) {
-      compute_min = compute_min > 0 ? std::min(compute_min, lo) : lo;
-      compute_max = std::max(compute_max, hi);
-    }
-  } window ABSL_GUARDED_BY(mu);
 
   Model* model = nullptr;
   std::vector<wire::KeyLen> keys;
@@ -361,31 +60,18 @@ struct Trainer::Impl {
       ack_log{nullptr, &std::fclose};
   uint64_t logged_durable = 0;  // the last "durable" line of ack_log
 
-  // The data: partitions of the training set, each read in a shuffled order
-  // per epoch that depends only on (seed, partition, epoch), so whoever owns
-  // a partition next continues it where the monitor's position says.
-  struct Reader {
-    size_t begin = 0, end = 0;  // its samples
-    uint32_t epoch = 0;
-    uint64_t offset = 0;  // next sample of this epoch's order
-    std::vector<uint32_t> order;
-    uint32_t order_epoch = UINT32_MAX;
-  };
+  // The data: the training set's partitions this worker reads (the data
+  // stream's chunks are the session's, under its lock).
   size_t samples = 0;  // in the data set
-  // The data stream: the chunks the monitor gives us.
-  std::optional<ChunkReader> chunks ABSL_GUARDED_BY(mu);
-  uint32_t partition_count = 1;
-  std::map<uint32_t, Reader> readers;
-  uint32_t last_read = UINT32_MAX;  // round-robin over the owned partitions
+  PartitionReader partitions{this};
 
   // The iteration in progress (NextBatch to FinishPush).
   BatchPlan plan;
-  Reader* reader = nullptr;  // plan's partition; null: an empty push
   bool stream_batch = false;  // the plan's samples come from a chunk
   bool planned = false;
   int batch = 1;            // the assignment in force
   uint64_t clock_next = 0;  // the clock the next iteration runs
-  uint32_t epoch = 0;       // the lowest epoch among the owned partitions (progress lines)
+  uint32_t epoch = 0;       // the epoch read (the lowest among the owned partitions)
   TimePoint pull_start{}, compute_start{}, compute_begin{};
   double pull_seconds = 0, waited = 0;
   Duration positions_wait{};
@@ -403,22 +89,6 @@ struct Trainer::Impl {
   TimePoint window_start{};
   double loss_ewma = 0;
 
-  absl::Status Register(RpcChannel& monitor);
-  void HeartbeatLoop(std::unique_ptr<RpcChannel> monitor);
-  void EvalLoop(ShardMapInfo map);
-  // Switches `client` to the newest shard map if it is behind.
-  absl::Status RefreshMap(PsClient& client);
-  // Waits (at most 1 s) until the monitor holds every read position
-  // reported so far; not while the monitor is unreachable. `lock` holds mu.
-  void WaitForReportedPositions(MutexLock& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const TimePoint until = clock->Now() + std::chrono::seconds(1);
-    while (monitor_up && reported < progress && !stop && !cancel.load() &&
-           !clock->WaitUntil(progress_cv, lock.native(), until)) {
-    }
-  }
-  // Takes the partitions the monitor gives this worker, lets go of those
-  // it moved elsewhere.
-  void SyncPartitions(const std::vector<wire::PartitionPosition>& owned);
   // The acknowledged push's bookkeeping: logs, read position, metrics,
   // progress.
   void Acknowledged(double compute_seconds, double communication);
@@ -440,262 +110,10 @@ struct Trainer::Impl {
   // Stops the side threads (after the heartbeat told the monitor we are
   // done).
   void JoinThreads();
-  bool Stopping() const { return stop.load() || cancel.load(); }
-  RpcOptions Rpc() const {
-    RpcOptions r;
-    r.job_id = job_id;
-    r.sender = id;
-    r.max_message_bytes = options.max_message_bytes;
-    return r;
-  }
 };
 
-absl::Status Trainer::Impl::Register(RpcChannel& monitor) {
-  const TimePoint give_up = clock->Now() + options.start_timeout;
-  // A token that names this worker instance, so that a retried registration
-  // (the first may still be queued) gets the same id instead of a new one.
-  std::random_device rd;
-  const std::string token =
-      "worker-" + std::to_string(getpid()) + "-" + std::to_string((uint64_t{rd()} << 32) | rd());
-  const TimePoint started = clock->Now();
-  TimePoint next_notice = started + kWaitingNoticeFirst;
-  for (;;) {
-    if (const TimePoint now = clock->Now(); now >= next_notice) {
-      // Silence here looks like a hang: say what we wait for, and how long.
-      spdlog::info(
-          "waiting for the monitor at {}: no answer for {:.0f} s (giving up after {:.0f} s, "
-          "--start-timeout)",
-          options.monitor, ToSeconds(now - started), ToSeconds(options.start_timeout));
-      next_notice = now + kWaitingNoticeEvery;
-    }
-    msg::Register request;
-    request.role = wire::Role::Worker;
-    request.address = token;
-    auto reply = monitor.Call(request, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
-    if (reply.ok() && reply->type() == wire::Body::RegisterReply) {
-      const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reply);
-      id = r.id;
-      rank = r.rank;
-      job_id = reply->env.job_id;
-      if (r.job) {
-        epochs = r.job->epochs;
-        data_stream = r.job->data_stream;
-        mode = r.job->mode;
-        optimizer = r.job->optimizer;
-        seed = r.job->seed;
-        eval_interval = r.job->eval_interval_seconds;
-        eval_clocks = r.job->eval_interval_clocks;
-        heartbeat_interval =
-            std::chrono::milliseconds(std::max<uint32_t>(1, r.job->heartbeat_interval_ms));
-      }
-      return absl::OkStatus();
-    }
-    absl::Status s = reply.ok() ? absl::InternalError("unexpected register reply") : reply.status();
-    if (WireCode(s) == wire::ErrorCode::Refused || WireCode(s) == wire::ErrorCode::WrongVersion) {
-      return s;
-    }
-    if (clock->Now() >= give_up || cancel.load()) {
-      return absl::DeadlineExceededError("could not register with monitor " + options.monitor +
-                                         ": " + std::string(s.message()));
-    }
-    clock->SleepUntil(clock->Now() + std::chrono::milliseconds(100));
-  }
-}
-
-void Trainer::Impl::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
-  RuntimeFaults runtime_faults(options.faults);
-  while (!heartbeat_exit) {
-    const TimePoint next = clock->Now() + heartbeat_interval;
-    const bool finishing = done.load();
-    Window t;
-    msg::Heartbeat hb;
-    std::vector<wire::PartitionPosition> pos;
-    uint64_t sending = 0;
-    bool paused_now = false;
-    {
-      MutexLock lock(mu);
-      t = window;
-      window = Window{};
-      for (const auto& [index, p] : positions) pos.emplace_back(index, p.first, p.second);
-      if (chunks) hb.chunks = chunks->Report();
-      sending = progress;
-      paused_now = paused;
-    }
-    const double iters = std::max<uint32_t>(1, t.iterations);
-    hb.role = wire::Role::Worker;
-    hb.clock = clock_now.load();
-    hb.samples_per_second = samples_per_second.load();
-    hb.done = finishing;
-    hb.iterations = t.iterations;
-    hb.batch = static_cast<uint32_t>(std::lround(t.samples / iters));
-    hb.compute_seconds_per_sample = static_cast<float>(t.compute / std::max<double>(1, t.samples));
-    hb.communication_seconds = static_cast<float>(t.communication / iters);
-    hb.wait_seconds = static_cast<float>(t.wait / iters);
-    hb.memory_limit_batch = options.max_batch;
-    hb.positions = std::move(pos);
-    hb.paused = paused_now;
-    hb.samples = t.samples;
-    hb.compute_seconds = t.compute;
-    hb.batch_squares = t.batch_squares;
-    hb.batch_compute = t.batch_compute;
-    hb.compute_min_seconds = t.compute_min;
-    hb.compute_max_seconds = t.compute_max;
-    // A heartbeat lost on the way (there or back) is given up soon and the
-    // next one sent: the lease (3 s by default) must outlast several tries.
-    // A 1 s wait here let three losses in a row (1 in ~1000 heartbeats
-    // under 10% loss) expire a live worker's lease.
-    auto reply =
-        monitor->Call(hb, clock->Now() + std::max(heartbeat_interval * 2, kMinHeartbeatWait));
-    {
-      MutexLock lock(mu);
-      if (!reply.ok() && t.iterations > 0) {
-        // Not delivered: the timings go with the next heartbeat.
-        window.iterations += t.iterations;
-        window.samples += t.samples;
-        window.compute += t.compute;
-        window.communication += t.communication;
-        window.wait += t.wait;
-        window.batch_squares += t.batch_squares;
-        window.batch_compute += t.batch_compute;
-        if (t.iterations > 0) window.AddRange(t.compute_min, t.compute_max);
-      }
-      monitor_up = reply.ok();
-      if (reply.ok()) reported = std::max(reported, sending);
-      if (reply.ok() && reply->type() == wire::Body::HeartbeatReply) {
-        const msg::HeartbeatReply r = msg::Read<msg::HeartbeatReply>(*reply);
-        runtime_faults.Apply(r.faults_version, r.faults);
-        view.state = r.state;
-        view.partitions = r.partitions;
-        view.data_epoch = r.data_epoch;
-        // Only a running job's reply lists our chunks.
-        if (chunks && r.state == wire::JobState::Running) chunks->Sync(r.chunks);
-        if (r.shard_map && !view.have_map) {
-          view.map = ShardMapFromWire(*r.shard_map);
-          view.have_map = true;
-          view.start_clock = r.start_clock;
-          view.partition_index = r.partition_index;
-          view.partition_count = std::max<uint32_t>(1, r.partition_count);
-          map_version = view.map.version;
-        } else if (r.shard_map && r.shard_map->version > view.map.version) {
-          // A shard moved (restarted elsewhere) or the key ranges changed.
-          view.map = ShardMapFromWire(*r.shard_map);
-          map_version = view.map.version;
-        }
-        view.evaluate = r.evaluate;
-        view.evaluate_now = r.evaluate_now;
-        view.pause_at = r.pause_at;
-        if (r.assignment && r.assignment->batch_size > 0) {
-          view.batch = r.assignment->batch_size;
-          view.staleness_bound = r.assignment->staleness_bound;
-          view.staleness_range = r.assignment->staleness_range;
-        }
-        if (r.state == wire::JobState::Stopped) {
-          view.stop_reason = r.stop_reason;
-          stop = true;
-          if (options.interrupt_on_stop) interrupt = true;
-        }
-      } else if (!reply.ok() && WireCode(reply.status()) == wire::ErrorCode::NotMember) {
-        view.error = absl::FailedPreconditionError("the monitor no longer counts this worker: " +
-                                                   std::string(reply.status().message()));
-        stop = true;
-        interrupt = true;
-      } else if (!reply.ok()) {
-        SPDLOG_DEBUG("heartbeat: {}", ErrorText(reply.status()));
-      }
-    }
-    cv.notify_all();
-    progress_cv.notify_all();
-    if (finishing && reply.ok()) break;  // the monitor heard that we are done
-    if (stop) break;
-    // Until the next heartbeat is due, or at once when a push was
-    // acknowledged (the monitor keeps the read positions current).
-    MutexLock lock(mu);
-    while (!heartbeat_exit && !stop && progress == sending &&
-           !clock->WaitUntil(progress_cv, lock.native(), next)) {
-    }
-  }
-}
-
-absl::Status Trainer::Impl::RefreshMap(PsClient& client) {
-  if (map_version.load() <= client.map_version()) return absl::OkStatus();
-  ShardMapInfo map;
-  {
-    MutexLock lock(mu);
-    map = view.map;
-  }
-  spdlog::info("worker {}: shard map v{} -> v{}", id, client.map_version(), map.version);
-  return client.SetMap(map);
-}
-
-void Trainer::Impl::EvalLoop(ShardMapInfo map) {
-  // Every worker with an evaluation runs this loop; the one the monitor
-  // names (the live worker with the lowest rank) evaluates.
-  ClientOptions copts;
-  copts.rpc = Rpc();
-  copts.request_timeout = std::chrono::seconds(10);
-  copts.cancel = &heartbeat_exit;
-  copts.latest_map_version = &map_version;
-  auto client = PsClient::Create(transport, copts, map, keys);
-  auto monitor = RpcChannel::Connect(transport, options.monitor, Rpc());
-  if (!client.ok() || !monitor.ok()) return;
-  MutexLock lock(mu);
-  // Two schedules: every eval_interval seconds, and (if set) every
-  // eval_clocks of this worker's clocks; each evaluation says which asked.
-  TimePoint next = clock->Now() + FromSeconds(eval_interval);
-  uint64_t next_clock = eval_clocks;
-  uint64_t answered = 0;  // the last evaluate_now answered
-  while (!heartbeat_exit) {
-    // `cv` also wakes on every heartbeat and as clocks pass: wait for a
-    // deadline of one schedule or the other, or the monitor's request.
-    bool by_time = false;
-    while (!heartbeat_exit && !(eval_clocks > 0 && clock_now.load() >= next_clock) &&
-           view.evaluate_now <= answered) {
-      if (clock->WaitUntil(cv, lock.native(), next)) {
-        by_time = true;
-        break;
-      }
-    }
-    if (heartbeat_exit) break;
-    uint32_t every_clocks = 0;
-    uint64_t request = 0;
-    if (view.evaluate_now > answered) {
-      request = answered = view.evaluate_now;
-    } else if (by_time) {
-      next = clock->Now() + FromSeconds(eval_interval);
-    } else {
-      every_clocks = eval_clocks;
-      // The next multiple past the current clock: a slow evaluation skips
-      // the clocks it missed rather than queueing them.
-      next_clock = (clock_now.load() / eval_clocks + 1) * eval_clocks;
-    }
-    if (!view.evaluate) continue;
-    lock.Unlock();
-    if (absl::Status s = RefreshMap(**client); !s.ok()) {
-      spdlog::warn("worker {}: evaluation: {}", id, ErrorText(s));
-    }
-    auto applied = (*client)->Pull(0, /*latest=*/true);
-    if (applied.ok()) {
-      absl::StatusOr<EvalResult> r = options.evaluate((*client)->params());
-      if (!r.ok()) {
-        spdlog::error("worker {}: cannot evaluate: {}", id, ErrorText(r.status()));
-        return;
-      }
-      const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
-                                       static_cast<float>(r->accuracy), static_cast<float>(r->loss),
-                                       static_cast<uint32_t>(r->samples), every_clocks,
-                                       request, /*scheduled=*/true};
-      auto ack = (*monitor)->Call(report, clock->Now() + std::chrono::seconds(2));
-      if (!ack.ok()) SPDLOG_DEBUG("accuracy report: {}", ErrorText(ack.status()));
-    }
-    lock.Lock();
-  }
-}
-
-Trainer::Trainer(Transport* transport, TrainerOptions options) : impl_(new Impl()) {
-  impl_->transport = transport;
-  impl_->options = std::move(options);
-  impl_->clock = transport->clock();
-}
+Trainer::Trainer(Transport* transport, TrainerOptions options)
+    : impl_(new Impl(transport, std::move(options))) {}
 
 Trainer::~Trainer() { impl_->JoinThreads(); }
 
@@ -834,10 +252,10 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
     spdlog::info("worker {}: initialised {} parameters on {} shard(s)", w.id, model->num_params(),
                  view.map.shards.size());
   }
-  if (o.evaluate) w.eval = std::thread([&w, map = view.map] { w.EvalLoop(map); });
+  if (o.evaluate) w.eval = std::thread([&w, map = view.map] { EvaluationLoop(w, w.keys, map); });
 
-  w.partition_count = std::max<uint32_t>(1, view.partition_count);
-  w.SyncPartitions(view.partitions);
+  w.partitions.Configure(samples, view.partition_count);
+  w.partitions.Sync(view.partitions);
   w.batch = static_cast<int>(std::max<uint32_t>(1, view.batch));
   for (auto [file, path, flag] : {std::tuple{&w.sample_log, &o.sample_log, "--sample-log"},
                                   std::tuple{&w.step_log, &o.step_log, "--step-log"},
@@ -851,7 +269,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
                  view.start_clock);
   } else {
     spdlog::info("worker {}: {} data partition(s) of {}, batch {}, from clock {}", w.id,
-                 w.readers.size(), w.partition_count, w.batch, view.start_clock);
+                 w.partitions.owned(), w.partitions.count(), w.batch, view.start_clock);
   }
   w.result.id = w.id;
   w.result.rank = w.rank;
@@ -860,42 +278,6 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   w.next_progress = w.t0 + o.progress_interval;
   w.phase = Impl::Phase::kTraining;
   return absl::OkStatus();
-}
-
-void Trainer::Impl::SyncPartitions(const std::vector<wire::PartitionPosition>& owned) {
-  const size_t n = samples;
-  std::set<uint32_t> keep;
-  for (const auto& pp : owned) {
-    if (pp.index() >= partition_count) continue;
-    keep.insert(pp.index());
-    if (readers.count(pp.index())) continue;  // ours already: we are ahead
-    Reader r;
-    r.begin = n * pp.index() / partition_count;
-    r.end = n * (pp.index() + 1) / partition_count;
-    r.epoch = pp.epoch();
-    r.offset = std::min<uint64_t>(pp.offset(), r.end - r.begin);
-    readers[pp.index()] = std::move(r);
-    spdlog::info("worker {}: reads data partition {}/{} (samples {}..{}) from epoch {} offset {}",
-                 id, pp.index(), partition_count, readers[pp.index()].begin,
-                 readers[pp.index()].end, pp.epoch(), pp.offset());
-    MutexLock lock(mu);
-    positions[pp.index()] = {pp.epoch(), pp.offset()};
-  }
-  for (auto it = readers.begin(); it != readers.end();) {
-    if (keep.count(it->first)) {
-      ++it;
-      continue;
-    }
-    spdlog::info("worker {}: data partition {} moved to another worker", id, it->first);
-    {
-      // Let go only once the monitor holds its final position (the next
-      // owner starts there).
-      MutexLock lock(mu);
-      WaitForReportedPositions(lock);
-      positions.erase(it->first);
-    }
-    it = readers.erase(it);
-  }
 }
 
 std::optional<BatchPlan> Trainer::NextBatch() {
@@ -948,7 +330,6 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     plan.partition = 0;
     plan.chunk = 0;
     plan.samples.clear();
-    w.reader = nullptr;
     MutexLock lock(w.mu);
     std::optional<ChunkReader::Batch> b = w.chunks->Plan(static_cast<size_t>(w.batch));
     if (!b && w.mode == wire::Mode::Asp) {
@@ -969,48 +350,15 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     w.planned = true;
     return plan;
   }
-  w.SyncPartitions(owned);
-  // The next partition with samples left (round-robin), and its batch: the
-  // rest of the epoch when less than a batch is left, so none is skipped.
-  bool all_done = !w.readers.empty();
-  w.epoch = UINT32_MAX;
-  for (auto& [index, r] : w.readers) {
-    const bool done = w.epochs > 0 && r.epoch >= w.epochs;
-    all_done &= done;
-    if (!done) w.epoch = std::min(w.epoch, r.epoch);
-  }
-  if (w.epoch == UINT32_MAX) w.epoch = 0;
-  if (all_done) {
-    w.done = true;  // every partition we own has run its epochs
-    return std::nullopt;
-  }
+  w.partitions.Sync(owned);
   BatchPlan& plan = w.plan;
   plan.clock = w.clock_next;
   plan.assigned = static_cast<uint32_t>(w.batch);
-  plan.samples.clear();
-  w.reader = nullptr;
-  if (!w.readers.empty()) {
-    auto it = w.readers.upper_bound(w.last_read);
-    for (size_t tries = 0; tries <= w.readers.size(); ++tries) {
-      if (it == w.readers.end()) it = w.readers.begin();
-      if (w.epochs == 0 || it->second.epoch < w.epochs) break;
-      ++it;
-    }
-    plan.partition = it->first;
-    w.reader = &it->second;
-    w.last_read = it->first;
-    Impl::Reader& r = *w.reader;
-    if (r.order_epoch != r.epoch) {
-      r.order.resize(r.end - r.begin);
-      std::iota(r.order.begin(), r.order.end(), static_cast<uint32_t>(r.begin));
-      std::mt19937_64 rng(w.seed * 1000003 + plan.partition * 7919 + r.epoch);
-      std::shuffle(r.order.begin(), r.order.end(), rng);
-      r.order_epoch = r.epoch;
-    }
-    plan.epoch = r.epoch;
-    const size_t take = std::min<size_t>(static_cast<size_t>(w.batch), r.order.size() - r.offset);
-    plan.samples.assign(r.order.begin() + static_cast<long>(r.offset),
-                        r.order.begin() + static_cast<long>(r.offset + take));
+  const bool more = w.partitions.Plan(static_cast<size_t>(w.batch), w.epochs, w.seed, &plan);
+  w.epoch = w.partitions.epoch();
+  if (!more) {
+    w.done = true;  // every partition we own has run its epochs
+    return std::nullopt;
   }
   w.planned = true;
   return plan;
@@ -1180,20 +528,10 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
     }
     std::fflush(f);
   }
-  if (reader != nullptr) {
+  if (partitions.reading()) {
     // Consumed: record it, move the partition's position, tell the monitor.
     LogSamples(std::to_string(plan.partition));
-    reader->offset += this_batch;
-    if (reader->offset >= reader->order.size()) {
-      ++reader->epoch;
-      reader->offset = 0;
-    }
-    {
-      MutexLock lock(mu);
-      positions[plan.partition] = {reader->epoch, reader->offset};
-      ++progress;
-    }
-    progress_cv.notify_all();
+    partitions.Consumed(this_batch);
   } else if (stream_batch) {
     // Consumed: record it, move the chunk's position, tell the monitor.
     LogSamples(std::to_string(plan.chunk));
@@ -1242,13 +580,7 @@ void Trainer::Impl::Progress() {
   double sps = window_samples / std::max(1e-9, ToSeconds(now - window_start));
   samples_per_second = static_cast<float>(sps);
   if (metrics) metrics->samples_per_second->Set(sps);
-  double ep = epoch;
-  for (const auto& [index, r] : readers) {
-    if (r.epoch == epoch && !r.order.empty()) {
-      ep = epoch + static_cast<double>(r.offset) / static_cast<double>(r.order.size());
-      break;
-    }
-  }
+  const double ep = data_stream ? epoch : partitions.EpochProgress();
   if (options.live_progress) {
     std::fprintf(stderr, "\rworker %u  epoch %.2f  clock %lu  loss %.4f  %.0f samples/s   ", id,
                  std::max(0.0, ep), static_cast<unsigned long>(clock_next), loss_ewma, sps);
