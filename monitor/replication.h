@@ -71,7 +71,6 @@ class Replication {
   uint64_t failovers() const { return failovers_; }
   // Ranges with fewer than K backups (pacer_monitor_ranges_under_replicated).
   size_t under_replicated() const { return under_replicated_; }
-  uint32_t replicas() const { return options_.replicas; }
   // A range's lag in pacerctl status comes from its primary's heartbeat
   // (every 0.2 s by default) of at most this age; older: not known.
   static constexpr Duration kLagReportAge = std::chrono::seconds(3);

@@ -27,17 +27,6 @@ void ShardCore::Configure(const ShardJob& job, uint32_t shard_id) {
   server_.SetIdentity(job.job_id, shard_id, "shard " + std::to_string(shard_id));
 }
 
-const char* ServingStateName(ServingState s) {
-  switch (s) {
-    case ServingState::kUnconfigured: return "unconfigured";
-    case ServingState::kAwaitingMonitor: return "awaiting the monitor";
-    case ServingState::kServing: return "serving";
-    case ServingState::kLeaving: return "leaving";
-    case ServingState::kDeposed: return "deposed";
-  }
-  return "?";
-}
-
 void ShardCore::SetAwaitingMonitor(bool awaiting) {
   if (awaiting && serving_ == ServingState::kServing) serving_ = ServingState::kAwaitingMonitor;
   if (!awaiting && serving_ == ServingState::kAwaitingMonitor) serving_ = ServingState::kServing;

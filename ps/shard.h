@@ -128,7 +128,6 @@ enum class ServingState : uint8_t {
   // is applied. The range's state stays for the ledger.
   kDeposed,
 };
-const char* ServingStateName(ServingState s);
 
 // Single-threaded: one thread calls every method. ShardCore sequences its
 // rooms: it checks each message and the serving state's gates (shard.cc),

@@ -27,7 +27,6 @@ class Safeguards {
   // All on.
   Safeguards() = default;
   bool On(Safeguard s) const { return (off_ & Bit(s)) == 0; }
-  bool AllOn() const { return off_ == 0; }
   Safeguards& SwitchOff(Safeguard s) {
     off_ |= Bit(s);
     return *this;
