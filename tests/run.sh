@@ -53,11 +53,12 @@ case "$mode" in
 esac
 
 cd "$build"
-# Two chaos scenarios at a time, every other test alone (RUN_SERIAL, see
-# tests/CMakeLists.txt); under a sanitizer one at a time. A -j among the
-# ctest arguments comes later and wins.
+# Up to two chaos scenarios and one other test at a time (the resource groups
+# of tests/CMakeLists.txt, limited by tests/ctest_resources.json); under a
+# sanitizer one at a time. A -j among the ctest arguments comes later and
+# wins.
 jobs=()
-[ "$mode" = release ] && jobs=(-j 2)
+[ "$mode" = release ] && jobs=(-j 3 --resource-spec-file "$root/tests/ctest_resources.json")
 ctest --output-on-failure --no-tests=error ${jobs[@]+"${jobs[@]}"} ${ctest_args[@]+"${ctest_args[@]}"}
 
 # The whole suite also runs the fuzz targets for a bounded time.
