@@ -68,8 +68,7 @@ std::optional<std::string> JobLifecycle::DueStop() {
 std::optional<std::string> JobLifecycle::OnAccuracy(const msg::AccuracyReport& a) {
   last_accuracy_ = a.accuracy;
   scheduled_evaluator_ |= a.scheduled;
-  metrics_->accuracy->Set(a.accuracy);
-  metrics_->test_loss->Set(a.loss);
+  metrics_->ShowEvaluation(a.accuracy, a.loss);
   metrics_->accuracy_reports->Increment();
   auto running_for = seconds_running();
   // The time schedule's line keeps its form; the clock schedule's names itself.

@@ -119,8 +119,7 @@ void Membership::Change(const char* reason, const std::string& why) {
   }
   for (const auto& listener : on_change_) listener();
   ++version_;
-  metrics_->membership->Set(static_cast<double>(version_));
-  metrics_->live_workers->Set(static_cast<double>(LiveWorkers().size()));
+  metrics_->ShowMembership(*this);
   SPDLOG_DEBUG("membership v{}: {}", version_, why);
   (void)why;
 }

@@ -44,7 +44,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       job_({options.epochs, options.time_cap_seconds, options.target_accuracy, options.stop_grace},
            clock, &membership_, &data_, &journal_, &metrics_) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
-  metrics_.replicas_wanted->Set(options_.replicas);
+  metrics_.ShowReplicas(ranges_, options_.replicas, 0);  // before any range exists
   InstallListeners();
 }
 

@@ -235,6 +235,20 @@ void MonitorMetrics::ShowReplicas(const RangeTable& ranges, uint32_t replicas,
   }
 }
 
+void MonitorMetrics::ShowMembership(const Membership& members) {
+  membership->Set(static_cast<double>(members.version()));
+  live_workers->Set(static_cast<double>(members.LiveWorkers().size()));
+}
+
+void MonitorMetrics::ShowMapVersion(const RangeTable& ranges) {
+  map_version->Set(static_cast<double>(ranges.version()));
+}
+
+void MonitorMetrics::ShowEvaluation(double test_accuracy, double loss) {
+  accuracy->Set(test_accuracy);
+  test_loss->Set(loss);
+}
+
 void MonitorMetrics::ShowBatch(uint32_t rank, uint32_t size) {
   batch->Add({{"worker_rank", std::to_string(rank)}}).Set(size);
   gauged_ranks_.insert(rank);  // so that its series goes when it does

@@ -29,6 +29,12 @@ struct MonitorMetrics {
   void ShowShards(const ShardRegistry& shards);
   // The replica sets: wanted, each range's backups, the ranges short of K.
   void ShowReplicas(const RangeTable& ranges, uint32_t replicas, size_t under_replicated);
+  // pacer_monitor_membership_version and pacer_monitor_live_workers.
+  void ShowMembership(const Membership& members);
+  // pacer_monitor_shard_map_version.
+  void ShowMapVersion(const RangeTable& ranges);
+  // The last evaluation: pacer_training_test_accuracy_ratio and its loss.
+  void ShowEvaluation(double accuracy, double loss);
   // One worker's assigned batch (its series goes when the worker does).
   void ShowBatch(uint32_t rank, uint32_t batch);
   // pacer_monitor_policy_rounds_total up to the policy's own counts.

@@ -681,8 +681,8 @@ bool StragglerPolicy::Round(TimePoint now) {
     // after a worker's first sizing it waits (the new sizes are meant to
     // remove what was measured): opened then, it let the fast workers read
     // stale parameters in the first second of training, and a job with a
-    // 4x straggler needed 1.23x BSP's steps to 0.85 (1.0x with no slack;
-    // bench/RESULTS.md).
+    // 4x straggler needed more steps than BSP to 0.85 (as many with no
+    // slack; bench/RESULTS.md, "Stale reads cost steps").
     bool open = slack_open_;
     if (settle_rounds_ > 0) {
       --settle_rounds_;

@@ -218,7 +218,7 @@ struct PolicyOptions {
   // minus 1): a straggler the batch rule has not absorbed. Once the sizes
   // have caught up (imbalance below `imbalance_close`), r_max goes back to
   // 0 and steps stay fresh. The gap between the two keeps measurement
-  // noise (about 10% per round on a busy machine) from flapping it. It
+  // noise (rounds on a busy machine vary) from flapping it. It
   // starts closed, and for kSlackSettleRounds rounds after a worker's first
   // sizing it stays as it is.
   double imbalance_open = 0.25;

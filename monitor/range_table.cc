@@ -31,7 +31,7 @@ void RangeTable::Build(const std::vector<KeyRange>& keys) {
 
 void RangeTable::Bump(std::string_view why) {
   ++version_;
-  metrics_->map_version->Set(static_cast<double>(version_));
+  metrics_->ShowMapVersion(*this);
   journal_->Mark();
   SPDLOG_DEBUG("shard map v{}: {}", version_, why);
   (void)why;
@@ -75,7 +75,7 @@ void RangeTable::Restore(const MonitorRecord& r) {
     index_[s.id] = ranges_.size();
     ranges_.push_back(std::move(s));
   }
-  if (built_) metrics_->map_version->Set(static_cast<double>(version_));
+  if (built_) metrics_->ShowMapVersion(*this);
 }
 
 }  // namespace pacer

@@ -398,7 +398,7 @@ absl::Status PsClient::SetMap(const ShardMapInfo& map) {
       continue;
     }
     if (owner->address != it->second.address && !it->second.pushes.empty()) {
-      if (options_.resend_held) {
+      if (options_.safeguards.On(Safeguard::kResendHeld)) {
         it->second.resend = true;
       } else {
         it->second.pushes.clear();  // --unsafe-disable resend-held

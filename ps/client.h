@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "ps/base/messages.h"
 #include "ps/base/rpc.h"
+#include "ps/base/safeguards.h"
 #include "ps/base/transport.h"
 #include "ps/partition.h"
 
@@ -72,10 +73,10 @@ struct ClientOptions {
   // this worker yet) is asked again after this long, doubling up to
   // resend_after, until request_timeout.
   Duration retry_backoff = std::chrono::milliseconds(50);
-  // Pushes kept until durable go again to a range's new owner. false only
-  // to show a chaos invariant failing (pacer-worker --unsafe-disable
-  // resend-held): they are dropped instead.
-  bool resend_held = true;
+  // kResendHeld: pushes kept until durable go again to a range's new owner.
+  // Off only to show a chaos invariant failing (pacer-worker
+  // --unsafe-disable resend-held): they are dropped instead.
+  Safeguards safeguards;
   // When set and above the client's map version, a waiting request gives up
   // (Aborted, "shard map changed") within ~50 ms, so that the caller can
   // SetMap and retry.

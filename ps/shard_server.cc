@@ -622,7 +622,7 @@ void ShardServer::Run() {
     if (ranges_.size() == 1 && ranges_[0].backups.empty()) {
       // One message, then its replies. A message queued behind it is taken
       // by the next Recv at once; asking for one here was a receive that
-      // usually found nothing, a system call of about 1.3 us per message.
+      // usually found nothing, a wasted system call per message.
       Frames frames;
       auto got = transport_->Recv(ranges_[0].router.get(), &frames, deadline);
       if (!got.ok()) {

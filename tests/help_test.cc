@@ -285,11 +285,8 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"WorkerOptions.dataset_dir", "--dataset"},
     {"WorkerOptions.model", "--model"},  // and --layers, --cnn-channels
     {"TrainerOptions.live_progress", "--progress"},
-    {"TrainerOptions.resend", "--unsafe-disable"},
+    {"TrainerOptions.safeguards", "--unsafe-disable"},
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
-    {"TrainerOptions.interrupt_on_stop", "--unsafe-disable"},
-    {"TrainerOptions.resend_held", "--unsafe-disable"},
-    {"TrainerOptions.exact_positions", "--unsafe-disable"},
 };
 
 const std::map<std::string, std::string> kNoFlag = {

@@ -195,10 +195,7 @@ int main(int argc, char** argv) {
 
   pacer::SetupLogging("worker", log_level);
   pacer::WarnUnsafe(unsafe);
-  opts.resend = !unsafe.Off("retry");
-  opts.resend_held = !unsafe.Off("resend-held");
-  opts.interrupt_on_stop = !unsafe.Off("stop-interrupt");
-  opts.exact_positions = !unsafe.Off("exact-positions");
+  opts.safeguards = unsafe.safeguards();
   pacer::TuneAllocatorForLargeBuffers();
   std::unique_ptr<pacer::worker::CpuContention> contention_threads;
   if (contention > 0 || pin_cpu >= 0) {

@@ -158,7 +158,7 @@ void MonitorSession::HeartbeatLoop(std::unique_ptr<RpcChannel> monitor) {
         if (r.state == wire::JobState::Stopped) {
           view.stop_reason = r.stop_reason;
           stop = true;
-          if (options.interrupt_on_stop) interrupt = true;
+          if (options.safeguards.On(Safeguard::kStopInterrupt)) interrupt = true;
         }
       } else if (!reply.ok() && WireCode(reply.status()) == wire::ErrorCode::NotMember) {
         view.error = absl::FailedPreconditionError("the monitor no longer counts this worker: " +

@@ -207,7 +207,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
   if (w.data_stream) {
     MutexLock lock(w.mu);
-    w.chunks.emplace(w.seed, samples, o.exact_positions);
+    w.chunks.emplace(w.seed, samples, o.safeguards.On(Safeguard::kExactPositions));
   }
   w.phase = Impl::Phase::kWaitingForRun;
   w.heartbeat =
@@ -231,8 +231,8 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   ClientOptions copts;
   copts.rpc = w.Rpc();
   copts.request_timeout = o.request_timeout;
-  if (!o.resend) copts.resend_after = std::chrono::hours(24 * 365);  // never
-  copts.resend_held = o.resend_held;
+  if (!o.safeguards.On(Safeguard::kRetry)) copts.resend_after = std::chrono::hours(24 * 365);  // never
+  copts.safeguards = o.safeguards;
   copts.cancel = &w.interrupt;  // the job stopped, or Cancel() (SIGTERM)
   copts.latest_map_version = &w.map_version;
   // The parameters and gradient live where the model copies them fastest

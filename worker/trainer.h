@@ -38,6 +38,7 @@
 #include "ps/base/fault.h"
 #include "ps/base/messages.h"
 #include "ps/base/optimizer_config.h"
+#include "ps/base/safeguards.h"
 #include "ps/base/transport.h"
 #include "worker/model.h"
 
@@ -93,21 +94,10 @@ struct TrainerOptions {
   // memory limit (--max-batch); 0: the model's own (a GPU's memory), or
   // none.
   uint32_t max_batch = 0;
-  // Fault handling that --unsafe-disable switches off, only to show a chaos
-  // invariant failing: `resend` sends an unanswered push or pull again
-  // (off: it waits out request_timeout, then the worker fails);
-  // `interrupt_on_stop` gives up requests in flight when the job stops (off:
-  // a worker blocked on a dead shard stays until request_timeout);
-  // `resend_held` sends the pushes kept until durable again to a range's
-  // new owner after a failover (off: they are dropped, and what the dead
-  // primary had not replicated is lost).
-  bool resend = true;
-  bool interrupt_on_stop = true;
-  bool resend_held = true;
-  // The data stream: a chunk's position is reported as acknowledged (off: one
-  // batch past it, so a dead worker's chunk goes back past samples never
-  // trained).
-  bool exact_positions = true;
+  // Fault handling, all on; --unsafe-disable switches one off only to show
+  // a chaos invariant failing (kUnsafeSwitches says what each off does):
+  // kRetry, kStopInterrupt, kResendHeld, kExactPositions.
+  Safeguards safeguards;
 
   // This process's fault layer (ps/base/fault.h), for the run-time faults the
   // monitor sends with its heartbeat replies; null: none.

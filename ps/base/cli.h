@@ -90,7 +90,7 @@ void AddFaultFlags(CLI::App& app, FaultFlags* flags);
 struct UnsafeSwitches {
   std::vector<std::string> off;
   bool Off(const std::string& name) const;
-  // The shards' and the monitor's (ps/base/safeguards.h) among them.
+  // As the one value the options carry (ps/base/safeguards.h).
   Safeguards safeguards() const;
 };
 void AddUnsafeDisableFlag(CLI::App& app, UnsafeSwitches* switches,

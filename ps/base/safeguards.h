@@ -20,6 +20,11 @@ enum class Safeguard : uint8_t {
   kCheckpoints,  // "checkpoints": a shard checkpoints on time and on count
   kFencing,      // "fencing": a primary cut off from the monitor stops answering
   kLeaseExpiry,  // "lease-expiry": the monitor declares a silent worker dead
+  // The workers' (worker/trainer.h, ps/client.h):
+  kRetry,           // "retry": an unanswered push or pull is sent again
+  kStopInterrupt,   // "stop-interrupt": requests in flight end when the job stops
+  kResendHeld,      // "resend-held": pushes not yet durable go to a range's new owner
+  kExactPositions,  // "exact-positions": a chunk's position is what was acknowledged
 };
 
 class Safeguards {
@@ -39,6 +44,10 @@ class Safeguards {
     if (name == "checkpoints") return Safeguard::kCheckpoints;
     if (name == "fencing") return Safeguard::kFencing;
     if (name == "lease-expiry") return Safeguard::kLeaseExpiry;
+    if (name == "retry") return Safeguard::kRetry;
+    if (name == "stop-interrupt") return Safeguard::kStopInterrupt;
+    if (name == "resend-held") return Safeguard::kResendHeld;
+    if (name == "exact-positions") return Safeguard::kExactPositions;
     return std::nullopt;
   }
   bool operator==(const Safeguards&) const = default;
