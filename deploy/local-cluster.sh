@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Runs one Pacer job on a local cluster on 127.0.0.1 (1 monitor, N shards,
-# M workers) until the target accuracy or the time cap, then stops every
-# process it started. Every port is bound as 0 and read back from what each
-# process prints. Ctrl-C stops everything. Used by deploy/quickstart.sh and
-# bench/stragglers; run it directly to try policies and stragglers.
+# Runs one Pacer job of the built-in pacer-worker on a local cluster on
+# 127.0.0.1 (1 monitor, N shards, M workers) until the target accuracy or
+# the time cap: pacer-run (worker/README.md) with the quick start's
+# settings, plus a run under BSP to compare with (--compare), a Prometheus
+# targets file and an exit code that says whether the target was reached.
+# pacer-run starts, shows and stops every process (Ctrl-C stops them all).
+# Used by deploy/quickstart.sh and the benchmarks; run it directly to try
+# policies and stragglers. pacer-run runs any worker command, your own
+# script included.
 #
 #   deploy/local-cluster.sh [options]
 #     --shards N            shards (default 2)
@@ -36,11 +40,13 @@
 #     --targets-file FILE   write every process's /metrics address there, as
 #                           Prometheus file_sd JSON (deploy/prometheus)
 #
-# At the end it prints a table per worker (mean batch and its share of the
-# global batch, samples and its share of all the workers' samples, and the
-# compute, communication and wait shares of its time), the monitor's line
-# for each epoch's end of the data stream (its tail and each worker's
-# share of its samples), and one line on what the straggler policy did.
+# At the end pacer-run prints a table per worker (mean batch and its share of
+# the global batch, samples and its share of all the workers' samples, and
+# the compute, communication and wait shares of its time), the monitor's
+# lines for the last epochs of the data stream (each one's tail and each
+# worker's share of its samples), and one line on what the straggler
+# policy did. Exit code 0 when the target was reached, 1 when not (or
+# when the job failed).
 #
 # Example, a 4x straggler under the pacer policy, against BSP:
 #   deploy/local-cluster.sh --worker-args-2 "--slowdown 4" --compare
@@ -89,7 +95,8 @@ while [ $# -gt 0 ]; do
 done
 
 bin="${PACER_BUILD_DIR:-$root/build}"
-for b in monitor/pacer-monitor ps/pacer-server worker/pacer-worker; do
+run="$bin/worker/pacer-run"
+for b in worker/pacer-run monitor/pacer-monitor ps/pacer-server worker/pacer-worker; do
   if [ ! -x "$bin/$b" ]; then
     echo "local-cluster.sh: $bin/$b is missing; run deploy/setup.sh first" >&2
     exit 1
@@ -101,108 +108,52 @@ if [ -n "$out" ]; then
 else
   tmp=$(mktemp -d -t pacer-cluster.XXXXXX)
 fi
-pids=()
-
+run_pid=""
 cleanup() {
   trap - EXIT INT TERM
   # Prometheus must not go on scraping ports nobody serves any more.
   [ -z "$targets_file" ] || rm -f "$targets_file"
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # pacer-run stops what it started; it only needs to be told.
+  if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
   [ -n "$out" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
-trap 'echo "[cluster] interrupted" >&2; exit 130' INT TERM
-
-# prefix NAME FILE: shows each line as "[NAME] line". Once the process says who
-# the monitor made it, NAME becomes that: "worker 4 rank 1" (the id pacerctl
-# and the logs use) or "shard 1". The plain-ZeroMQ warning every process
-# logs is left to the files: this script says it once. FILE.name passes the
-# name learnt from the log (stderr) to the stdout side.
-worker_re='worker ([0-9]+): registered as rank ([0-9]+)'
-shard_re='shard ([0-9]+): registered with'
-prefix() {
-  local name=$1 file=$2 line
-  while IFS= read -r line; do
-    if [[ $line =~ $worker_re ]]; then
-      name="worker ${BASH_REMATCH[1]} rank ${BASH_REMATCH[2]}"
-      echo "$name" > "$file.name"
-    elif [[ $line =~ $shard_re ]]; then
-      name="shard ${BASH_REMATCH[1]}"
-      echo "$name" > "$file.name"
-    elif [[ $name == *"#"* && -s $file.name ]]; then
-      read -r name < "$file.name"
-    fi
-    if [[ $line == *"transport security is off"* ]]; then
-      continue
-    fi
-    printf '[%s] %s\n' "$name" "$line"
-  done
-}
-
-# start NAME FILE CMD...: runs CMD with stdout to FILE.out and its log to
-# FILE.log; unless --quiet, every line is also shown with a [NAME] prefix.
-start() {
-  local name=$1 file=$2; shift 2
-  if [ "$quiet" -eq 1 ]; then
-    ( exec "$@" ) > "$file.out" 2> "$file.log" &
-  else
-    rm -f "$file.name"
-    ( exec "$@" ) > >(tee "$file.out" | prefix "$name" "$file") \
-      2> >(tee "$file.log" | prefix "$name" "$file" >&2) &
-  fi
-  pids+=($!)
-}
-
-# address_of FILE WHAT: waits for the line "WHAT ADDRESS" in FILE.
-address_of() {
-  local file=$1 what=$2
-  for _ in $(seq 1 200); do
-    local a
-    a=$(sed -n "s/^$what //p" "$file" 2>/dev/null | head -n 1)
-    if [ -n "$a" ]; then echo "$a"; return 0; fi
-    sleep 0.05
-  done
-  echo "local-cluster.sh: no '$what' line in $file" >&2
-  return 1
-}
+trap 'exit 130' INT TERM
 
 stop_at=$target
 [ "$keep" -eq 0 ] || stop_at=0
-policy_flags=()
-[ -z "$policy" ] || policy_flags+=(--policy "$policy")
-[ -z "$mode" ] || policy_flags+=(--mode "$mode")
-echo "[cluster] 1 monitor, $shards shard(s), $workers worker(s)," \
-  "${policy:-default} policy, ${mode:-default} mode" >&2
-echo "[cluster] warning: plain ZeroMQ on 127.0.0.1 (no --key/--allowed-keys): fine on one" \
-  "machine; between machines use CURVE keys (deploy/README.md, 'Transport security')" >&2
-# shellcheck disable=SC2086  # the *-args options are word-split on purpose
-start monitor "$tmp/monitor" "$bin/monitor/pacer-monitor" --listen tcp://127.0.0.1:0 \
-  "${policy_flags[@]}" --min-shards "$shards" --min-workers "$workers" \
-  --global-batch $((batch * workers)) --lr 0.1 --momentum 0.9 --target-accuracy "$stop_at" \
-  --report-accuracy "$target" --time-cap "$time_cap" --eval-interval 0.5 $monitor_args
-monitor_pid=${pids[-1]}
-monitor=$(address_of "$tmp/monitor.out" listening)
-for i in $(seq 0 $((shards - 1))); do
-  shard_dir=()
-  [ -z "$data_dir" ] || shard_dir=(--data-dir "$data_dir/shard$i")
-  # shellcheck disable=SC2086
-  start "shard #$i" "$tmp/shard$i" "$bin/ps/pacer-server" --listen tcp://127.0.0.1:0 \
-    --monitor "$monitor" "${shard_dir[@]}" $shard_args
-done
-for i in $(seq 0 $((workers - 1))); do
-  # shellcheck disable=SC2086
-  start "worker #$i" "$tmp/worker$i" "$bin/worker/pacer-worker" --monitor "$monitor" \
-    --progress plain $worker_args ${worker_args_i[$i]:-}
-done
+args=(--shards "$shards" --workers "$workers" --time-cap "$time_cap" --target-accuracy "$stop_at"
+      --global-batch $((batch * workers)) --out "$tmp")
+[ -z "$policy" ] || args+=(--policy "$policy")
+[ -z "$mode" ] || args+=(--mode "$mode")
+[ -z "$data_dir" ] || args+=(--data-dir "$data_dir")
+[ "$quiet" -eq 0 ] || args+=(--quiet)
+# The quick start's defaults first: a flag given again in --monitor-args wins.
+args+=(--monitor-args "--lr 0.1 --momentum 0.9 --report-accuracy $target --eval-interval 0.5 $monitor_args")
+[ -z "$shard_args" ] || args+=(--shard-args "$shard_args")
+for i in "${!worker_args_i[@]}"; do args+=(--worker-args-of "$i:${worker_args_i[$i]}"); done
+# shellcheck disable=SC2086  # --worker-args is word-split on purpose
+"$run" "${args[@]}" -- pacer-worker --progress plain $worker_args &
+run_pid=$!
 
 if [ -n "$targets_file" ]; then
+  # address_of FILE: waits for the line "metrics ADDRESS" in FILE.
+  address_of() {
+    local a
+    for _ in $(seq 1 400); do
+      a=$(sed -n "s/^metrics //p" "$1" 2>/dev/null | head -n 1)
+      if [ -n "$a" ]; then echo "$a"; return 0; fi
+      kill -0 "$run_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    echo "local-cluster.sh: no 'metrics' line in $1" >&2
+    return 1
+  }
   # targets ROLE FILE...: one file_sd group, job "pacer-ROLE".
   targets() {
     local role=$1 sep="" list=""; shift
     for f in "$@"; do
-      list+="$sep\"$(address_of "$f" metrics)\""
+      list+="$sep\"$(address_of "$f")\""
       sep=", "
     done
     printf '  {"targets": [%s], "labels": {"job": "pacer-%s"}}' "$list" "$role"
@@ -221,20 +172,10 @@ if [ -n "$targets_file" ]; then
   echo "[cluster] Prometheus targets in $targets_file" >&2
 fi
 
-# wait_all: waits (at most 5 s) until every process started here is gone.
-wait_all() {
-  for _ in $(seq 1 50); do
-    local alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ "$alive" -eq 0 ] && return 0
-    sleep 0.1
-  done
-}
-
-wait "$monitor_pid" || true
-# Give the others a moment to hear the stop and exit on their own.
-wait_all
-
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=""
+[ "$rc" -ne 130 ] || exit 130
 acc=$(sed -n 's/^final test accuracy: //p' "$tmp/monitor.out")
 ttt=$(sed -n "s/^time to [0-9.]*: //p" "$tmp/monitor.out")
 if [ -z "$acc" ]; then
@@ -243,47 +184,14 @@ if [ -z "$acc" ]; then
 fi
 echo "final test accuracy: $acc"
 echo "time to $target: $ttt"
-# Per worker, from its summary line (stdout) and the id it registered with;
-# B as the monitor last had it (--monitor-args may change it).
-global_batch=$(sed -n 's/.* of B = \([0-9]*\)$/\1/p' "$tmp/monitor.out")
-[ -n "$global_batch" ] || global_batch=$((batch * workers))
-# Every worker's samples, for each one's share of them.
-total_samples=0
-for i in $(seq 0 $((workers - 1))); do
-  n=$(sed -n 's/^worker summary: .*samples=\([0-9]*\).*/\1/p' "$tmp/worker$i.out" | tail -n 1)
-  total_samples=$((total_samples + ${n:-0}))
-done
-{
-  printf '%-18s %10s %10s %10s %8s %8s %8s %8s\n' worker "mean batch" "share of B" samples share \
-    compute comm wait
-  for i in $(seq 0 $((workers - 1))); do
-    name="worker #$i"
-    id=$(sed -n 's/.*worker \([0-9]*\): registered as rank \([0-9]*\).*/\1 rank \2/p' "$tmp/worker$i.log" | tail -n 1)
-    [ -z "$id" ] || name="worker $id"
-    sed -n 's/^worker summary: //p' "$tmp/worker$i.out" | tail -n 1 |
-      awk -v name="$name" -v B="$global_batch" -v total="$total_samples" '{
-        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-        t = v["seconds"] > 0 ? v["seconds"] : 1
-        mean = v["clocks"] > 0 ? v["samples"] / v["clocks"] : 0
-        printf "%-18s %10.1f %9.0f%% %10d %7.1f%% %7.0f%% %7.0f%% %7.0f%%\n", name, mean, 100 * mean / B,
-               v["samples"], (total > 0 ? 100 * v["samples"] / total : 0),
-               100 * v["compute_s"] / t, 100 * v["communication_s"] / t, 100 * v["wait_s"] / t
-      }'
-  done
-  # The data stream: each epoch's end, its tail, and each worker's share of it.
-  sed -n 's/.*\[monitor\] \(epoch [0-9]* done.*\)/\1/p' "$tmp/monitor.log"
-  sed -n '/ policy: /p' "$tmp/monitor.out"
-} | sed 's/^/[cluster] /' >&2
 pass=0
 awk -v a="$acc" -v t="$target" 'BEGIN { exit !(a >= t) }' || pass=1
+[ "$rc" -eq 0 ] || pass=1
 if [ "$compare" -eq 1 ]; then
-  # This cluster must be gone before the next one runs beside it.
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait_all
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # pacer-run has stopped this cluster: the next one runs alone.
   echo "[cluster] --compare: the same job under BSP (--policy fixed --mode bsp)" >&2
   bsp_out=$("$0" "${rerun[@]}" --quiet --policy fixed --mode bsp \
-    2> >(sed -u 's/^\[cluster\]/[cluster, bsp]/' >&2)) || true
+    2> >(sed -u -e 's/^\[cluster\]/[cluster, bsp]/' -e 's/^\[pacer-run\]/[pacer-run, bsp]/' >&2)) || true
   bsp_ttt=$(sed -n "s/^time to [0-9.]*: //p" <<< "$bsp_out")
   echo "time to $target under BSP: ${bsp_ttt:-not reached}"
   echo "${policy:-pacer} policy ${ttt} against BSP ${bsp_ttt:-not reached}" |

@@ -13,8 +13,9 @@ foreach(t cluster_test straggler_cluster_test bad_input_test help_test)
 endforeach()
 set_tests_properties(help_test PROPERTIES LABELS unit)
 # The help test reads the binaries' --help and the READMEs of the source tree.
-add_dependencies(help_test pacerctl pacer-chaos pacer-sim)
+add_dependencies(help_test pacerctl pacer-chaos pacer-sim pacer-run)
 target_compile_definitions(help_test PRIVATE PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+  PACER_RUN_BIN="$<TARGET_FILE:pacer-run>"
   PACER_CHAOS_BIN="$<TARGET_FILE:pacer-chaos>" PACER_CHAOS_README="tests/chaos/README.md"
   PACER_SIM_BIN="$<TARGET_FILE:pacer-sim>")
 

@@ -39,6 +39,7 @@ const Binary kBinaries[] = {
     {PACER_MONITOR_BIN, "monitor/README.md"},
     {PACER_WORKER_BIN, "worker/README.md"},
     {PACERCTL_BIN, "monitor/README.md"},
+    {PACER_RUN_BIN, "worker/README.md"},
     {PACER_CHAOS_BIN, PACER_CHAOS_README},
 };
 
@@ -258,6 +259,7 @@ const OptionsStruct kOptions[] = {
     {"monitor/policy.h", "BatchOptions", PACER_MONITOR_BIN},
     {"worker/trainer.h", "TrainerOptions", PACER_WORKER_BIN},
     {"worker/worker.h", "WorkerOptions", PACER_WORKER_BIN},
+    {"worker/run/launcher.h", "LaunchOptions", PACER_RUN_BIN},
 };
 
 const std::map<std::string, std::string> kFieldFlag = {
@@ -287,6 +289,11 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"TrainerOptions.live_progress", "--progress"},
     {"TrainerOptions.safeguards", "--unsafe-disable"},
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
+    {"LaunchOptions.role", "--serve"},  // and --join
+    {"LaunchOptions.job_flags", "--mode"},  // and the job's other flags
+    {"LaunchOptions.worker_args", "--worker-args-of"},
+    {"LaunchOptions.out_dir", "--out"},
+    {"LaunchOptions.show_output", "--quiet"},
 };
 
 const std::map<std::string, std::string> kNoFlag = {
@@ -318,6 +325,7 @@ const std::map<std::string, std::string> kNoFlag = {
     {"PolicyOptions.probe_rounds", "tuned constant"},
     {"PolicyOptions.catch_up_floor", "tuned constant"},
     {"PolicyOptions.catch_up_blocking_floor", "tuned constant"},
+    {"LaunchOptions.command", "the workers' command, after --"},
     // Hooks for programs that embed a worker (tests).
     {"TrainerOptions.on_registered", "hook"},
     {"WorkerOptions.before_iteration", "hook"},

@@ -14,6 +14,7 @@ pacer_test(straggler_test unit pacer_worker)
 pacer_test(sim_test unit pacer_sim)
 pacer_test(checkpoint_test unit pacer_ps)
 pacer_test(fault_test unit pacer_ps)
+pacer_test(cli_test unit pacer_ps)
 # torch.optim parity: the golden runs of tests/optimizer/ through the shard's table.
 pacer_test(optimizer_parity_test unit pacer_ps)
 target_compile_definitions(optimizer_parity_test PRIVATE PACER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -1,6 +1,7 @@
 # Installation and the Debian package (cpack -G DEB), included from the top
 # CMakeLists.txt. The package installs:
-#   /usr/bin                    pacer-server, pacer-monitor, pacer-worker, pacerctl
+#   /usr/bin                    pacer-server, pacer-monitor, pacer-worker, pacerctl,
+#                               pacer-run
 #   /usr/lib/pacer              libpacer_cuda.so, the CUDA backend (built with nvcc only)
 #   /usr/lib/systemd/system     the units of deploy/systemd
 #   /etc/pacer                  default settings (deploy/config; conffiles)
@@ -19,7 +20,7 @@ include(CMakePackageConfigHelpers)
 # Every install rule below without a COMPONENT is the pacer package's.
 set(CMAKE_INSTALL_DEFAULT_COMPONENT_NAME pacer)
 
-install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-chaos
+install(TARGETS pacer-server pacer-monitor pacer-worker pacerctl pacer-run pacer-chaos
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # The CUDA backend, loaded by pacer-worker with dlopen (worker/builtin/cuda_dl.cc

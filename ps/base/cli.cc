@@ -83,6 +83,12 @@ std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv) {
   app.add_option("--config", config,
                  "Read settings from this file: NAME = VALUE lines (TOML), NAME a long flag "
                  "without its dashes");
+  // A flag given twice takes its last value (CLI11's default refuses it):
+  // launchers pass their defaults first and the user's flags after them.
+  // Repeatable flags (vectors) keep every value, as before.
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw) opt->take_last();
+  }
   // Every long flag also reads PACER_<NAME> (--metrics-addr: PACER_METRICS_ADDR).
   for (CLI::Option* opt : app.get_options()) {
     const auto& names = opt->get_lnames();
@@ -171,19 +177,7 @@ CLI::Validator NonNegative() { return Bounded(true, "NonNegative"); }
 
 CLI::Validator PeerAddress() {
   return CLI::Validator(
-      [](std::string& value) -> std::string {
-        const std::string form = "expected tcp://HOST:PORT (or ipc://PATH), got '" + value + "'";
-        if (value.rfind("ipc://", 0) == 0) return value.size() > 6 ? "" : form;
-        if (value.rfind("tcp://", 0) != 0) return form;
-        const size_t colon = value.rfind(':');
-        if (colon <= 6 || colon + 1 >= value.size()) return form;
-        const std::string port = value.substr(colon + 1);
-        if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
-          return form;
-        }
-        const int p = std::stoi(port);
-        return p >= 1 && p <= 65535 ? "" : form + ": the port must be 1-65535";
-      },
+      [](std::string& value) -> std::string { return PeerAddressError(value); },
       "tcp://HOST:PORT", "PeerAddress");
 }
 

@@ -32,9 +32,10 @@ inline constexpr char kPrecedenceHelp[] =
     "role's own name where two roles' flags of one name mean different things), else the "
     "--config file, else the default.";
 
-// Parses flags (adding --config FILE and a PACER_<NAME> variable per flag). Returns an exit code when main() should return now (after
-// --help: 0; after a bad flag, with the error printed to stderr: 2), or
-// nullopt to carry on.
+// Parses flags (adding --config FILE and a PACER_<NAME> variable per flag;
+// a flag given twice takes its last value). Returns an exit code when
+// main() should return now (after --help: 0; after a bad flag, with the
+// error printed to stderr: 2), or nullopt to carry on.
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv);
 
 // CLI11 checks for numbers that must be > 0 or >= 0, whose errors name the

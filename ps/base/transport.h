@@ -100,6 +100,12 @@ class Transport {
 std::unique_ptr<Transport> MakeZmqTransport(const TransportOptions& options,
                                             const Clock* clock = Clock::Real());
 
+// What is wrong with a peer's address ("" when nothing is): the ZeroMQ
+// forms a process connects to, tcp://HOST:PORT (port 1-65535) or
+// ipc://PATH. The command-line tools' --monitor check and pacer.torch's
+// init() say the same.
+std::string PeerAddressError(const std::string& address);
+
 // In-process transport: all sockets made from one instance reach each other
 // through addresses "mem://NAME" ("mem://*" or "mem://0" picks a fresh name).
 // Thread-safe; waits go through `clock`, so a FakeClock drives them.

@@ -28,6 +28,7 @@ pydeb=$(ls "$tmp"/out/python3-pacer_*.deb 2>/dev/null || true)
 
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' > "$tmp/contents"
 for path in /usr/bin/pacer-server /usr/bin/pacer-monitor /usr/bin/pacer-worker /usr/bin/pacerctl \
+    /usr/bin/pacer-run \
     /usr/lib/systemd/system/pacer-monitor.service /usr/lib/systemd/system/pacer-server@.service \
     /usr/lib/systemd/system/pacer-worker@.service \
     /etc/pacer/monitor.toml /etc/pacer/server.toml /etc/pacer/worker.toml \

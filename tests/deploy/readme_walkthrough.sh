@@ -66,10 +66,10 @@ grep -q '^time to 0.85: [0-9.]* s$' "$work/quickstart.out" || fail "no 'time to 
 grep -q '^time to 0.85 under BSP: ' "$work/quickstart.out" || fail "--compare printed no BSP time"
 grep -q 'policy / BSP time to the target: [0-9.]*$' "$work/quickstart.out" || fail "--compare printed no ratio"
 # The table: the straggler (launch index 2) has the smallest share of B.
-table=$(grep -A4 '^\[cluster\] worker *mean batch' "$work/quickstart.err" | head -4) ||
+table=$(grep -A4 '^\[pacer-run\] worker *exit *mean batch' "$work/quickstart.err" | head -4) ||
   fail "no per-worker table at the end"
 echo "$table"
-# [cluster] worker ID rank R  mean  share%  ...: the rows in launch order.
+# [pacer-run] worker ID rank R  exit  mean  share%  ...: the rows in launch order.
 share() { sed -n "$(( $1 + 2 ))p" <<< "$table" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i; exit } }'; }
 s0=$(share 0) s1=$(share 1) s2=$(share 2)
 [ -n "$s2" ] || fail "no share of B for the straggler in the table"
@@ -80,7 +80,7 @@ grep -q 'pacer policy: [0-9]* rounds' "$work/quickstart.err" || fail "no line on
 grep -q '^\[worker [0-9]* rank [0-9]*\] ' "$work/quickstart.err" || fail "no [worker ID rank R] prefix"
 grep -q '^\[shard [0-9]*\] ' "$work/quickstart.err" || fail "no [shard ID] prefix"
 # The plain-mode warning: once, from the launcher, not from each process.
-[ "$(grep -c '^\[cluster\] warning: plain ZeroMQ' "$work/quickstart.err")" -eq 1 ] &&
+[ "$(grep -c '^\[pacer-run\] plain ZeroMQ' "$work/quickstart.err")" -eq 1 ] &&
   ! grep -q 'transport security is off' "$work/quickstart.err" ||
   fail "the plain-mode warning is not shown exactly once for the cluster"
 

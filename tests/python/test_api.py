@@ -55,3 +55,15 @@ def test_no_monitor_address_says_how_to_give_one(monkeypatch):
     with pytest.raises(ValueError, match="PACER_MONITOR"):
         pt.init()
     pt.init("tcp://127.0.0.1:9", handle_sigterm=False)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:5761", "tcp://127.0.0.1", "tcp://h:70000",
+                                     "http://127.0.0.1:5761"])
+def test_a_malformed_address_is_refused_at_init_as_the_tools_refuse_it(monkeypatch, address):
+    pt.shutdown()
+    with pytest.raises(ValueError, match=r"init\(monitor\)\): expected tcp://HOST:PORT \(or ipc://PATH\)"):
+        pt.init(address, handle_sigterm=False)
+    monkeypatch.setenv("PACER_MONITOR", address)
+    with pytest.raises(ValueError, match=r"PACER_MONITOR\): expected tcp://HOST:PORT"):
+        pt.init(handle_sigterm=False)
+    pt.init("tcp://127.0.0.1:9", handle_sigterm=False)

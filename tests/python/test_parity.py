@@ -4,6 +4,7 @@ same batches, to 1e-5: SGD with momentum, and AdamW with a group without
 weight decay."""
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,35 @@ def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
         train_one()
     assert loader.step == 6
     pt.shutdown()
+
+
+def test_schedulers_raise_no_false_warning(job):
+    """torch's "lr_scheduler.step() before optimizer.step()" warning must not
+    show when the loop steps them in order: neither for a scheduler made on
+    the user's optimizer before distribute() nor for one made on the
+    DistributedOptimizer after."""
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--time-cap", "60"])
+    pt.init(job.monitor, handle_sigterm=False)
+    model = net()
+    inner = sgd(model)
+    before = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: min(1.0, (step + 1) / 10))
+    model, opt = pt.distribute(model, inner)
+    after = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
+    loader = pt.DataLoader(data())
+    steps = 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss=loss)
+            before.step()
+            after.step()
+            steps += 1
+            if steps == 3:
+                break
+    pt.shutdown()
+    assert steps == 3
+    assert [str(w.message) for w in seen if "lr_scheduler" in str(w.message)] == []

@@ -323,6 +323,9 @@ PYBIND11_MODULE(_core, m) {
   // stays the program's); PACER_LOG_LEVEL sets the level (default info).
   const char* level = std::getenv("PACER_LOG_LEVEL");
   pacer::SetupLogging("worker", level != nullptr && *level != '\0' ? level : "info");
+  m.def("address_error", &pacer::PeerAddressError, py::arg("address"),
+        "What is wrong with a monitor's address ('' when nothing is): tcp://HOST:PORT or "
+        "ipc://PATH, as the command-line tools check it");
   py::class_<PyTrainer>(m, "Trainer")
       .def(py::init<const std::string&, size_t, const std::vector<std::string>&, double, double,
                     double, uint32_t, const std::string&, const std::string&,

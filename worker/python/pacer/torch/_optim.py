@@ -183,5 +183,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
         state.planned = False
+        # A scheduler made on the user's own optimizer counts that
+        # optimizer's steps (torch wraps its step() to count them, and warns
+        # of a schedule stepped first); the shards took this step for it.
+        if hasattr(self.inner, "_step_count"):
+            self.inner._step_count += 1
         state.trainer.push(float("nan") if loss is None else float(loss))
         return None

@@ -6,6 +6,7 @@ calls that read the run (``is_evaluator``, ``rank``, ``report``)."""
 import math
 import os
 import signal
+import sys
 import warnings
 
 import torch
@@ -50,10 +51,14 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
     - ``handle_sigterm``: SIGTERM leaves the job cleanly (the loader ends
       after the current step)."""
     global _state
+    source = "init(monitor)" if monitor else "PACER_MONITOR"
     monitor = monitor or os.environ.get("PACER_MONITOR", "")
     if not monitor:
         raise ValueError("pacer.torch.init: no monitor address: pass init('tcp://HOST:PORT') "
                          "or set PACER_MONITOR")
+    error = _core.address_error(monitor)
+    if error:
+        raise ValueError("pacer.torch.init: the monitor's address (%s): %s" % (source, error))
     if _state is not None and _state.finished is None:
         raise RuntimeError("pacer.torch.init: this process is a worker already; "
                            "call pacer.torch.shutdown() first")
@@ -180,8 +185,16 @@ def report(accuracy, loss=0.0, samples=0):
 
 
 def shutdown():
-    """Leaves the job (the monitor stops waiting for this worker); returns the
-    run's figures."""
+    """Leaves the job (the monitor stops waiting for this worker) and returns
+    the run's figures, a dict: ``id`` and ``rank`` (the monitor's), ``clocks``
+    (steps pushed), ``samples`` (trained), ``last_batch`` (the last batch's
+    size), ``seconds`` (from the run's start to the end), of which
+    ``compute_seconds`` (the loop's own time: forward, backward, the
+    optimizer's bookkeeping), ``communication_seconds`` (pushes and pulls)
+    and ``wait_seconds`` (waiting for the barrier or the monitor), and
+    ``stop_reason`` (why the run ended). The same figures go to stderr as one
+    ``worker summary:`` line, as pacer-worker prints it (pacer-run's table
+    is made of these lines)."""
     global _state
     state = _require()
     if state.finished is None:
@@ -189,4 +202,12 @@ def shutdown():
             state.finished = state.trainer.finish() if state.trainer is not None else {}
         finally:
             _unpin(state)
+        f = state.finished
+        if f:
+            sys.stderr.write(
+                "pacer.torch: worker summary: rank=%d clocks=%d samples=%d seconds=%.3f "
+                "compute_s=%.3f communication_s=%.3f wait_s=%.3f last_batch=%d\n"
+                % (f["rank"], f["clocks"], f["samples"], f["seconds"], f["compute_seconds"],
+                   f["communication_seconds"], f["wait_seconds"], f["last_batch"]))
+            sys.stderr.flush()
     return state.finished

@@ -1,0 +1,170 @@
+"""pacer-run, the one-command launcher: the README's PyTorch example as one
+command, the multi-machine recipe (--serve, then --join) on 127.0.0.1, and
+that it leaves no process behind and says why on its own output when it is
+interrupted, when a worker fails, or when the monitor refuses its flags,
+while killing nothing it did not start."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from conftest import PYTHON, binary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "worker", "python", "examples")
+
+
+def pacer_run():
+    return binary("pacer-run")
+
+
+def marked_env(mark):
+    """The environment of a launcher whose processes carry `mark` (they
+    inherit it), so that the test can find any left behind."""
+    return dict(os.environ, PACER_TEST_MARK=mark,
+                PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+
+
+def left_behind(mark):
+    """Pids of running processes (not zombies) whose environment holds `mark`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = f.read()
+            with open("/proc/%s/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if ("PACER_TEST_MARK=" + mark).encode() in env.split(b"\0") and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def assert_none_left(mark):
+    deadline = time.time() + 5
+    while left_behind(mark) and time.time() < deadline:
+        time.sleep(0.1)
+    assert left_behind(mark) == [], "processes left behind"
+
+
+def run(args, mark, timeout=180, **kw):
+    p = subprocess.run([pacer_run(), *args], env=marked_env(mark), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=timeout, **kw)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_readme_pytorch_example_as_one_command(tmp_path):
+    mark = uuid.uuid4().hex
+    rc, out, err = run(["--workers", "3", "--shards", "2", "--time-cap", "12",
+                        "--out", str(tmp_path), "--",
+                        PYTHON, os.path.join(EXAMPLES, "train_fashion.py"),
+                        "--train-limit", "6000", "--test-limit", "1000", "--eval-every", "20"],
+                       mark)
+    both = out + err
+    assert rc == 0, both[-4000:]
+    # Every worker registered and trained; the monitor evaluated and ended the job.
+    assert len(set(re.findall(r"\[worker (\d+) rank \d+\]", both))) == 3, both[-4000:]
+    acc = re.search(r"final test accuracy: ([0-9.]+)", both)
+    assert acc and float(acc.group(1)) > 0.5, both[-4000:]
+    assert re.search(r"\[pacer-run\] worker \d+ rank \d+ +0 +\d+", err), err[-3000:]
+    assert_none_left(mark)
+
+
+def test_serve_then_two_joins(tmp_path):
+    """The multi-machine recipe on one machine: one --serve, two --join."""
+    mark = uuid.uuid4().hex
+    serve_out = open(tmp_path / "serve.stdout", "w+")
+    serve_err = open(tmp_path / "serve.stderr", "w+")
+    serve = subprocess.Popen([pacer_run(), "--serve", "--workers", "2", "--shards", "1",
+                              "--time-cap", "8", "--out", str(tmp_path / "serve")],
+                             env=marked_env(mark), stdin=subprocess.DEVNULL,
+                             stdout=serve_out, stderr=serve_err)
+    try:
+        address = None
+        deadline = time.time() + 30
+        while address is None and time.time() < deadline and serve.poll() is None:
+            m = re.search(r"^monitor (tcp://\S+)$", open(tmp_path / "serve.stdout").read(), re.M)
+            address = m and m.group(1)
+            time.sleep(0.05)
+        assert address, open(tmp_path / "serve.stderr").read()
+        joins = [subprocess.Popen([pacer_run(), "--join", address, "--workers", "1",
+                                   "--out", str(tmp_path / ("join%d" % i)), "--",
+                                   "pacer-worker", "--train-limit", "4000", "--test-limit",
+                                   "500"],
+                                  env=marked_env(mark), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        for j in joins:
+            out, err = j.communicate(timeout=120)
+            assert j.returncode == 0, out + err
+            assert re.search(r"\[worker \d+ rank \d+\] worker summary", out), out
+        assert serve.wait(timeout=60) == 0, open(tmp_path / "serve.stderr").read()
+        assert "final test accuracy" in open(tmp_path / "serve.stdout").read()
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert_none_left(mark)
+
+
+def start_own_group(args, mark):
+    return subprocess.Popen([pacer_run(), *args], env=marked_env(mark),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    mark = uuid.uuid4().hex
+    p = start_own_group(["--workers", "2", "--shards", "1", "--time-cap", "120",
+                         "--out", str(tmp_path), "--", "pacer-worker"], mark)
+    seen = ""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        seen += line
+        if re.search(r"\[worker \d+ rank 1\]", line) or not line:
+            break
+    assert re.search(r"rank 1\]", seen), seen
+    os.killpg(p.pid, signal.SIGINT)  # what a Ctrl-C at the terminal does
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, seen + out
+    assert "interrupted" in out
+    assert_none_left(mark)
+
+
+def test_failed_worker_stops_the_job_and_spares_what_it_did_not_start(tmp_path):
+    mark = uuid.uuid4().hex
+    # A sleeper in the launcher's own process group, started before it: not
+    # the launcher's to kill.
+    script = ("sleep 60 >/dev/null 2>&1 & echo $! > %s; exec %s --workers 2 --shards 1 --time-cap 120 "
+              "--out %s -- %s -c 'import sys, time; sys.stderr.write(\"boom\\n\"); "
+              "sys.exit(1)'") % (tmp_path / "sleeper", pacer_run(), tmp_path / "out", PYTHON)
+    p = subprocess.run(["setsid", "/bin/sh", "-c", script], env=marked_env(mark),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    both = p.stdout + p.stderr
+    assert p.returncode == 1, both
+    assert "exited with code 1" in both and "boom" in both, both
+    assert "a worker failed" in both
+    sleeper = int((tmp_path / "sleeper").read_text())
+    try:
+        os.kill(sleeper, 0)  # still there
+    finally:
+        os.kill(sleeper, signal.SIGKILL)
+    assert_none_left(mark)
+
+
+def test_monitor_refusing_its_flags_is_shown(tmp_path):
+    mark = uuid.uuid4().hex
+    rc, out, err = run(["--workers", "1", "--shards", "1", "--monitor-args", "--mode nonsense",
+                        "--out", str(tmp_path), "--", "pacer-worker"], mark, timeout=60)
+    assert rc == 1, out + err
+    assert "monitor exited with code 2 before it listened" in err, err
+    assert "--mode" in err and "nonsense" in err, err
+    assert_none_left(mark)
