@@ -109,13 +109,15 @@ else
   tmp=$(mktemp -d -t pacer-cluster.XXXXXX)
 fi
 run_pid=""
+keep_tmp=0
 cleanup() {
   trap - EXIT INT TERM
   # Prometheus must not go on scraping ports nobody serves any more.
   [ -z "$targets_file" ] || rm -f "$targets_file"
   # pacer-run stops what it started; it only needs to be told.
   if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
-  [ -n "$out" ] || rm -rf "$tmp"
+  # A temporary folder goes, unless the job failed (pacer-run named it).
+  [ -n "$out" ] || [ "$keep_tmp" -eq 1 ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -175,7 +177,9 @@ fi
 rc=0
 wait "$run_pid" || rc=$?
 run_pid=""
+[ "$rc" -eq 0 ] || keep_tmp=1
 [ "$rc" -ne 130 ] || exit 130
+[ "$rc" -ne 2 ] || exit 2  # pacer-run refused an option (it said which)
 acc=$(sed -n 's/^final test accuracy: //p' "$tmp/monitor.out")
 ttt=$(sed -n "s/^time to [0-9.]*: //p" "$tmp/monitor.out")
 if [ -z "$acc" ]; then

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -77,13 +79,23 @@ std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv,
     const int out = open(p->out_path_.c_str(), mode, 0644);
     const int err = open(p->err_path_.c_str(), mode, 0644);
     const int devnull = open("/dev/null", O_RDONLY);
+    if (out < 0 || err < 0 || devnull < 0) _exit(126);
     dup2(out, STDOUT_FILENO);
     dup2(err, STDERR_FILENO);
     dup2(devnull, STDIN_FILENO);
+    for (int fd : {out, err, devnull}) {
+      if (fd > STDERR_FILENO) close(fd);
+    }
     if (options.search_path) {
       execvpe(args[0], args.data(), envp.data());
     } else {
       execve(args[0], args.data(), envp.data());
+    }
+    // Why, in its log (only async-signal-safe calls after a fork).
+    const char* why = strerrordesc_np(errno);
+    for (const char* part : {"cannot run ", static_cast<const char*>(args[0]), ": ",
+                             why != nullptr ? why : "?", "\n"}) {
+      if (write(STDERR_FILENO, part, strlen(part)) < 0) break;
     }
     _exit(127);
   }

@@ -63,9 +63,11 @@ def run(args, mark, timeout=180, **kw):
 
 def test_readme_pytorch_example_as_one_command(tmp_path):
     mark = uuid.uuid4().hex
+    # The README's command (README.md, "Train your own model"), with the
+    # example script as train.py, AdamW as there, and a shorter time cap.
     rc, out, err = run(["--workers", "3", "--shards", "2", "--time-cap", "12",
-                        "--out", str(tmp_path), "--",
-                        PYTHON, os.path.join(EXAMPLES, "train_fashion.py"),
+                        "--monitor-args", "--optimizer adamw", "--out", str(tmp_path), "--",
+                        PYTHON, os.path.join(EXAMPLES, "train_fashion.py"), "--optimizer", "adamw",
                         "--train-limit", "6000", "--test-limit", "1000", "--eval-every", "20"],
                        mark)
     both = out + err
@@ -102,10 +104,15 @@ def test_serve_then_two_joins(tmp_path):
                                   env=marked_env(mark), stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(2)]
-        for j in joins:
-            out, err = j.communicate(timeout=120)
-            assert j.returncode == 0, out + err
-            assert re.search(r"\[worker \d+ rank \d+\] worker summary", out), out
+        try:
+            for j in joins:
+                out, err = j.communicate(timeout=120)
+                assert j.returncode == 0, out + err
+                assert re.search(r"\[worker \d+ rank \d+\] worker summary", out), out
+        finally:
+            for j in joins:
+                if j.poll() is None:
+                    j.kill()
         assert serve.wait(timeout=60) == 0, open(tmp_path / "serve.stderr").read()
         assert "final test accuracy" in open(tmp_path / "serve.stdout").read()
     finally:
@@ -114,28 +121,38 @@ def test_serve_then_two_joins(tmp_path):
     assert_none_left(mark)
 
 
-def start_own_group(args, mark):
-    return subprocess.Popen([pacer_run(), *args], env=marked_env(mark),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def test_ctrl_c_stops_everything(tmp_path):
-    mark = uuid.uuid4().hex
-    p = start_own_group(["--workers", "2", "--shards", "1", "--time-cap", "120",
-                         "--out", str(tmp_path), "--", "pacer-worker"], mark)
-    seen = ""
-    deadline = time.time() + 60
+def wait_for(path, pattern, proc, timeout):
+    """The first match of `pattern` in the file at `path`, polled until
+    `timeout` or until `proc` exits; None if none."""
+    deadline = time.time() + timeout
     while time.time() < deadline:
-        line = p.stdout.readline()
-        seen += line
-        if re.search(r"\[worker \d+ rank 1\]", line) or not line:
-            break
-    assert re.search(r"rank 1\]", seen), seen
-    os.killpg(p.pid, signal.SIGINT)  # what a Ctrl-C at the terminal does
-    out, _ = p.communicate(timeout=60)
-    assert p.returncode == 130, seen + out
+        m = re.search(pattern, open(path).read(), re.M)
+        if m or proc.poll() is not None:
+            return m
+        time.sleep(0.05)
+    return None
+
+
+def test_ctrl_c_stops_everything_in_order(tmp_path):
+    mark = uuid.uuid4().hex
+    log = tmp_path / "pacer-run.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([pacer_run(), "--workers", "2", "--shards", "1", "--time-cap", "120",
+                              "--out", str(tmp_path / "out"), "--", "pacer-worker"],
+                             env=marked_env(mark), stdin=subprocess.DEVNULL, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_for(log, r"\[worker \d+ rank 1\]", p, 60), log.read_text()
+        os.killpg(p.pid, signal.SIGINT)  # what a Ctrl-C at the terminal does
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    out = log.read_text()
+    assert p.returncode == 130, out
     assert "interrupted" in out
+    # In order: each worker left on its SIGTERM (exit 0, with its summary).
+    assert len(re.findall(r"^\[pacer-run\] worker \d+ rank \d+ +0 +[0-9.]+ ", out, re.M)) == 2, out
     assert_none_left(mark)
 
 
@@ -154,7 +171,8 @@ def test_failed_worker_stops_the_job_and_spares_what_it_did_not_start(tmp_path):
     assert "a worker failed" in both
     sleeper = int((tmp_path / "sleeper").read_text())
     try:
-        os.kill(sleeper, 0)  # still there
+        with open("/proc/%d/stat" % sleeper) as f:  # still there, and not a zombie
+            assert f.read().rsplit(")", 1)[1].split()[0] != "Z"
     finally:
         os.kill(sleeper, signal.SIGKILL)
     assert_none_left(mark)

@@ -34,6 +34,11 @@ class Tail {
   // over a last line without its newline).
   std::vector<std::string> Read(bool flush = false) {
     std::vector<std::string> lines;
+    std::error_code ec;
+    if (const auto size = fs::file_size(path_, ec); !ec && size < offset_) {
+      offset_ = 0;  // truncated: read it again from its start
+      partial_.clear();
+    }
     std::ifstream in(path_, std::ios::binary);
     if (in) {
       in.seekg(static_cast<std::streamoff>(offset_));
@@ -95,14 +100,16 @@ class Launcher {
   std::string AddressOf(Child* c);
   void Pump(bool flush = false);
   void Show(Child& c, const std::string& line, bool err);
-  // Reaps whatever exited; true when `c` has.
+  // Reaps whatever exited (Child::exit_code).
   void Reap();
   void ShowLast(const Child& c, const std::string& why);
-  // Stops every child still running: workers first (SIGTERM: they leave the
-  // job), then the shards and the monitor; SIGKILL to what is left after
-  // the grace. Never signals a process it did not start.
+  // Stops every child still running, each with its process group: workers
+  // first (SIGTERM: they leave the job), then the monitor (it stops the
+  // job), then the shards; SIGKILL to what is left after the grace. Never
+  // signals a process it did not start.
   void StopAll();
   bool AnyRunning(std::optional<Kind> kind = std::nullopt);
+  bool loopback() const { return o_.host == "127.0.0.1" || o_.host == "localhost"; }
   void Say(const std::string& line) { std::fprintf(stderr, "[pacer-run] %s\n", line.c_str()); }
   void PrintTable();
 
@@ -164,6 +171,12 @@ Child* Launcher::Start(Kind kind, uint32_t index, std::vector<std::string> argv,
   c->index = index;
   c->label = kind == Kind::kMonitor ? "monitor" : std::string(KindName(kind)) + " #" + std::to_string(index);
   const std::string name = kind == Kind::kMonitor ? "monitor" : KindName(kind) + std::to_string(index);
+  // A folder used before holds the last run's files: they must not be read
+  // as this run's (its "listening" line would be another run's port).
+  for (const char* ext : {".out", ".log"}) {
+    std::error_code ec;
+    fs::remove(fs::path(dir_) / (name + ext), ec);
+  }
   ProcessOptions po;
   po.own_group = true;       // a Ctrl-C reaches the launcher, which stops them in order
   po.die_with_parent = true;  // and nothing outlives a launcher that was killed
@@ -200,7 +213,9 @@ void Launcher::Show(Child& c, const std::string& line, bool err) {
        line.rfind("stop reason: ", 0) == 0 || line.find(" policy: ") != std::string::npos)) {
     monitor_results_.push_back(line);
   }
-  if (line.find("transport security is off") != std::string::npos) return;  // said once, at start
+  if (loopback() && line.find("transport security is off") != std::string::npos) {
+    return;  // said once, at start, for the whole job on this machine
+  }
   if (!o_.show_output) return;
   std::fprintf(err ? stderr : stdout, "[%s] %s\n", c.label.c_str(), line.c_str());
 }
@@ -362,7 +377,7 @@ int Launcher::Run() {
     }
     Say(std::to_string(o_.shards) + " shard(s), " + std::to_string(o_.workers) + " worker(s)" +
         (o_.role == Role::kServe ? " to join" : "") + "; logs in " + dir_);
-    if (o_.host == "127.0.0.1" || o_.host == "localhost") {
+    if (loopback()) {
       Say("plain ZeroMQ on 127.0.0.1: fine on one machine; between machines use CURVE keys "
           "(--monitor-args and --shard-args with --key/--allowed-keys, deploy/README.md)");
     }
@@ -399,7 +414,9 @@ int Launcher::Run() {
   if (o_.role != Role::kServe) {
     for (uint32_t i = 0; i < o_.workers; ++i) {
       std::vector<std::string> argv = o_.command;
-      if (argv[0].find('/') == std::string::npos) {
+      // One of Pacer's programs (pacer-worker) is the one beside pacer-run;
+      // any other bare name is looked up in PATH (a virtualenv's python3).
+      if (argv[0].rfind("pacer-", 0) == 0 && argv[0].find('/') == std::string::npos) {
         if (std::string p = Program(argv[0]); !p.empty()) argv[0] = p;
       }
       if (auto it = o_.worker_args.find(i); it != o_.worker_args.end()) {
@@ -449,8 +466,12 @@ int Launcher::Run() {
         if (c->exit_code && *c->exit_code != 0 && !c->reported) {
           c->reported = true;
           ShowLast(*c, "exited with code " + std::to_string(*c->exit_code));
-          if (c->kind == Kind::kWorker) code = 1;
+          if (c->kind != Kind::kShard) code = 1;
         }
+      }
+      if (interrupt_.load()) {
+        Say("interrupted: stopping the processes pacer-run started");
+        code = 130;
       }
       break;
     }

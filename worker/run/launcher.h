@@ -4,9 +4,10 @@
 // command with the monitor's address in its environment; shows every
 // process's lines with its role in front; and stops everything it started,
 // and only that, when the job ends, when a worker fails, or when it is
-// interrupted. Every process it starts is in a process group of its own and
-// dies with the launcher (PR_SET_PDEATHSIG), so that a Ctrl-C reaches the
-// launcher alone and nothing outlives it.
+// interrupted. Every process it starts is in a process group of its own
+// (stopping one signals its group: what it started there stops with it)
+// and is killed when the launcher dies (PR_SET_PDEATHSIG), so that a Ctrl-C
+// reaches the launcher alone, which stops them in order.
 #ifndef PACER_WORKER_RUN_LAUNCHER_H_
 #define PACER_WORKER_RUN_LAUNCHER_H_
 
@@ -46,15 +47,17 @@ struct LaunchOptions {
   // Extra arguments for the I-th worker this launcher starts (from 0).
   std::map<uint32_t, std::vector<std::string>> worker_args;
   // The workers' command (after --); a bare name that is one of Pacer's
-  // programs (pacer-worker) is the one beside pacer-run.
+  // programs (pacer-worker) is found as pacer-monitor is (bin_dir), any
+  // other bare name in PATH.
   std::vector<std::string> command;
   // Where every process's output and log go (NAME.out, NAME.log); "": a
   // temporary folder, removed at the end unless something failed.
   std::string out_dir;
   // Shard I checkpoints to DATA_DIR/shardI ("": no checkpoints).
   std::string data_dir;
-  // Where pacer-monitor, pacer-server and pacer-worker are ("": beside
-  // this program, as installed, or in the build tree's monitor/ and ps/).
+  // Where pacer-monitor, pacer-server and pacer-worker are looked for
+  // first; then beside this program (installed), then in the build tree's
+  // monitor/, ps/ and worker/.
   std::string bin_dir;
   // Show the processes' lines (false: only the launcher's own and the end).
   bool show_output = true;

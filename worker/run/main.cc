@@ -36,7 +36,6 @@ int main(int argc, char** argv) {
   double grace_s = 10, start_timeout_s = 30;
   std::string monitor_args, shard_args;
   std::vector<std::string> worker_args_of;
-  std::string mode, policy, global_batch, time_cap, target, replicas, epochs;
   app.add_option("--workers", o.workers,
                  "Workers to start; with --serve, the workers the job waits for in all (those "
                  "of every --join together)")
@@ -57,21 +56,25 @@ int main(int argc, char** argv) {
                  "The address the monitor and the shards listen on; with --serve one that the "
                  "workers' machines reach")
       ->capture_default_str();
-  // The job's settings, with the monitor's names (pacer-monitor --help).
-  app.add_option("--mode", mode, "The job's consistency mode: bsp, ssp, dssp, asp or backup")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--policy", policy, "The straggler policy: fixed, adaptive-batch or pacer")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--global-batch", global_batch, "B: the sum of the workers' batches")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--time-cap", time_cap, "Stop after this many seconds of training")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--target-accuracy", target, "Stop at this test accuracy")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--replicas", replicas, "Backups of each shard's range")
-      ->group("Job (pacer-monitor's flags)");
-  app.add_option("--epochs", epochs, "Stop after this many epochs of the training set")
-      ->group("Job (pacer-monitor's flags)");
+  // The job's settings, with the monitor's names (pacer-monitor --help),
+  // passed to the monitor as given.
+  struct JobFlag {
+    const char* flag;
+    const char* help;
+    std::string value;
+  };
+  JobFlag job[] = {
+      {"--mode", "The job's consistency mode: bsp, ssp, dssp, asp or backup", ""},
+      {"--policy", "The straggler policy: fixed, adaptive-batch or pacer", ""},
+      {"--global-batch", "B: the sum of the workers' batches", ""},
+      {"--time-cap", "Stop after this many seconds of training", ""},
+      {"--target-accuracy", "Stop at this test accuracy", ""},
+      {"--replicas", "Backups of each shard's range", ""},
+      {"--epochs", "Stop after this many epochs of the training set", ""},
+  };
+  for (JobFlag& j : job) {
+    app.add_option(j.flag, j.value, j.help)->group("Job (pacer-monitor's flags)");
+  }
   app.add_option("--monitor-args", monitor_args,
                  "More pacer-monitor flags, one string (a flag given twice takes the last value)");
   app.add_option("--shard-args", shard_args, "More pacer-server flags for every shard, one string");
@@ -111,16 +114,13 @@ int main(int argc, char** argv) {
     return usage("no command: give the workers' command after --, e.g. "
                  "pacer-run -- /usr/bin/python3 train.py");
   }
-  for (const auto& [flag, value] :
-       {std::pair<const char*, std::string*>{"--mode", &mode}, {"--policy", &policy},
-        {"--global-batch", &global_batch}, {"--time-cap", &time_cap},
-        {"--target-accuracy", &target}, {"--replicas", &replicas}, {"--epochs", &epochs}}) {
-    if (value->empty()) continue;
+  for (const JobFlag& j : job) {
+    if (j.value.empty()) continue;
     if (o.role == pacer::run::Role::kJoin) {
-      return usage(std::string(flag) + " is the job's, set where it is served, not with --join");
+      return usage(std::string(j.flag) + " is the job's, set where it is served, not with --join");
     }
-    o.job_flags.push_back(flag);
-    o.job_flags.push_back(*value);
+    o.job_flags.push_back(j.flag);
+    o.job_flags.push_back(j.value);
   }
   o.monitor_args = Words(monitor_args);
   o.shard_args = Words(shard_args);

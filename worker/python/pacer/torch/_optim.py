@@ -188,5 +188,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # of a schedule stepped first); the shards took this step for it.
         if hasattr(self.inner, "_step_count"):
             self.inner._step_count += 1
+        self.inner._opt_called = True  # what newer torch checks instead
         state.trainer.push(float("nan") if loss is None else float(loss))
         return None
