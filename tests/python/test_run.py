@@ -11,8 +11,6 @@ import subprocess
 import time
 import uuid
 
-import pytest
-
 from conftest import PYTHON, binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))

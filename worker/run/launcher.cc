@@ -71,7 +71,6 @@ enum class Kind { kMonitor, kShard, kWorker };
 
 struct Child {
   Kind kind;
-  uint32_t index;      // launch order within its kind
   std::string label;   // shown in front of its lines
   std::unique_ptr<Process> process;
   std::unique_ptr<Tail> out, err;
@@ -119,7 +118,6 @@ class Launcher {
   bool temp_dir_ = false;
   std::string monitor_address_;
   std::vector<std::unique_ptr<Child>> children_;
-  bool security_warned_ = false;
   // The monitor's lines the end-of-run summary repeats.
   std::vector<std::string> monitor_results_;
   std::vector<std::string> epochs_;  // the monitor's "epoch N done" lines
@@ -168,7 +166,6 @@ Child* Launcher::Start(Kind kind, uint32_t index, std::vector<std::string> argv,
                        std::vector<std::string> env) {
   auto c = std::make_unique<Child>();
   c->kind = kind;
-  c->index = index;
   c->label = kind == Kind::kMonitor ? "monitor" : std::string(KindName(kind)) + " #" + std::to_string(index);
   const std::string name = kind == Kind::kMonitor ? "monitor" : KindName(kind) + std::to_string(index);
   // A folder used before holds the last run's files: they must not be read
