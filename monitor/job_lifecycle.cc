@@ -31,7 +31,18 @@ bool JobLifecycle::Stop(const std::string& reason) {
   return true;
 }
 
+void JobLifecycle::OnRefused(const std::string& reason) {
+  ++refused_;
+  last_refusal_ = reason;
+}
+
 std::optional<std::string> JobLifecycle::DueStop() {
+  if (state_ == wire::JobState::Waiting && !taken_ &&
+      refused_ >= std::max<uint32_t>(1, options_.min_workers) && members_->LiveWorkers().empty()) {
+    failed_ = true;
+    return fmt::format("every worker was refused ({} worker(s); the last: {})", refused_,
+                       last_refusal_);
+  }
   if (!running()) return std::nullopt;
   const TimePoint now = clock_->Now();
   if (options_.time_cap_seconds > 0 && ToSeconds(now - *started_at_) >= options_.time_cap_seconds) {

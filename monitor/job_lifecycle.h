@@ -1,7 +1,8 @@
 // The job's life: waiting for its shards and workers, running, stopped (and
 // the grace after it), when it started, and what ends it: a time cap, a
 // target accuracy, the last epoch of the data stream (after a final
-// evaluation), or every worker finished. It also keeps the test accuracy
+// evaluation), every worker finished, or every worker that came refused
+// before the job could run (a failure). It also keeps the test accuracy
 // the evaluator reports. No sockets; the monitor's one thread.
 #ifndef PACER_MONITOR_JOB_LIFECYCLE_H_
 #define PACER_MONITOR_JOB_LIFECYCLE_H_
@@ -26,6 +27,7 @@ class JobLifecycle {
     double time_cap_seconds = 0;
     float target_accuracy = 0;
     Duration stop_grace = std::chrono::seconds(2);
+    uint32_t min_workers = 1;
   };
   JobLifecycle(const Options& options, const Clock* clock, Membership* members,
                const DataFeed* data, Journal* journal, MonitorMetrics* metrics)
@@ -36,6 +38,8 @@ class JobLifecycle {
   bool running() const { return state_ == wire::JobState::Running; }
   bool stopped() const { return state_ == wire::JobState::Stopped; }
   const std::string& stop_reason() const { return stop_reason_; }
+  // Whether it stopped as a failure: every worker was refused.
+  bool failed() const { return failed_; }
   std::optional<double> seconds_running() const;
   std::optional<TimePoint> started_at() const { return started_at_; }
   // True once the job stopped and the grace period has passed.
@@ -45,9 +49,16 @@ class JobLifecycle {
   void Run();
   // The job stops (false: it had already).
   bool Stop(const std::string& reason);
-  // While it runs: why it should stop now (nullopt: not yet). The data
-  // stream's last epoch first holds the workers for a final evaluation.
+  // Why it should stop now (nullopt: not yet). While it runs: a cap, the
+  // data stream's last epoch (which first holds the workers for a final
+  // evaluation), every worker finished. Before it runs: as many workers as
+  // it needs (--min-workers) were refused, none was taken and none is left
+  // to declare, so nothing will train: it stops as a failure.
   std::optional<std::string> DueStop();
+
+  // A worker's model declaration was taken, or refused (for `reason`).
+  void OnDeclarationTaken() { taken_ = true; }
+  void OnRefused(const std::string& reason);
 
   // The evaluator's report; why the job stops because of it (nullopt: it
   // goes on).
@@ -89,6 +100,11 @@ class JobLifecycle {
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
   double report_threshold_ = 0.85;
+  // Declarations: whether any was taken; how many were refused, the last why.
+  bool taken_ = false;
+  uint32_t refused_ = 0;
+  std::string last_refusal_;
+  bool failed_ = false;
 };
 
 }  // namespace pacer

@@ -112,14 +112,17 @@ int main(int argc, char** argv) {
   app.add_option("--deadband", opts.policy.batch.deadband,
                  "Relative batch change the policy skips as noise")
       ->capture_default_str()->check(CLI::Range(0.0, 0.5));
-  // The shards' optimizer and the job's default parameter group: torch.optim's
-  // settings, each defaulting as torch 1.13 does for the chosen optimizer
-  // (Pacer's SGD: lr 0.1, momentum 0.9). Checked after parsing, exit 2.
+  // The shards' optimizer and the job's default parameter group when the
+  // first worker declares none (a pacer.torch script declares its own):
+  // torch.optim's settings, each defaulting as torch 1.13 does for the
+  // chosen optimizer (Pacer's SGD: lr 0.1, momentum 0.9). Checked after
+  // parsing, exit 2.
   std::string optimizer_name = "sgd";
   pacer::OptimizerSettings given;
   app.add_option("--optimizer", optimizer_name,
                  "Server-side optimizer, torch.optim's update of PyTorch 1.13: sgd, adam, adamw "
-                 "or adagrad")
+                 "or adagrad. With its settings (--lr ...), the job's when its first worker "
+                 "declares none (pacer-worker); a pacer.torch script declares its own")
       ->capture_default_str();
   struct FloatFlag {
     const char* name;
@@ -360,5 +363,6 @@ int main(int argc, char** argv) {
     std::printf("time to %.2f: not reached\n", report_threshold);
   }
   std::fflush(stdout);
-  return pacer::kExitOk;
+  // Every worker refused: the job never ran, which a launcher must see.
+  return (*server)->stop_failed() ? pacer::kExitFailure : pacer::kExitOk;
 }

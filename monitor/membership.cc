@@ -54,14 +54,18 @@ const WorkerState* Membership::ByToken(const std::string& token) const {
 
 const WorkerState& Membership::Join(uint32_t id, const std::string& token,
                                     const std::string& public_key, TimePoint now,
-                                    uint64_t start_clock) {
+                                    uint64_t start_clock, std::optional<uint32_t> rank_hint) {
   std::set<uint32_t> taken;
   for (uint32_t live : LiveWorkers()) taken.insert(workers_.at(live).rank);
   WorkerState w;
   w.id = id;
   w.public_key = public_key;
   if (!token.empty()) tokens_[token] = id;
-  while (taken.count(w.rank)) ++w.rank;
+  if (rank_hint && !taken.count(*rank_hint)) {
+    w.rank = *rank_hint;
+  } else {
+    while (taken.count(w.rank)) ++w.rank;
+  }
   next_rank_ = std::max(next_rank_, w.rank + 1);
   w.last_seen = now;
   w.clock = start_clock;
@@ -83,11 +87,11 @@ void Membership::Finish(uint32_t id, uint64_t at_clock) {
   for (const auto& listener : on_live_set_) listener();
 }
 
-bool Membership::Remove(uint32_t id) {
+bool Membership::Remove(uint32_t id, const std::string& why) {
   WorkerState* w = Find(id);
   if (w == nullptr || !w->alive || w->done) return false;
   w->alive = false;
-  spdlog::warn("worker {} (rank {}) removed by request", id, w->rank);
+  spdlog::warn("worker {} (rank {}) {}", id, w->rank, why);
   Change("removed", "worker " + std::to_string(id) + " removed");
   for (const auto& listener : on_live_set_) listener();
   return true;

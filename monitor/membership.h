@@ -69,15 +69,18 @@ class Membership {
   // (Change), and the live-set listeners (OnLiveSetChange) hear: before the
   // change for a worker that joins, after it for one that leaves.
   //
-  // A new worker `id` (from the job's one id counter) at the lowest rank no
-  // live worker holds (a replacement takes the rank, and so the data, of
-  // one that died), starting at `start_clock`.
+  // A new worker `id` (from the job's one id counter) at the rank it asks
+  // for (`rank_hint`: pacer-run's launch index) when no live worker holds
+  // it, else at the lowest rank no live worker holds (a replacement takes
+  // the rank, and so the data, of one that died), starting at `start_clock`.
   const WorkerState& Join(uint32_t id, const std::string& token, const std::string& public_key,
-                          TimePoint now, uint64_t start_clock);
+                          TimePoint now, uint64_t start_clock,
+                          std::optional<uint32_t> rank_hint = std::nullopt);
   // Worker `id` finished its share (its last heartbeat, at `at_clock`, said so).
   void Finish(uint32_t id, uint64_t at_clock);
-  // pacerctl remove-worker: false when `id` is not a live member.
-  bool Remove(uint32_t id);
+  // pacerctl remove-worker, or a refused declaration (`why`, for the
+  // log): false when `id` is not a live member.
+  bool Remove(uint32_t id, const std::string& why = "removed by request");
   // Workers silent for longer than `lease` are declared dead.
   void ExpireLeases(TimePoint now, Duration lease);
 

@@ -9,6 +9,14 @@
 #include "spdlog/spdlog.h"
 
 namespace pacer {
+namespace {
+
+// "adamw (lr=0.001,betas=0.9:0.999,eps=1e-08,weight_decay=0.01,amsgrad=false)".
+std::string Describe(const JobOptimizer& o) {
+  return std::string(OptimizerName(o.kind)) + " (" + FormatSettings(o.kind, o.settings) + ")";
+}
+
+}  // namespace
 
 std::optional<ModelRegistry::Refusal> ModelRegistry::Declare(msg::DeclareModel m,
                                                              uint32_t sender) {
@@ -51,8 +59,19 @@ std::optional<ModelRegistry::Refusal> ModelRegistry::Declare(msg::DeclareModel m
     values += k.length();
   }
   if (values > (uint64_t{1} << 34)) return refuse(wire::ErrorCode::BadLength, "model too large");
-  // The groups' settings, over the job's (--optimizer and its flags).
-  TableConfig config{rules_.optimizer, rules_.settings, m.param_groups};
+  // The optimizer: the first declaration's becomes the job's; a later
+  // one must be the job's. The groups' settings are over it.
+  const JobOptimizer job = optimizer();
+  if (m.optimizer && !keys_.empty() && *m.optimizer != job) {
+    return refuse(wire::ErrorCode::Mismatch,
+                  "this worker declares the optimizer " + Describe(*m.optimizer) +
+                      "; the job runs " + Describe(job) +
+                      (declared_optimizer_ ? ", as its first worker declared"
+                                           : " (pacer-monitor --optimizer; its first worker "
+                                             "declared none)"));
+  }
+  const JobOptimizer chosen = m.optimizer && keys_.empty() ? *m.optimizer : job;
+  TableConfig config{chosen.kind, chosen.settings, m.param_groups};
   if (absl::Status st = ParamTable::ValidateConfig(config); !st.ok()) {
     return refuse(wire::ErrorCode::Refused, "model declaration: " + std::string(st.message()));
   }
@@ -93,14 +112,16 @@ std::optional<ModelRegistry::Refusal> ModelRegistry::Declare(msg::DeclareModel m
     names_ = std::move(names);
     groups_ = std::move(groups);
     param_groups_ = std::move(m.param_groups);
+    if (m.optimizer) declared_optimizer_ = *m.optimizer;
     journal_->Mark();
     std::string group_list;
     for (const GroupSettings& g : param_groups_) {
       group_list += "; group '" + g.name + "': " + FormatGroupSettings(g);
     }
-    spdlog::info("model declared by sender {}: {} keys, {} parameters; {} {}{}", sender,
-                 keys_.size(), values, OptimizerName(rules_.optimizer),
-                 FormatSettings(rules_.optimizer, rules_.settings), group_list);
+    spdlog::info("model declared by sender {}: {} keys, {} parameters; {} ({}){}", sender,
+                 keys_.size(), values, Describe(chosen),
+                 m.optimizer ? "declared" : "pacer-monitor --optimizer: the worker declared none",
+                 group_list);
     return std::nullopt;
   }
   const bool same = keys.size() == keys_.size() &&
@@ -165,9 +186,10 @@ std::vector<wire::GroupLr> ModelRegistry::LrOverridesByIndex() const {
 }
 
 size_t ModelRegistry::StateSlots() const {
-  bool amsgrad = rules_.settings.amsgrad;
+  const JobOptimizer job = optimizer();
+  bool amsgrad = job.settings.amsgrad;
   for (const GroupSettings& g : param_groups_) amsgrad = amsgrad || g.amsgrad.value_or(false);
-  return MakeOptimizer(rules_.optimizer, amsgrad)->state_slots();
+  return MakeOptimizer(job.kind, amsgrad)->state_slots();
 }
 
 void ModelRegistry::Save(MonitorRecord* r) const {
@@ -177,6 +199,7 @@ void ModelRegistry::Save(MonitorRecord* r) const {
   r->param_groups = param_groups_;
   r->lr_overrides.assign(lr_overrides_.begin(), lr_overrides_.end());
   r->lr_overrides_version = lr_overrides_version_;
+  r->model_optimizer = declared_optimizer_;
   r->data_samples = data_samples_;
 }
 
@@ -188,6 +211,7 @@ void ModelRegistry::Restore(const MonitorRecord& r) {
   lr_overrides_.clear();
   lr_overrides_.insert(r.lr_overrides.begin(), r.lr_overrides.end());
   lr_overrides_version_ = r.lr_overrides_version;
+  declared_optimizer_ = r.model_optimizer;
   data_samples_ = r.data_samples;
 }
 

@@ -1,7 +1,7 @@
 // The job's model as the monitor knows it: the first worker's declaration
 // (its keys in order, each key's tensor name and parameter group, the
-// groups' settings over the job's optimizer, the training set's size), to
-// which every later declaration must match, and pacerctl set-lr's
+// optimizer it declared, else the monitor's, the groups' settings over it,
+// the training set's size), to which every later declaration must match, and pacerctl set-lr's
 // learning-rate overrides by group. It saves and restores its part of the
 // monitor's state. No sockets; the monitor's one thread.
 #ifndef PACER_MONITOR_MODEL_REGISTRY_H_
@@ -22,8 +22,9 @@ namespace pacer {
 
 class ModelRegistry {
  public:
-  // What a declaration is checked against: the job's optimizer (its
-  // default group), the largest message (no key may outgrow it), and
+  // What a declaration is checked against: the job's optimizer for
+  // workers that declare none (--optimizer and its flags), the largest
+  // message (no key may outgrow it), and
   // whether the job reads a data stream (then the declaration must say how
   // many samples the training set has).
   struct Rules {
@@ -41,12 +42,18 @@ class ModelRegistry {
   ModelRegistry(const Rules& rules, Journal* journal) : rules_(rules), journal_(journal) {}
 
   // A worker's declaration (from `sender`, for the log): the first sets
-  // the model, a later one must be the same; nullopt when it is taken.
+  // the model and, when it declares one, the job's optimizer; a later one
+  // must be the same (an optimizer it declares too); nullopt when it is
+  // taken.
   std::optional<Refusal> Declare(msg::DeclareModel m, uint32_t sender);
   // pacerctl set-lr: sets or clears a group's override; nullopt when done.
   std::optional<Refusal> SetLr(const msg::SetLr& c);
 
   bool declared() const { return !keys_.empty(); }
+  // The job's optimizer: the first declaration's, else Rules' default.
+  JobOptimizer optimizer() const {
+    return declared_optimizer_ ? *declared_optimizer_ : JobOptimizer{rules_.optimizer, rules_.settings};
+  }
   // The keys in order, and per key its tensor name and group (empty: none
   // given; every key in the default group).
   const std::vector<wire::KeyLen>& keys() const { return keys_; }
@@ -75,6 +82,7 @@ class ModelRegistry {
   std::vector<std::string> names_;
   std::vector<uint32_t> groups_;
   std::vector<GroupSettings> param_groups_;
+  std::optional<JobOptimizer> declared_optimizer_;  // by the first declaration
   uint64_t data_samples_ = 0;
   std::map<std::string, float> lr_overrides_;
   uint64_t lr_overrides_version_ = 0;

@@ -41,7 +41,8 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
              &membership_, &replication_),
       data_(&membership_, clock, &journal_),
       policy_(PolicyFor(options), clock, &membership_, &journal_, &metrics_),
-      job_({options.epochs, options.time_cap_seconds, options.target_accuracy, options.stop_grace},
+      job_({options.epochs, options.time_cap_seconds, options.target_accuracy, options.stop_grace,
+            options.min_workers},
            clock, &membership_, &data_, &journal_, &metrics_) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
   metrics_.ShowReplicas(ranges_, options_.replicas, 0);  // before any range exists
@@ -71,8 +72,9 @@ void MonitorCore::ReplyError(const Frame& peer, const Envelope& to, wire::ErrorC
 msg::JobConfig MonitorCore::Job() const {
   msg::JobConfig j;
   j.mode = options_.mode;
-  j.optimizer = options_.optimizer;
-  j.optimizer_settings = options_.optimizer_settings;
+  const JobOptimizer optimizer = model_.optimizer();
+  j.optimizer = optimizer.kind;
+  j.optimizer_settings = optimizer.settings;
   j.global_batch = options_.global_batch;
   j.epochs = options_.epochs;
   j.time_cap_seconds = options_.time_cap_seconds;
@@ -246,7 +248,8 @@ void MonitorCore::OnWorkerRegister(const Frame& peer, const Decoded& d, std::vec
       start_clock = static_cast<uint64_t>(applied + 1);
     }
   }
-  const WorkerState& w = membership_.Join(next_id_++, token, peer.peer_key(), clock_->Now(), start_clock);
+  const WorkerState& w =
+      membership_.Join(next_id_++, token, peer.peer_key(), clock_->Now(), start_clock, r.rank_hint);
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{w.id, w.rank, Job()})});
 }
 
@@ -306,8 +309,13 @@ void MonitorCore::OnShardReturn(const Frame& peer, const Decoded& d, std::vector
 
 void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgoing>* out) {
   if (auto refused = model_.Declare(msg::Read<msg::DeclareModel>(d), d.env.sender)) {
+    // A refused worker will not train: it leaves the membership now rather
+    // than at its lease's end (a barrier would wait for it till then).
+    membership_.Remove(d.env.sender, "refused: " + refused->reason);
+    job_.OnRefused(refused->reason);
     return ReplyError(peer, d.env, refused->code, refused->reason, out);
   }
+  job_.OnDeclarationTaken();
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::Ack{})});
 }
 
@@ -449,6 +457,7 @@ void MonitorCore::SendToShards(bool force, std::vector<Outgoing>* out) {
       msg::DeclareModel declare;
       declare.shard_map_version = ranges_.version();
       declare.param_groups = model_.param_groups();
+      declare.optimizer = model_.optimizer();
       const std::vector<wire::KeyLen>& keys = model_.keys();
       const std::vector<uint32_t>& groups = model_.groups();
       for (size_t k = 0; k < keys.size(); ++k) {
@@ -559,9 +568,10 @@ void MonitorCore::Tick(std::vector<Outgoing>* out) {
     });
     if (all) {
       job_.Run();
+      const JobOptimizer optimizer = model_.optimizer();
       spdlog::info("job {} running ({}, {} lr {}, global batch {})", options_.job_id,
-                   wire::EnumNameMode(options_.mode), OptimizerName(options_.optimizer),
-                   options_.optimizer_settings.lr, options_.global_batch);
+                   wire::EnumNameMode(options_.mode), OptimizerName(optimizer.kind),
+                   optimizer.settings.lr, options_.global_batch);
     }
   }
   SendToShards(false, out);
@@ -715,6 +725,7 @@ void MonitorServer::Run() {
   last_accuracy_ = core_->last_accuracy();
   time_to_target_ = core_->time_to_target();
   stop_reason_ = core_->stop_reason();
+  failed_ = core_->stop_failed();
   policy_summary_ = core_->PolicySummary();
   done_ = true;
 }

@@ -185,6 +185,8 @@ class MonitorCore {
 
   wire::JobState state() const { return job_.state(); }
   const std::string& stop_reason() const { return job_.stop_reason(); }
+  // Whether the job stopped as a failure (every worker was refused).
+  bool stop_failed() const { return job_.failed(); }
   // One line on what the straggler policy did: its rounds by reason and
   // the last batch sizes.
   std::string PolicySummary() const { return policy_.Summary(); }
@@ -350,6 +352,7 @@ class MonitorServer {
   std::optional<double> last_accuracy() const { return last_accuracy_; }
   std::optional<double> time_to_target() const { return time_to_target_; }
   std::string stop_reason() const { return stop_reason_; }
+  bool stop_failed() const { return failed_; }  // the job ended as a failure
   std::string policy_summary() const { return policy_summary_; }
   void set_report_threshold(double t) { core_->set_report_threshold(t); }
 
@@ -374,6 +377,7 @@ class MonitorServer {
   std::optional<double> last_accuracy_;
   std::optional<double> time_to_target_;
   std::string stop_reason_;
+  bool failed_ = false;
   std::string policy_summary_;
   std::thread thread_;
 };

@@ -211,12 +211,21 @@ void ShardCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Outgo
     return ReplyError(peer, d.env, wire::ErrorCode::Mismatch,
                       "this shard already holds a different model", out);
   }
-  // The groups' settings: the declaration's (a restored table keeps its
-  // state; only settings such as lr or weight decay may differ).
-  if (range_.table->config().groups != m.param_groups) {
-    if (absl::Status st = range_.table->SetGroups(m.param_groups); !st.ok()) {
+  // The optimizer (the job's, as its first worker declared it) and the
+  // groups' settings: the declaration's. A restored table keeps its state:
+  // only settings such as lr or weight decay may differ, not the kind.
+  TableConfig config = range_.table->config();
+  if (m.optimizer) {
+    config.kind = m.optimizer->kind;
+    config.defaults = m.optimizer->settings;
+  }
+  config.groups = m.param_groups;
+  if (range_.table->config() != config) {
+    if (absl::Status st = range_.table->SetConfig(config); !st.ok()) {
       return ReplyError(peer, d.env, wire::ErrorCode::Mismatch, std::string(st.message()), out);
     }
+    job_.optimizer = {config.kind, config.defaults, {}};
+    replicas_.Configure(shard_id_, job_.optimizer);  // the seeds it takes
   }
   if (!same) {
     if (absl::Status st = range_.table->Declare(keys); !st.ok()) {

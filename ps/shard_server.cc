@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const msg::Register request{wire::Role::Shard, advertised, snapshot ? snapshot->shard_id : 0,
                                 snapshot ? snapshot->job_id : 0,
                                 snapshot ? snapshot->map_version : 0, incarnation,
-                                options.node};
+                                options.node, std::nullopt};
     auto reply =
         s->monitor_->Call(request, std::min(give_up, clock->Now() + options.request_timeout));
     if (reply.ok()) {

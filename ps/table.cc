@@ -105,7 +105,17 @@ absl::Status ParamTable::ValidateConfig(const TableConfig& config) {
 absl::Status ParamTable::SetGroups(std::vector<GroupSettings> groups) {
   TableConfig next = config_;
   next.groups = std::move(groups);
+  return SetConfig(std::move(next));
+}
+
+absl::Status ParamTable::SetConfig(TableConfig next) {
   if (absl::Status s = ValidateConfig(next); !s.ok()) return s;
+  if (!slots_.empty() && next.kind != config_.kind) {
+    return absl::InvalidArgumentError("these keys hold " +
+                                      std::string(OptimizerName(config_.kind)) +
+                                      " state; the job runs " +
+                                      std::string(OptimizerName(next.kind)));
+  }
   std::vector<OptimizerSettings> resolved = ResolveGroups(next);
   auto optimizer = MakeOptimizer(next.kind, AnyAmsgrad(resolved));
   if (!slots_.empty() && optimizer->state_slots() != optimizer_->state_slots()) {

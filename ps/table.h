@@ -115,6 +115,10 @@ class ParamTable {
   // made from the job's settings alone). InvalidArgument as ValidateConfig,
   // or when a state slot count would change and the table holds keys.
   absl::Status SetGroups(std::vector<GroupSettings> groups);
+  // Replaces the whole configuration (the job's optimizer as its first
+  // worker declared it): as SetGroups, and the kind may change only while
+  // the table holds no keys.
+  absl::Status SetConfig(TableConfig next);
 
   // Takes `keys` as the table's (the first declaration): parameters 0,
   // state at its initial value, no steps. InvalidArgument on a repeated key

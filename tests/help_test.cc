@@ -186,6 +186,19 @@ TEST(HelpTest, EveryDocumentedFlagExists) {
     }
   }
   EXPECT_GE(scripts, 5u);
+  // The Python examples' flags (argparse: their add_argument calls).
+  static const std::regex argument(R"re(add_argument\(\s*"(--[a-z][a-z0-9-]*)")re");
+  size_t examples = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(PACER_SOURCE_DIR) +
+                                                          "/worker/python/examples")) {
+    if (e.path().extension() != ".py") continue;
+    const std::string text = Source("worker/python/examples/" + e.path().filename().string());
+    for (std::sregex_iterator it(text.begin(), text.end(), argument), end; it != end; ++it) {
+      known.insert((*it)[1].str());
+      ++examples;
+    }
+  }
+  EXPECT_GE(examples, 5u);
   for (const auto& [flag, whose] : kOtherProgramsFlags) {
     EXPECT_EQ(known.count(flag), 0u) << flag << " is a Pacer flag: drop it from the exemptions";
   }
@@ -289,6 +302,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"TrainerOptions.live_progress", "--progress"},
     {"TrainerOptions.safeguards", "--unsafe-disable"},
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
+    {"TrainerOptions.rank_hint", "--rank"},
     {"LaunchOptions.role", "--serve"},  // and --join
     {"LaunchOptions.job_flags", "--mode"},  // and the job's other flags
     {"LaunchOptions.worker_args", "--worker-args-of"},
@@ -310,6 +324,8 @@ const std::map<std::string, std::string> kNoFlag = {
     {"MonitorOptions.registry", "made by the process; served by --metrics-addr"},
     {"TrainerOptions.registry", "made by the process; served by --metrics-addr"},
     {"TrainerOptions.faults", "made by the process from --faults"},
+    {"TrainerOptions.optimizer",
+     "set by the program (pacer.torch: its torch optimizer); pacer-worker declares none"},
     // Timing the tests and the in-process cluster shorten; fixed in a real run.
     {"MonitorOptions.save_interval", "the monitor saves its state every 0.5 s"},
     // The policy's inner constants, tuned in bench/stragglers (pacer-sim);

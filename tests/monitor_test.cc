@@ -531,6 +531,118 @@ TEST_F(MonitorTest, DifferentModelDeclarationIsMismatch) {
   EXPECT_EQ(core_->rejected(wire::ErrorCode::Mismatch), 2);
 }
 
+// The first declaration's optimizer is the job's (the monitor's --optimizer,
+// sgd here, is only the default): the shards are told it, a newcomer's job
+// config says it, a restarted monitor keeps it. A later worker that
+// declares another is refused with both named; one that declares none is
+// taken.
+TEST_F(MonitorTest, FirstDeclaredOptimizerIsTheJobsAndAnotherIsRefused) {
+  const auto declare = [&](uint32_t sender, const msg::DeclareModel& m) {
+    flatbuffers::FlatBufferBuilder fbb;
+    return Send(sender, kJob, sender, fbb, msg::Build(fbb, m));
+  };
+  const auto error_text = [](const std::vector<Decoded>& replies) {
+    return replies.size() == 1 ? Describe(replies[0]) : std::string("no single reply");
+  };
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  const uint32_t a = RegisterWorker(200);
+  const uint32_t b = RegisterWorker(201);
+  msg::DeclareModel adamw;
+  adamw.keys = kModel;
+  adamw.optimizer = JobOptimizer{OptimizerKind::kAdamW, DefaultSettings(OptimizerKind::kAdamW)};
+  adamw.optimizer->settings.lr = 0.002f;
+  Only(declare(a, adamw), wire::Body::Ack);
+
+  Tick();
+  auto to_shard = Take(0, wire::Body::DeclareModel);
+  ASSERT_EQ(to_shard.size(), 1u);
+  const auto* sent = to_shard[0].As<wire::DeclareModel>();
+  ASSERT_TRUE(sent->optimizer().has_value());
+  EXPECT_EQ(*sent->optimizer(), wire::OptimizerKind::AdamW);
+  ASSERT_NE(sent->optimizer_settings(), nullptr);
+  EXPECT_FLOAT_EQ(sent->optimizer_settings()->lr().value_or(0), 0.002f);
+  Decoded late = Only(Register(202, wire::Role::Worker, ""), wire::Body::RegisterReply);
+  EXPECT_EQ(late.As<wire::RegisterReply>()->job()->optimizer(), wire::OptimizerKind::AdamW);
+
+  msg::DeclareModel sgd = adamw;
+  sgd.optimizer = JobOptimizer{};  // sgd, its defaults
+  auto refused = declare(b, sgd);
+  EXPECT_EQ(ErrorOf(refused), wire::ErrorCode::Mismatch);
+  EXPECT_NE(error_text(refused).find("declares the optimizer sgd"), std::string::npos)
+      << error_text(refused);
+  EXPECT_NE(error_text(refused).find("the job runs adamw (lr=0.002"), std::string::npos)
+      << error_text(refused);
+  msg::DeclareModel other_lr = adamw;
+  other_lr.optimizer->settings.lr = 0.001f;
+  EXPECT_EQ(ErrorOf(declare(b, other_lr)), wire::ErrorCode::Mismatch);
+  msg::DeclareModel none = adamw;
+  none.optimizer.reset();
+  Only(declare(b, none), wire::Body::Ack);
+  Only(declare(b, adamw), wire::Body::Ack);
+
+  MonitorCore restarted(options_, &clock_);
+  ASSERT_TRUE(restarted.RestoreState(core_->SaveState()).ok());
+  core_ = std::make_unique<MonitorCore>(options_, &clock_);
+  ASSERT_TRUE(core_->RestoreState(restarted.SaveState()).ok());
+  Decoded after = Only(Register(203, wire::Role::Worker, ""), wire::Body::RegisterReply);
+  EXPECT_EQ(after.As<wire::RegisterReply>()->job()->optimizer(), wire::OptimizerKind::AdamW);
+  EXPECT_EQ(ErrorOf(declare(b, sgd)), wire::ErrorCode::Mismatch);
+}
+
+// A job whose first worker declares no optimizer runs the monitor's; a
+// later one that declares another is told so.
+TEST_F(MonitorTest, AnOptimizerDeclaredAfterNoneMustBeTheMonitors) {
+  StartJob();  // worker A declared none: sgd, as the monitor's flags say
+  msg::DeclareModel adam;
+  adam.keys = kModel;
+  adam.optimizer = JobOptimizer{OptimizerKind::kAdam, DefaultSettings(OptimizerKind::kAdam)};
+  flatbuffers::FlatBufferBuilder fbb;
+  auto refused = Send(worker_b_, kJob, worker_b_, fbb, msg::Build(fbb, adam));
+  EXPECT_EQ(ErrorOf(refused), wire::ErrorCode::Mismatch);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(Describe(refused[0]).find("pacer-monitor --optimizer; its first worker declared none"),
+            std::string::npos)
+      << Describe(refused[0]);
+}
+
+// A refused worker leaves the membership at once. When as many workers as
+// the job needs (--min-workers, 2 here) were refused, none was taken and
+// none is left, nothing will train: the job stops, as a failure.
+TEST_F(MonitorTest, AJobWhoseEveryWorkerIsRefusedStopsAsAFailure) {
+  Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
+  const uint32_t a = RegisterWorker(200);
+  const uint32_t b = RegisterWorker(201);
+  EXPECT_EQ(ErrorOf(Declare(a, {{1, 100}, {1, 100}})), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(core_->LiveWorkers(), (std::vector<uint32_t>{b}));
+  Tick();
+  EXPECT_EQ(core_->state(), wire::JobState::Waiting);  // b may yet declare
+  EXPECT_EQ(ErrorOf(Declare(b, {{1, 100}, {1, 100}})), wire::ErrorCode::Mismatch);
+  Tick();
+  EXPECT_EQ(core_->state(), wire::JobState::Stopped);
+  EXPECT_TRUE(core_->stop_failed());
+  EXPECT_NE(core_->stop_reason().find(
+                "every worker was refused (2 worker(s); the last: duplicate key in model)"),
+            std::string::npos)
+      << core_->stop_reason();
+}
+
+// A worker may ask for a rank (pacer-run: its launch index): it gets it
+// when no live worker holds it, else the lowest free one.
+TEST_F(MonitorTest, AWorkerGetsTheRankItAsksForWhenNoLiveWorkerHoldsIt) {
+  const auto rank_of = [&](uint64_t peer, std::optional<uint32_t> hint) {
+    msg::Register r;
+    r.role = wire::Role::Worker;
+    r.rank_hint = hint;
+    flatbuffers::FlatBufferBuilder fbb;
+    Decoded d = Only(Send(peer, 0, 0, fbb, msg::Build(fbb, r)), wire::Body::RegisterReply);
+    return d.message == nullptr ? UINT32_MAX : d.As<wire::RegisterReply>()->rank();
+  };
+  EXPECT_EQ(rank_of(200, 2), 2u);
+  EXPECT_EQ(rank_of(201, 0), 0u);
+  EXPECT_EQ(rank_of(202, 2), 1u);  // 2 is held: the lowest free
+  EXPECT_EQ(rank_of(203, std::nullopt), 3u);
+}
+
 TEST_F(MonitorTest, FirstDeclarationWithDuplicateKeyIsMismatch) {
   Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
   uint32_t a = RegisterWorker(200);

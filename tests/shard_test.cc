@@ -110,7 +110,12 @@ class ShardTest : public ::testing::Test {
   std::vector<ShardCore::Outgoing> Declare(const std::vector<wire::KeyLen>& keys) {
     if (!groups_.empty()) {
       flatbuffers::FlatBufferBuilder fbb;
-      return Send(kMonitor, fbb, msg::Build(fbb, msg::DeclareModel{keys, 1, {}, groups_, param_groups_}));
+      msg::DeclareModel m;
+      m.keys = keys;
+      m.shard_map_version = 1;
+      m.groups = groups_;
+      m.param_groups = param_groups_;
+      return Send(kMonitor, fbb, msg::Build(fbb, m));
     }
     flatbuffers::FlatBufferBuilder fbb;
     return Send(kMonitor, fbb, wire::CreateDeclareModelDirect(fbb, &keys, 1));
@@ -1087,6 +1092,32 @@ TEST_F(ShardTest, SecondDeclarationOfOtherModelIsMismatch) {
   Start(wire::Mode::Bsp);
   ExpectAck(Declare(kKeys));  // the same model again is fine
   EXPECT_EQ(ErrorOf(Declare({{1, 2}, {2, 2}})), wire::ErrorCode::Mismatch);
+}
+
+// The monitor's declaration carries the job's optimizer (its first
+// worker's): a shard configured from the monitor's flags takes it while it
+// holds no keys; once it holds keys, another kind is a mismatch.
+TEST_F(ShardTest, TheDeclaredOptimizerReplacesTheFlagsWhileNoKeyIsHeld) {
+  shard_ = std::make_unique<ShardCore>(options_, &clock_);
+  ShardJob job;  // sgd, as the monitor's flags said at registration
+  job.job_id = kJob;
+  shard_->Configure(job, kShardId);
+  msg::DeclareModel adamw;
+  adamw.keys = kKeys;
+  adamw.shard_map_version = 1;
+  adamw.optimizer = JobOptimizer{OptimizerKind::kAdamW, DefaultSettings(OptimizerKind::kAdamW)};
+  adamw.optimizer->settings.lr = 0.002f;
+  flatbuffers::FlatBufferBuilder fbb;
+  ExpectAck(Send(kMonitor, fbb, msg::Build(fbb, adamw)));
+  EXPECT_EQ(shard_->table().config().kind, OptimizerKind::kAdamW);
+  EXPECT_FLOAT_EQ(shard_->table().config().defaults.lr, 0.002f);
+  EXPECT_EQ(shard_->table().state_slots(), 2u);  // m and v
+
+  msg::DeclareModel sgd = adamw;
+  sgd.optimizer = JobOptimizer{};
+  flatbuffers::FlatBufferBuilder again;
+  EXPECT_EQ(ErrorOf(Send(kMonitor, again, msg::Build(again, sgd))), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(shard_->table().config().kind, OptimizerKind::kAdamW);
 }
 
 TEST_F(ShardTest, OnlyTheMonitorDeclaresAndSetsMembership) {

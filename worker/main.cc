@@ -120,6 +120,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       // Not PACER_MAX_BATCH: the monitor's --max-batch is the policy's bound.
       ->envname("PACER_WORKER_MAX_BATCH");
+  int64_t rank_hint = -1;
+  app.add_option("--rank", rank_hint,
+                 "The rank to ask the monitor for, given when no live worker holds it (else "
+                 "the lowest free one); pacer-run sets PACER_RANK to each worker's launch "
+                 "index; -1: any")
+      ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 20))
+      ->envname("PACER_RANK");
   pacer::MetricsFlags metrics_flags;
   pacer::AddMetricsFlags(app, &metrics_flags);
   pacer::FaultFlags fault_flags;
@@ -171,6 +178,7 @@ int main(int argc, char** argv) {
   opts.model.cnn.conv2 = (*channels)[1];
   if (model == "cnn") opts.model.kind = pacer::worker::ModelSpec::Kind::kCnn;
   opts.overlap = overlap == "on";
+  if (rank_hint >= 0) opts.rank_hint = static_cast<uint32_t>(rank_hint);
   for (const std::string& spec : param_groups) {
     auto group = pacer::worker::ParseParamGroup(spec);
     if (!group.ok()) {

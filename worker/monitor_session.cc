@@ -37,6 +37,7 @@ absl::Status MonitorSession::Register(RpcChannel& monitor) {
     msg::Register request;
     request.role = wire::Role::Worker;
     request.address = token;
+    request.rank_hint = options.rank_hint;
     auto reply = monitor.Call(request, std::min(give_up, clock->Now() + std::chrono::seconds(1)));
     if (reply.ok() && reply->type() == wire::Body::RegisterReply) {
       const msg::RegisterReply r = msg::Read<msg::RegisterReply>(*reply);

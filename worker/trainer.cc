@@ -188,6 +188,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   auto declaration = Declaration(model->tensors(), o.block_floats, o.param_groups);
   if (!declaration.ok()) return declaration.status();
   declaration->samples = samples;
+  declaration->optimizer = o.optimizer;
   w.keys = declaration->keys;
 
   w.phase = Impl::Phase::kRegistering;
@@ -203,6 +204,7 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   {
     auto reply = (*monitor)->Call(*declaration, w.clock->Now() + std::chrono::seconds(5));
     if (!reply.ok()) return reply.status();
+    if (o.optimizer) w.optimizer = o.optimizer->kind;  // the monitor took it
   }
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
   if (w.data_stream) {

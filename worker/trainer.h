@@ -77,6 +77,16 @@ struct TrainerOptions {
   // optimizer settings over the job's; a tensor goes to the first group
   // with a pattern that matches its name, else to the default group.
   std::vector<ParamGroupSpec> param_groups;
+  // The optimizer the model declares (pacer.torch: the torch optimizer's
+  // class and defaults). The first worker's declaration sets the job's
+  // (the monitor's --optimizer and its flags are only the default); a
+  // later worker that declares another is refused, both named. nullopt:
+  // none declared (pacer-worker): the worker trains with the job's.
+  std::optional<JobOptimizer> optimizer;
+  // The rank this worker asks for (pacer-worker --rank, default PACER_RANK:
+  // pacer-run's launch index); the monitor gives it when no live worker
+  // holds it, else the lowest free rank. nullopt: any.
+  std::optional<uint32_t> rank_hint;
   // Overlap communication with compute (--overlap): each layer's gradient
   // is pushed as soon as the backward pass has finished it (a push in
   // parts), and the pull is in flight while the batch is prepared. Off:
@@ -236,7 +246,9 @@ class Trainer {
   // with the lowest rank).
   bool evaluator() const;
 
-  // The job's optimizer (pacer-monitor --optimizer), known from Start.
+  // The job's optimizer, known from Start: the one options.optimizer
+  // declared (the monitor took it), else the job's when this worker
+  // registered (the first declaration's, or pacer-monitor --optimizer).
   OptimizerKind optimizer() const;
   // Whether the job reads one data stream (pacer-monitor's default),
   // known from Start: then BatchPlan::epoch is the job's epoch over the

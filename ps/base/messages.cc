@@ -10,6 +10,9 @@ using wire_values::BuildOverrides;
 using wire_values::BuildSettings;
 using wire_values::GroupsOf;
 using wire_values::KindOf;
+using wire_values::OptimizerOf;
+using wire_values::OptionalKind;
+using wire_values::OptionalSettings;
 using wire_values::OrNull;
 using wire_values::OverridesOf;
 using wire_values::Scalars;
@@ -171,12 +174,16 @@ Assignment FromWire(const wire::Assignment& t) {
 }
 
 flatbuffers::Offset<wire::Register> Build(flatbuffers::FlatBufferBuilder& fbb, const Register& m) {
+  flatbuffers::Optional<uint32_t> hint = flatbuffers::nullopt;
+  if (m.rank_hint) hint = *m.rank_hint;
   return wire::CreateRegisterDirect(fbb, m.role, m.address.c_str(), m.shard_id, m.checkpoint_job,
-                                    m.checkpoint_map_version, m.incarnation, OrNull(m.node));
+                                    m.checkpoint_map_version, m.incarnation, OrNull(m.node), hint);
 }
 Register FromWire(const wire::Register& t) {
-  return {t.role(),          Str(t.address()), t.shard_id(), t.checkpoint_job(),
-          t.checkpoint_map_version(), t.incarnation(), Str(t.node())};
+  Register m{t.role(),          Str(t.address()), t.shard_id(), t.checkpoint_job(),
+             t.checkpoint_map_version(), t.incarnation(), Str(t.node()), std::nullopt};
+  if (t.rank_hint()) m.rank_hint = *t.rank_hint();
+  return m;
 }
 
 flatbuffers::Offset<wire::RegisterReply> Build(flatbuffers::FlatBufferBuilder& fbb,
@@ -340,12 +347,14 @@ flatbuffers::Offset<wire::DeclareModel> Build(flatbuffers::FlatBufferBuilder& fb
   auto names = m.names.empty() ? 0 : fbb.CreateVectorOfStrings(m.names);
   auto groups = m.groups.empty() ? 0 : fbb.CreateVector(m.groups);
   auto param_groups = m.param_groups.empty() ? 0 : BuildGroups(fbb, m.param_groups);
+  auto settings = OptionalSettings(fbb, m.optimizer);
   return wire::CreateDeclareModel(fbb, keys, m.shard_map_version, names, groups, param_groups,
-                                  m.samples);
+                                  m.samples, OptionalKind(m.optimizer), settings);
 }
 DeclareModel FromWire(const wire::DeclareModel& t) {
   DeclareModel m{Keys(t.keys()), t.shard_map_version(), {}, Scalars(t.groups()),
-                 GroupsOf(t.param_groups()), t.samples()};
+                 GroupsOf(t.param_groups()), t.samples(),
+                 OptimizerOf(t.optimizer(), t.optimizer_settings())};
   if (t.names() != nullptr) {
     for (const flatbuffers::String* n : *t.names()) m.names.push_back(Str(n));
   }

@@ -154,6 +154,7 @@ struct Register {
   uint64_t checkpoint_job = 0, checkpoint_map_version = 0;
   uint64_t incarnation = 0;
   std::string node;  // a shard's host or node (--node); "": its address's host
+  std::optional<uint32_t> rank_hint;  // the rank a worker asks for (nullopt: any)
 };
 
 struct RegisterReply {
@@ -254,6 +255,9 @@ struct DeclareModel {
   std::vector<uint32_t> groups;
   std::vector<GroupSettings> param_groups;
   uint64_t samples = 0;  // the training set's size (0: not said)
+  // From a worker: the optimizer its script declares (nullopt: none). From
+  // the monitor to a shard: the job's.
+  std::optional<JobOptimizer> optimizer;
 };
 
 struct Membership {
@@ -622,6 +626,8 @@ struct MonitorRecord {
   std::vector<GroupSettings> param_groups;
   std::vector<std::pair<std::string, float>> lr_overrides;  // pacerctl set-lr
   uint64_t lr_overrides_version = 0;
+  // The optimizer the first declaration gave (nullopt: none declared).
+  std::optional<JobOptimizer> model_optimizer;
   uint64_t epoch = 0;  // the last range epoch given
   // The data stream: the training set's size and the stream's state.
   uint64_t data_samples = 0;

@@ -9,6 +9,9 @@ namespace {
 using wire_values::BuildGroups;
 using wire_values::BuildOverrides;
 using wire_values::GroupsOf;
+using wire_values::OptimizerOf;
+using wire_values::OptionalKind;
+using wire_values::OptionalSettings;
 using wire_values::OrNull;
 using wire_values::OverridesOf;
 using wire_values::Scalars;
@@ -52,6 +55,7 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   auto model_groups = fbb.CreateVector(r.model_groups);
   auto param_groups = BuildGroups(fbb, r.param_groups);
   auto overrides = BuildOverrides(fbb, r.lr_overrides);
+  auto optimizer_settings = OptionalSettings(fbb, r.model_optimizer);
   flatbuffers::Offset<wire::DataStreamState> stream;
   if (r.stream) {
     std::vector<wire::StreamChunk> chunks;
@@ -92,6 +96,10 @@ std::string EncodeMonitorRecord(const MonitorRecord& r) {
   b.add_lr_overrides(overrides);
   b.add_epoch(r.epoch);
   b.add_lr_overrides_version(r.lr_overrides_version);
+  if (r.model_optimizer) {
+    b.add_model_optimizer(*OptionalKind(r.model_optimizer));
+    b.add_model_optimizer_settings(optimizer_settings);
+  }
   b.add_data_samples(r.data_samples);
   if (!stream.IsNull()) b.add_stream(stream);
   fbb.Finish(b.Finish());
@@ -191,6 +199,7 @@ absl::StatusOr<MonitorRecord> DecodeMonitorRecord(std::string_view bytes) {
   r.param_groups = GroupsOf(st->param_groups());
   r.lr_overrides = OverridesOf(st->lr_overrides());
   r.lr_overrides_version = st->lr_overrides_version();
+  r.model_optimizer = OptimizerOf(st->model_optimizer(), st->model_optimizer_settings());
   r.epoch = st->epoch();
   r.data_samples = st->data_samples();
   if (const wire::DataStreamState* ds = st->stream(); ds != nullptr) {

@@ -232,7 +232,7 @@ GroupSettings AllSettings(const OptimizerSettings& s) {
   return g;
 }
 
-std::string FormatSettings(OptimizerKind kind, const OptimizerSettings& s) {
+GroupSettings KindSettings(OptimizerKind kind, const OptimizerSettings& s) {
   GroupSettings g;
   g.lr = s.lr;
   g.weight_decay = s.weight_decay;
@@ -255,7 +255,15 @@ std::string FormatSettings(OptimizerKind kind, const OptimizerSettings& s) {
       g.eps = s.eps;
       break;
   }
-  return FormatGroupSettings(g);
+  return g;
+}
+
+std::string FormatSettings(OptimizerKind kind, const OptimizerSettings& s) {
+  return FormatGroupSettings(KindSettings(kind, s));
+}
+
+bool JobOptimizer::operator==(const JobOptimizer& o) const {
+  return kind == o.kind && KindSettings(kind, settings) == KindSettings(o.kind, o.settings);
 }
 
 }  // namespace pacer

@@ -53,6 +53,16 @@ struct OptimizerSettings {
 // eps 1e-10.
 OptimizerSettings DefaultSettings(OptimizerKind kind);
 
+// A job's optimizer: its kind and its default group's settings, every one
+// resolved (as the first worker declared it, or the monitor's --optimizer
+// and its flags).
+struct JobOptimizer {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  OptimizerSettings settings = DefaultSettings(OptimizerKind::kSgd);
+  // The same kind with the same settings of those it reads.
+  bool operator==(const JobOptimizer& o) const;
+};
+
 // torch's own checks, with its words where it has them: lr, eps, momentum,
 // weight_decay, lr_decay and initial_accumulator_value not negative (and
 // finite), betas in [0, 1), nesterov only with momentum > 0 and dampening
@@ -84,6 +94,8 @@ OptimizerSettings Resolve(const OptimizerSettings& base, const GroupSettings& gr
 std::string FormatGroupSettings(const GroupSettings& g);
 // Every setting, as a group that sets them all.
 GroupSettings AllSettings(const OptimizerSettings& s);
+// The settings `kind` reads, as a group that sets only those.
+GroupSettings KindSettings(OptimizerKind kind, const OptimizerSettings& s);
 // The settings `kind` reads, in that form ("lr=0.001,betas=0.9:0.999,...").
 std::string FormatSettings(OptimizerKind kind, const OptimizerSettings& s);
 

@@ -58,6 +58,7 @@ std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv,
   for (auto& kv : env_store) envp.push_back(kv.data());
   envp.push_back(nullptr);
   p->own_group_ = options.own_group;
+  p->kill_group_on_exit_ = options.own_group && options.kill_group_on_exit;
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {  // as if it ended at once, with -1
@@ -136,6 +137,14 @@ std::optional<int> Process::Wait(std::chrono::milliseconds timeout) {
   const Clock* clock = clock_;
   const TimePoint deadline = clock->Now() + timeout;
   for (;;) {
+    if (kill_group_on_exit_) {
+      // Exited, not reaped yet (WNOWAIT): its group's id cannot be reused.
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == pid_) {
+        kill(-pid_, SIGKILL);
+      }
+    }
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

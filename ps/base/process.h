@@ -24,6 +24,10 @@ struct ProcessOptions {
   // In a process group of its own (setpgid): a Ctrl-C at the terminal
   // reaches only the caller, which stops its children itself.
   bool own_group = false;
+  // With own_group: once it has exited, whatever it left in its group is
+  // killed (SIGKILL) before it is reaped, while its pid (the group's id)
+  // is still reserved, so no other process can be hit.
+  bool kill_group_on_exit = false;
   // When set, stdout and stderr are both appended to this file instead.
   std::string log;
   // argv[0] may be a bare command name, looked up in PATH.
@@ -82,6 +86,7 @@ class Process {
   std::optional<int> exit_code_;
   std::atomic<bool> reaped_{false};
   bool own_group_ = false;
+  bool kill_group_on_exit_ = false;
   double started_ = 0, ended_ = 0;
   std::string name_, out_path_, err_path_;
 };

@@ -61,6 +61,24 @@ inline GroupSettings SettingsOf(const wire::OptimizerSettings* t, std::string na
   return g;
 }
 
+// An optimizer a message may carry: its kind (absent: none) and settings.
+inline std::optional<JobOptimizer> OptimizerOf(flatbuffers::Optional<wire::OptimizerKind> kind,
+                                               const wire::OptimizerSettings* settings) {
+  if (!kind) return std::nullopt;
+  JobOptimizer o;
+  o.kind = KindOf(*kind);
+  o.settings = Resolve(DefaultSettings(o.kind), SettingsOf(settings, ""));
+  return o;
+}
+inline flatbuffers::Optional<wire::OptimizerKind> OptionalKind(const std::optional<JobOptimizer>& o) {
+  if (!o) return flatbuffers::nullopt;
+  return WireKind(o->kind);
+}
+inline flatbuffers::Offset<wire::OptimizerSettings> OptionalSettings(
+    flatbuffers::FlatBufferBuilder& fbb, const std::optional<JobOptimizer>& o) {
+  if (!o) return 0;
+  return BuildSettings(fbb, AllSettings(o->settings));
+}
 
 inline flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::ParamGroup>>> BuildGroups(
     flatbuffers::FlatBufferBuilder& fbb, const std::vector<GroupSettings>& groups) {

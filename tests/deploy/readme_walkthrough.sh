@@ -12,7 +12,9 @@
 #     line in one shell (its export holds for the lines after it; a line
 #     ending in & runs in the background), with ID replaced by a real id: a
 #     by-hand worker's for remove-worker, the idle shard's (started by the
-#     block) otherwise.
+#     block) otherwise;
+#  4. README.md's PyTorch command ("Train your own model": pacer-run ...
+#     train.py) with the example script as train.py and a 12 s time cap.
 # Every command must succeed, and what they print must say what the READMEs
 # say it does. Every process it starts is stopped at exit.
 #   tests/deploy/readme_walkthrough.sh [BUILD_DIR]
@@ -73,6 +75,11 @@ echo "$table"
 share() { sed -n "$(( $1 + 2 ))p" <<< "$table" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i; exit } }'; }
 s0=$(share 0) s1=$(share 1) s2=$(share 2)
 [ -n "$s2" ] || fail "no share of B for the straggler in the table"
+# Each worker asked for its launch index as its rank (PACER_RANK) and got it.
+for i in 0 1 2; do
+  sed -n "$((i + 2))p" <<< "$table" | grep -q "^\[pacer-run\] worker [0-9]* rank $i " ||
+    fail "the worker of launch index $i is not rank $i: $(sed -n "$((i + 2))p" <<< "$table")"
+done
 awk -v a="$s0" -v b="$s1" -v c="$s2" 'BEGIN { exit !(c < a / 2 && c < b / 2) }' ||
   fail "the 4x straggler's share of B ($s2%) is not under half the others' ($s0%, $s1%)"
 grep -q 'pacer policy: [0-9]* rounds' "$work/quickstart.err" || fail "no line on what the policy did"
@@ -157,4 +164,25 @@ while IFS= read -r line; do
 done < <(block monitor/README.md "pacerctl" 1)
 cd "$root"
 grep -q 'test accuracy' "$work/ctl.out" || fail "--evaluate-model printed no accuracy"
+
+# 4. The README's PyTorch command (README.md, "Train your own model"), with
+# the example script as train.py (AdamW, as the README's loop, declared by
+# the script alone; evaluation on a side thread) and a shorter time cap.
+example=$(block README.md "Train your own model" 1)
+[[ $example == "pacer-run "* ]] || fail "no pacer-run command in 'Train your own model': '$example'"
+[[ $example == *" train.py"* ]] || fail "the README's pacer-run command runs no train.py: '$example'"
+script="$root/worker/python/examples/train_fashion.py --optimizer adamw --train-limit 6000 --test-limit 1000"
+cmd="$build/worker/${example//train.py/$script}"
+cmd=$(sed -E 's/--time-cap [0-9]+/--time-cap 12/' <<< "$cmd")
+echo "== $cmd"
+export PYTHONPATH="$build/python"
+rc=0
+eval "$cmd" > "$work/run.out" 2> "$work/run.err" || rc=$?
+[ "$rc" -eq 0 ] || { tail -30 "$work/run.err" >&2; fail "the README's pacer-run command exited $rc"; }
+[ "$(grep -o '^\[worker [0-9]* rank [0-9]*\]' "$work/run.err" | sort -u | wc -l)" -eq 3 ] ||
+  fail "not three workers registered and trained"
+acc=$(cat "$work/run.out" "$work/run.err" | sed -n 's/.*final test accuracy: \([0-9.]*\).*/\1/p' | tail -n 1)
+awk -v a="${acc:-0}" 'BEGIN { exit !(a > 0.5) }' || fail "final test accuracy '${acc}', not above 0.5"
+grep -q '^\[pacer-run\] worker [0-9]* rank [0-9]* *0 ' "$work/run.err" ||
+  fail "no row of a worker that exited 0 in pacer-run's table"
 echo "walkthrough: ok"

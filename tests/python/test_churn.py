@@ -2,7 +2,8 @@
 another starts. By every worker's sample log (what each acknowledged push
 trained on), every sample of every partition is trained in each epoch,
 and the only samples trained twice are those of the killed worker's last
-batch."""
+batch. And a worker that joins a running job starts its lr warm-up at
+the job's step."""
 
 import collections
 import os
@@ -67,3 +68,32 @@ def test_a_killed_python_worker_skips_nothing_and_repeats_at_most_its_last_batch
                         "sample %d of partition %d epoch %d trained %d times, and not in the "
                         "killed worker's last batch" % (sample, p, e, count))
     assert repeated <= len(killed_last)
+
+
+def test_a_joiners_warmup_starts_at_the_jobs_step(job):
+    """A worker that joins a running job, its warm-up scheduler given to
+    pt.follow_job_step, pushes its first gradient with the lr the first
+    worker pushes at that step of the job (not the warm-up's first lr)."""
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--lease", "1.5", "--time-cap", "60"])
+    logs = [os.path.join(job.dir, "lr-%s.log" % n) for n in "ab"]
+    first = job.worker("worker-a", "schedule_worker.py", "--follow", "--out", logs[0])
+    deadline = time.time() + 60
+    while len(lines(logs[0])) < 30:
+        assert time.time() < deadline, "worker-a trained nothing:\n" + job.log("worker-a")[-2000:]
+        time.sleep(0.1)
+    joiner = job.worker("worker-b", "schedule_worker.py", "--follow", "--out", logs[1])
+    while len(lines(logs[1])) < 3:
+        assert joiner.poll() is None, "worker-b exited:\n" + job.log("worker-b")[-2000:]
+        assert time.time() < deadline, "worker-b trained nothing:\n" + job.log("worker-b")[-2000:]
+        time.sleep(0.1)
+    for w in (joiner, first):
+        w.terminate()
+        w.wait(timeout=30)
+    pushed = lambda path: [(int(s), float(lr)) for s, lr in map(str.split, lines(path))]  # noqa: E731
+    at = dict(pushed(logs[0]))
+    step, lr = pushed(logs[1])[0]
+    assert step >= 30, "worker-b joined at step %d, before worker-a's 30th" % step
+    assert step in at, "worker-a pushed nothing at step %d" % step
+    assert lr == at[step], ("worker-b's first push at step %d carried lr %g; worker-a's %g"
+                            % (step, lr, at[step]))

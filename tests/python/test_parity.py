@@ -1,9 +1,11 @@
 """Parity: a one-worker BSP job trained through pacer.torch ends, after 50
 steps, at the weights plain PyTorch reaches from the same start on the
 same batches, to 1e-5: SGD with momentum, and AdamW with a group without
-weight decay."""
+weight decay. The monitor is given no --optimizer: the script's
+declaration sets the shards' optimizer."""
 
 import copy
+import os
 import warnings
 
 import numpy as np
@@ -41,7 +43,7 @@ def adamw(m):
 def test_weights_match_plain_torch(job, make, kind):
     # Each epoch one chunk: whole batches of 32 (an epoch is 16 of them).
     job.run(shards=2, monitor_args=["--min-workers", "1", "--mode", "bsp", "--policy", "fixed",
-                                    "--global-batch", "32", "--optimizer", kind,
+                                    "--global-batch", "32",
                                     "--time-cap", "60", "--chunk-samples", str(len(data()))])
     dataset = data()
     model = net()
@@ -125,6 +127,61 @@ def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
         train_one()
     assert loader.step == 6
     pt.shutdown()
+
+
+def test_a_worker_declaring_another_optimizer_is_refused_naming_both(job):
+    """The job's optimizer is its first worker's (AdamW here; the monitor is
+    on its default, sgd): a later worker that declares SGD is refused, its
+    error naming both, and the first trains on."""
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--lease", "1.5", "--time-cap", "60"])
+    pt.init(job.monitor, handle_sigterm=False)
+    model = net()
+    model, opt = pt.distribute(model, adamw(model))
+    loader = pt.DataLoader(data())
+    batches = iter(loader)
+
+    def train_one():
+        x, y = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss=loss)
+
+    train_one()  # the job's model and optimizer are declared
+    import pacer._core as core
+    names = [n for n, _ in model.named_parameters()]
+    sizes = [p.numel() for _, p in model.named_parameters()]
+    init = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()]).numpy()
+    t = core.Trainer(job.monitor, optimizer="sgd", optimizer_settings="lr=0.05,momentum=0.9",
+                     start_timeout=10)
+    with pytest.raises(Exception,
+                       match=r"declares the optimizer sgd \(lr=0.05.*the job runs adamw \(lr=0.01"):
+        t.start(names, sizes, init, len(data()))
+    for _ in range(3):
+        train_one()
+    assert loader.step == 4
+    pt.shutdown()
+
+
+def test_a_job_whose_every_worker_is_refused_exits_non_zero(job):
+    """The one worker the job needs is refused (a group with a negative lr):
+    nothing will train, so the monitor stops the job as a failure: exit 1,
+    and a stop reason that says why."""
+    job.run(shards=1, monitor_args=["--min-workers", "1", "--time-cap", "60"])
+    import pacer._core as core
+    model = net()
+    names = [n for n, _ in model.named_parameters()]
+    sizes = [p.numel() for _, p in model.named_parameters()]
+    init = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()]).numpy()
+    t = core.Trainer(job.monitor, param_groups=["bad:0.bias:lr=-1"], start_timeout=10)
+    with pytest.raises(Exception, match="parameter group 'bad'"):
+        t.start(names, sizes, init, len(data()))
+    monitor = job.procs[0]
+    assert monitor.wait(timeout=20) == 1, job.log("monitor")[-3000:]
+    out = open(os.path.join(job.dir, "monitor.out")).read()
+    assert "stop reason: every worker was refused (1 worker(s); the last: model declaration: " \
+           "parameter group 'bad'" in out, out
 
 
 def test_schedulers_raise_no_false_warning(job):

@@ -1,8 +1,9 @@
-"""pacer-run, the one-command launcher: the README's PyTorch example as one
-command, the multi-machine recipe (--serve, then --join) on 127.0.0.1, and
-that it leaves no process behind and says why on its own output when it is
-interrupted, when a worker fails, or when the monitor refuses its flags,
-while killing nothing it did not start."""
+"""pacer-run, the one-command launcher: the multi-machine recipe (--serve,
+then --join) on 127.0.0.1, and that it leaves no process behind and says
+why on its own output when it is interrupted, when a worker fails, or when
+the monitor refuses its flags, while killing nothing it did not start.
+(The README's PyTorch command is run as written by
+tests/deploy/readme_walkthrough.sh.)"""
 
 import os
 import re
@@ -14,7 +15,7 @@ import uuid
 from conftest import PYTHON, binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(HERE, "..", "..", "worker", "python", "examples")
+ROOT = os.path.join(HERE, "..", "..")
 
 
 def pacer_run():
@@ -59,25 +60,6 @@ def run(args, mark, timeout=180, **kw):
     return p.returncode, p.stdout, p.stderr
 
 
-def test_readme_pytorch_example_as_one_command(tmp_path):
-    mark = uuid.uuid4().hex
-    # The README's command (README.md, "Train your own model"), with the
-    # example script as train.py, AdamW as there, and a shorter time cap.
-    rc, out, err = run(["--workers", "3", "--shards", "2", "--time-cap", "12",
-                        "--monitor-args", "--optimizer adamw", "--out", str(tmp_path), "--",
-                        PYTHON, os.path.join(EXAMPLES, "train_fashion.py"), "--optimizer", "adamw",
-                        "--train-limit", "6000", "--test-limit", "1000", "--eval-every", "20"],
-                       mark)
-    both = out + err
-    assert rc == 0, both[-4000:]
-    # Every worker registered and trained; the monitor evaluated and ended the job.
-    assert len(set(re.findall(r"\[worker (\d+) rank \d+\]", both))) == 3, both[-4000:]
-    acc = re.search(r"final test accuracy: ([0-9.]+)", both)
-    assert acc and float(acc.group(1)) > 0.5, both[-4000:]
-    assert re.search(r"\[pacer-run\] worker \d+ rank \d+ +0 +\d+", err), err[-3000:]
-    assert_none_left(mark)
-
-
 def test_serve_then_two_joins(tmp_path):
     """The multi-machine recipe on one machine: one --serve, two --join."""
     mark = uuid.uuid4().hex
@@ -116,6 +98,32 @@ def test_serve_then_two_joins(tmp_path):
     finally:
         if serve.poll() is None:
             serve.kill()
+    assert_none_left(mark)
+
+
+def test_what_an_exited_worker_left_in_its_group_is_stopped(tmp_path):
+    """A worker command that exits 0 and leaves a process of its own behind
+    (in its process group): pacer-run stops that process too."""
+    mark = uuid.uuid4().hex
+    rc, out, err = run(["--workers", "1", "--shards", "1", "--grace", "1", "--out",
+                        str(tmp_path), "--", "/bin/sh", "-c", "sleep 300 & exit 0"], mark)
+    assert rc == 0, out + err
+    assert_none_left(mark)
+
+
+def test_quickstart_takes_a_learning_rate_over_its_own(tmp_path):
+    """deploy/quickstart.sh passes the monitor its own --lr 0.1; one given
+    with --monitor-args comes later and wins (a flag given twice takes its
+    last value): the job runs at lr 0.001."""
+    mark = uuid.uuid4().hex
+    p = subprocess.run([os.path.join(ROOT, "deploy", "quickstart.sh"), "--skip-setup",
+                        "--workers", "1", "--shards", "1", "--time-cap", "3",
+                        "--out", str(tmp_path), "--monitor-args", "--lr 0.001"],
+                       env=marked_env(mark), stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=120)
+    both = p.stdout + p.stderr
+    assert p.returncode in (0, 1), both[-3000:]  # 1: the target not reached in 3 s
+    assert re.search(r"job \d+ running \(\w+, sgd lr 0\.001, ", both), both[-3000:]
     assert_none_left(mark)
 
 

@@ -16,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <cstdlib>
 #include <future>
 #include <limits>
@@ -159,10 +160,11 @@ class PyTrainer {
   }
 
   PyTrainer(const std::string& monitor, size_t block_floats,
-            const std::vector<std::string>& param_groups, double request_timeout,
+            const std::vector<std::string>& param_groups, const std::string& optimizer,
+            const std::string& optimizer_settings, double request_timeout,
             double start_timeout, double progress_interval, uint32_t max_batch,
             const std::string& sample_log, const std::string& ack_log,
-            const std::string& step_log) {
+            const std::string& step_log, py::object evaluate, int64_t rank_hint) {
     TrainerOptions o;
     o.monitor = monitor;
     o.block_floats = block_floats;
@@ -170,6 +172,13 @@ class PyTrainer {
       auto g = ParseParamGroup(spec);
       if (!g.ok()) Raise(g.status());
       o.param_groups.push_back(*std::move(g));
+    }
+    if (!optimizer.empty()) {
+      auto kind = ParseOptimizerKind(optimizer);
+      if (!kind.ok()) Raise(kind.status());
+      auto settings = ParseGroupSettings(optimizer_settings);
+      if (!settings.ok()) Raise(settings.status());
+      o.optimizer = JobOptimizer{*kind, Resolve(DefaultSettings(*kind), *settings)};
     }
     // The push is whole, after backward (no layer-wise hooks yet).
     o.overlap = false;
@@ -180,6 +189,31 @@ class PyTrainer {
     o.sample_log = sample_log;
     o.ack_log = ack_log;
     o.step_log = step_log;
+    if (rank_hint >= 0) o.rank_hint = static_cast<uint32_t>(rank_hint);
+    if (!evaluate.is_none()) {
+      // Called on the trainer's evaluation thread, with the GIL taken: the
+      // function gets a copy of the freshly pulled parameters and returns
+      // (accuracy, loss, samples). evaluate_ holds the reference; the
+      // trainer goes first (~PyTrainer).
+      evaluate_ = std::move(evaluate);
+      PyObject* fn = evaluate_.ptr();
+      o.evaluate = [fn](std::span<const float> params) -> absl::StatusOr<EvalResult> {
+        py::gil_scoped_acquire gil;
+        try {
+          py::array_t<float> copy(static_cast<py::ssize_t>(params.size()));
+          std::copy(params.begin(), params.end(), copy.mutable_data());
+          auto r = py::reinterpret_borrow<py::object>(fn)(copy)
+                       .cast<std::tuple<double, double, size_t>>();
+          return EvalResult{std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+        } catch (py::error_already_set& e) {
+          return absl::InternalError(std::string("the evaluate function raised ") + e.what());
+        } catch (const py::cast_error& e) {
+          return absl::InternalError(
+              std::string("the evaluate function's result is not (accuracy, loss, samples): ") +
+              e.what());
+        }
+      };
+    }
     TransportOptions t;
     t.max_message_bytes = o.max_message_bytes * 2;
     transport_ = MakeZmqTransport(t);
@@ -306,7 +340,15 @@ class PyTrainer {
 
   Trainer& trainer() { return *trainer_; }
 
+  ~PyTrainer() {
+    // The evaluation thread may be waiting for the GIL: the trainer (which
+    // joins it) goes without it, before evaluate_ drops its reference.
+    py::gil_scoped_release release;
+    trainer_.reset();
+  }
+
  private:
+  py::object evaluate_;  // the evaluate function, or None
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<PythonModel> model_;
@@ -327,16 +369,24 @@ PYBIND11_MODULE(_core, m) {
         "What is wrong with a monitor's address ('' when nothing is): tcp://HOST:PORT or "
         "ipc://PATH, as the command-line tools check it");
   py::class_<PyTrainer>(m, "Trainer")
-      .def(py::init<const std::string&, size_t, const std::vector<std::string>&, double, double,
-                    double, uint32_t, const std::string&, const std::string&,
-                    const std::string&>(),
+      .def(py::init<const std::string&, size_t, const std::vector<std::string>&,
+                    const std::string&, const std::string&, double, double, double, uint32_t,
+                    const std::string&, const std::string&, const std::string&, py::object,
+                    int64_t>(),
            py::arg("monitor"), py::arg("block_floats") = 32768,
-           py::arg("param_groups") = std::vector<std::string>{}, py::arg("request_timeout") = 60.0,
+           py::arg("param_groups") = std::vector<std::string>{}, py::arg("optimizer") = "",
+           py::arg("optimizer_settings") = "", py::arg("request_timeout") = 60.0,
            py::arg("start_timeout") = 120.0, py::arg("progress_interval") = 1.0,
            py::arg("max_batch") = 0, py::arg("sample_log") = "", py::arg("ack_log") = "",
-           py::arg("step_log") = "",
+           py::arg("step_log") = "", py::arg("evaluate") = py::none(),
+           py::arg("rank_hint") = -1,
            "A worker of the job at `monitor` (tcp://HOST:PORT). param_groups: "
-           "'NAME:TENSOR,TENSOR:SETTINGS' (pacer-worker --param-group), group i+1 in order")
+           "'NAME:TENSOR,TENSOR:SETTINGS' (pacer-worker --param-group), group i+1 in order; "
+           "optimizer: the kind it declares ('sgd', 'adam', 'adamw', 'adagrad'; '': none) "
+           "with its default group's settings ('lr=0.001,betas=0.9:0.999'); evaluate: "
+           "called on a side thread when the monitor asks this worker to evaluate, with a "
+           "copy of the latest parameters (float32), returning (accuracy, loss, samples); "
+           "rank_hint: the rank to ask for (-1: any)")
       .def("start", &PyTrainer::Start, py::arg("names"), py::arg("sizes"), py::arg("init"),
            py::arg("samples"),
            "Registers, declares the tensors, waits for the run; the first worker sets the "

@@ -176,6 +176,7 @@ Child* Launcher::Start(Kind kind, uint32_t index, std::vector<std::string> argv,
   }
   ProcessOptions po;
   po.own_group = true;       // a Ctrl-C reaches the launcher, which stops them in order
+  po.kill_group_on_exit = true;  // what a process leaves behind in its group goes with it
   po.die_with_parent = true;  // and nothing outlives a launcher that was killed
   po.search_path = argv[0].find('/') == std::string::npos;
   po.stderr_suffix = ".log";
@@ -419,9 +420,13 @@ int Launcher::Run() {
       if (auto it = o_.worker_args.find(i); it != o_.worker_args.end()) {
         argv.insert(argv.end(), it->second.begin(), it->second.end());
       }
-      Start(Kind::kWorker, i, argv,
-            {"PACER_MONITOR=" + monitor_address_, "PACER_LOCAL_WORKER=" + std::to_string(i),
-             "PACER_LOCAL_WORKERS=" + std::to_string(o_.workers), "PYTHONUNBUFFERED=1"});
+      std::vector<std::string> env = {
+          "PACER_MONITOR=" + monitor_address_, "PACER_LOCAL_WORKER=" + std::to_string(i),
+          "PACER_LOCAL_WORKERS=" + std::to_string(o_.workers), "PYTHONUNBUFFERED=1"};
+      // The job's only workers (not --join, where every machine counts from
+      // 0): each asks for its launch index as its rank.
+      if (o_.role == Role::kLocal) env.push_back("PACER_RANK=" + std::to_string(i));
+      Start(Kind::kWorker, i, argv, std::move(env));
     }
   }
 

@@ -18,9 +18,10 @@ What Pacer does and what stays yours:
 
 - The shards hold the parameters and run the optimizer: ``distribute``
   maps ``torch.optim.SGD``, ``Adam``, ``AdamW`` and ``Adagrad`` (with their
-  param_groups) onto them; the job's kind is the monitor's ``--optimizer``
-  and must be the same. Anything else raises ``TypeError``, as does an
-  option the shards lack (``maximize=True``).
+  param_groups) onto them and declares it: the first worker's declaration
+  sets the job's optimizer, and a worker that declares another is refused.
+  Anything else raises ``TypeError``, as does an option the shards lack
+  (``maximize=True``).
 - The monitor sizes each worker's batch from its speed: ``DataLoader``
   yields batches of the size assigned at that moment, from the data the
   monitor hands this worker (chunks of the data stream, or with
@@ -35,15 +36,20 @@ What Pacer does and what stays yours:
 - Module buffers (BatchNorm's running statistics) are not sent to the
   shards: each worker keeps its own, and ``distribute`` warns that they
   are local to the worker.
-- ``loader.batch_size`` is the size the monitor gave this batch;
-  ``rank()`` this worker's rank; ``is_evaluator()`` whether it evaluates.
+- ``loader.batch_size`` is the size the monitor gave this batch,
+  ``loader.job_step`` the job's step it belongs to; ``rank()`` this
+  worker's rank; ``is_evaluator()`` whether it evaluates.
+- ``distribute(net, opt, evaluate=fn)`` evaluates on a side thread when
+  the monitor asks (``fn(model)`` returns the accuracy), so the loop needs
+  no evaluation; ``follow_job_step(scheduler)`` starts a joining worker's
+  schedulers at the job's step.
 - A model on a CUDA device trains from copies of the runtime's buffers,
   page-locked for it (Debian's torch is CPU-only: not run on a GPU here).
 """
 
 from ._data import DataLoader
 from ._optim import SUPPORTED_OPTIMIZERS, DistributedOptimizer, distribute
-from ._runtime import init, is_evaluator, rank, report, shutdown
+from ._runtime import follow_job_step, init, is_evaluator, rank, report, shutdown
 
-__all__ = ["init", "distribute", "DataLoader", "is_evaluator", "rank", "report", "shutdown",
-           "DistributedOptimizer", "SUPPORTED_OPTIMIZERS"]
+__all__ = ["init", "distribute", "DataLoader", "follow_job_step", "is_evaluator", "rank",
+           "report", "shutdown", "DistributedOptimizer", "SUPPORTED_OPTIMIZERS"]

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ._runtime import _start, _wait_for_copies
+from ._runtime import _catch_up, _start, _wait_for_copies
 
 _worker_dataset = None
 
@@ -26,8 +26,11 @@ class DataLoader:
     """Batches of a map-style Dataset as the monitor assigns them: the size
     the policy gives this worker at that moment, the samples at the read
     positions of the data the monitor handed this worker. ``step`` counts
-    the batches yielded; ``samples`` holds the dataset indices of the last
-    one.
+    the batches this loader yielded; ``job_step`` is the job's step the
+    last one belongs to (its clock: the shards' step count in the
+    synchronous modes, the same on every worker; a worker that joins a
+    running job starts at the slowest live worker's); ``samples`` holds
+    the dataset indices of the last one.
 
     One iteration is one epoch of the job over the whole data set (the
     monitor's data stream, its default): it ends when this worker's next
@@ -65,6 +68,7 @@ class DataLoader:
         self.multiprocessing_context = multiprocessing_context
         self._pool = None
         self.step = 0
+        self.job_step = None
         self.samples = None
         self.batch_size = None
         self.epoch = None
@@ -171,6 +175,8 @@ class DataLoader:
                 continue
             self.samples = samples
             batch = self.collate_fn(self._items(samples, pending))
+            self.job_step = int(clock)
+            _catch_up(state, self.job_step)
             state.planned = True
             self.step += 1
             yielded = True

@@ -2,6 +2,8 @@
 (its kind, each param_group's settings), and ``DistributedOptimizer``,
 whose ``step()`` pushes the gradient with each group's current lr."""
 
+import copy
+import math
 import warnings
 
 import numpy as np
@@ -51,12 +53,23 @@ def _settings(kind, keys, group, what):
     return {k: group[k] for k in keys if k in group}
 
 
-def distribute(module, optimizer):
+def distribute(module, optimizer, evaluate=None):
     """Hands ``module``'s parameters and ``optimizer``'s updates to the shards.
     Returns (module, a DistributedOptimizer to call step() and zero_grad() on).
     The module trains in place: its parameters become views of the runtime's
-    buffers once the DataLoader starts the run."""
+    buffers once the DataLoader starts the run.
+
+    ``evaluate`` (optional): ``evaluate(model)`` returns the test accuracy
+    (a number), or ``(accuracy, loss)``, or ``(accuracy, loss, samples)``.
+    It runs on a side thread when the monitor asks this worker to evaluate
+    (every ``--eval-interval`` seconds, on the live worker of lowest rank),
+    on a copy of the module holding the latest parameters from the shards,
+    in eval mode and under ``torch.no_grad()``, while the loop trains on;
+    the monitor logs each result and stops the job at
+    ``--target-accuracy``. No evaluation inside the loop is needed."""
     state = _require()
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError("pacer.torch.distribute: evaluate must be a function of the model")
     if state.pending is not None or state.started:
         raise RuntimeError("pacer.torch.distribute: one model per worker process")
     entry = SUPPORTED_OPTIMIZERS.get(type(optimizer))
@@ -101,10 +114,56 @@ def distribute(module, optimizer):
                       stacklevel=2)
     init_values = np.concatenate(
         [p.detach().to("cpu").reshape(-1).numpy().astype(np.float32) for _, p in named])
+    # The job's optimizer: this one, with its defaults as the default
+    # group's settings (a setting torch leaves unset, as SGD's lr may be,
+    # takes the shards' default). The first worker's sets the job's.
+    defaults = {k: v for k, v in optimizer.defaults.items()
+                if k in keys and isinstance(v, (bool, int, float, tuple, list, torch.Tensor))}
+    default_spec = ",".join(_setting_text(k, v) for k, v in defaults.items())
     state.pending = ([n for n, _ in named], [p.numel() for _, p in named], init_values, named,
-                     groups, kind)
+                     groups, kind, default_spec)
+    state.evaluate = None if evaluate is None else _SideEvaluation(module, named, evaluate)
     state.optimizer = DistributedOptimizer(optimizer, group_settings, kind)
     return module, state.optimizer
+
+
+class _SideEvaluation:
+    """``evaluate`` as the runtime calls it on its evaluation thread: the
+    pulled parameters (a flat float32 array) copied into a copy of the
+    module made now, and (accuracy, loss, samples) back."""
+
+    def __init__(self, module, named, evaluate):
+        self.live = module
+        self.model = copy.deepcopy(module)
+        own = dict(self.model.named_parameters())
+        self.params = [own[n] for n, _ in named]
+        self.evaluate = evaluate
+
+    def __call__(self, flat):
+        values = torch.from_numpy(flat)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(values[offset:offset + n].view(p.shape))
+                offset += n
+            # Buffers (BatchNorm's statistics) are the worker's own: the
+            # training module's current ones.
+            for mine, live in zip(self.model.buffers(), self.live.buffers()):
+                mine.copy_(live)
+            self.model.eval()
+            result = self.evaluate(self.model)
+        if isinstance(result, torch.Tensor):
+            result = result.item()
+        if isinstance(result, (tuple, list)):
+            result = tuple(float(v.item() if isinstance(v, torch.Tensor) else v) for v in result)
+        else:
+            result = (float(result),)
+        if not 1 <= len(result) <= 3 or not math.isfinite(result[0]):
+            raise ValueError("pacer.torch: evaluate(model) must return an accuracy, or "
+                             "(accuracy, loss[, samples]); it returned %r" % (result,))
+        accuracy, loss, samples = (result + (float("nan"), 0))[:3]
+        return accuracy, loss, int(samples)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):

@@ -30,11 +30,13 @@ class _State:
         self.devices = []       # the CUDA devices the model's parameters are on
         self.last_clock = None
         self.finished = None
+        self.evaluate = None    # distribute(evaluate=...), as the runtime calls it
+        self.schedulers = []    # follow_job_step's
 
 
 def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeout=120.0,
          progress_interval=1.0, max_batch=0, sample_log="", ack_log="", step_log="",
-         handle_sigterm=True):
+         rank=None, handle_sigterm=True):
     """Makes this process a worker of the job at ``monitor`` (tcp://HOST:PORT;
     default: the PACER_MONITOR variable). Registration happens when the
     DataLoader starts. The options are pacer-worker's of the same names:
@@ -48,6 +50,9 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
     - ``sample_log``, ``ack_log``, ``step_log``: files for the samples each
       acknowledged push trained on, the acknowledgements, and per-step
       timings (empty: none);
+    - ``rank``: the rank to ask the monitor for, given when no live worker
+      holds it, else the lowest free one (default: the PACER_RANK variable,
+      which pacer-run sets to each worker's launch index; None: any);
     - ``handle_sigterm``: SIGTERM leaves the job cleanly (the loader ends
       after the current step)."""
     global _state
@@ -56,6 +61,14 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
     if not monitor:
         raise ValueError("pacer.torch.init: no monitor address: pass init('tcp://HOST:PORT') "
                          "or set PACER_MONITOR")
+    if rank is None and os.environ.get("PACER_RANK", "") != "":
+        try:
+            rank = int(os.environ["PACER_RANK"])
+        except ValueError:
+            raise ValueError("pacer.torch.init: PACER_RANK=%r is not a whole number"
+                             % os.environ["PACER_RANK"]) from None
+    if rank is not None and not (isinstance(rank, int) and rank >= 0):
+        raise ValueError("pacer.torch.init: rank must be a whole number >= 0, not %r" % (rank,))
     error = _core.address_error(monitor)
     if error:
         raise ValueError("pacer.torch.init: the monitor's address (%s): %s" % (source, error))
@@ -65,7 +78,8 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
     _state = _State(monitor, dict(block_floats=block_floats, request_timeout=request_timeout,
                                   start_timeout=start_timeout,
                                   progress_interval=progress_interval, max_batch=max_batch,
-                                  sample_log=sample_log, ack_log=ack_log, step_log=step_log))
+                                  sample_log=sample_log, ack_log=ack_log, step_log=step_log,
+                                  rank_hint=-1 if rank is None else rank))
     if handle_sigterm:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -88,16 +102,12 @@ def _start(samples):
     if state.pending is None:
         raise RuntimeError("pacer.torch: call pacer.torch.distribute(model, optimizer) before "
                            "iterating a DataLoader")
-    names, sizes, init_values, named, groups, kind = state.pending
-    trainer = _core.Trainer(state.monitor, param_groups=groups, **state.options)
+    names, sizes, init_values, named, groups, kind, default_spec = state.pending
+    trainer = _core.Trainer(state.monitor, param_groups=groups, optimizer=kind,
+                            optimizer_settings=default_spec, evaluate=state.evaluate,
+                            **state.options)
     state.trainer = trainer
     trainer.start(names, sizes, init_values, samples)
-    if trainer.optimizer != kind:
-        trainer.cancel()
-        trainer.finish()
-        raise TypeError("pacer.torch: this job's shards run %s (pacer-monitor --optimizer); the "
-                        "optimizer given to distribute() is %s"
-                        % (trainer.optimizer, kind))
     state.started = True
     if trainer.stopping:
         return state  # stopped (or SIGTERM) before the run began: no batches
@@ -154,6 +164,35 @@ def _unpin(state):
         for ptr in state.pinned:
             cudart.cudaHostUnregister(ptr)
         state.pinned = []
+
+
+def follow_job_step(*schedulers):
+    """Starts these learning-rate schedulers at the job's step: before each
+    batch the DataLoader yields, each one is stepped until its
+    ``last_epoch`` reaches the batch's step of the job
+    (``DataLoader.job_step``). A worker that joins a running job (or skips
+    clocks it fell behind on) then pushes its first gradient with the lr
+    the other workers push at that step, instead of starting its warm-up
+    over. For schedulers stepped once per ``opt.step()`` (warm-up, cosine,
+    OneCycleLR, ...); call it before the loop."""
+    state = _require()
+    for s in schedulers:
+        if not hasattr(s, "last_epoch") or not callable(getattr(s, "step", None)):
+            raise TypeError("pacer.torch.follow_job_step: %r is not an lr scheduler" % (s,))
+    state.schedulers.extend(schedulers)
+
+
+def _catch_up(state, step):
+    """follow_job_step's schedulers at `step` (without torch's warning on
+    a scheduler stepped before its optimizer)."""
+    behind = [s for s in state.schedulers if s.last_epoch < step]
+    if not behind:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s in behind:
+            while s.last_epoch < step:
+                s.step()
 
 
 def is_evaluator():
