@@ -98,12 +98,14 @@ def test_a_parameter_that_changes_shape_is_refused(job):
     pt.shutdown()
 
 
-def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
+def first_worker(job, make):
+    """This process as the job's first worker (pt), `make`'s optimizer: the
+    DataLoader and a function that trains one batch."""
     job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
                                     "--lease", "1.5", "--time-cap", "60"])
     pt.init(job.monitor, handle_sigterm=False)
     model = net()
-    model, opt = pt.distribute(model, sgd(model))
+    model, opt = pt.distribute(model, make(model))
     loader = pt.DataLoader(data())
     batches = iter(loader)
 
@@ -114,6 +116,18 @@ def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
         loss.backward()
         opt.step(loss=loss)
 
+    return loader, train_one
+
+
+def declaration(model):
+    """`model`'s tensor names, sizes and values, as core.Trainer.start takes them."""
+    named = list(model.named_parameters())
+    return ([n for n, _ in named], [p.numel() for _, p in named],
+            torch.cat([p.detach().reshape(-1) for _, p in named]).numpy())
+
+
+def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
+    loader, train_one = first_worker(job, sgd)
     train_one()  # the job's model is declared
     # A second worker (a second runtime in this process) brings another model.
     import pacer._core as core
@@ -122,7 +136,7 @@ def test_a_worker_with_another_model_is_refused_and_the_job_goes_on(job):
     with pytest.raises(Exception, match="differs from the one already declared"):
         t.start(["weight", "bias"], [80, 4],
                 torch.cat([other.weight.reshape(-1), other.bias]).detach().numpy(), 512)
-    # The first worker trains on (once the refused one's lease ran out).
+    # The first worker trains on (the refused one left the membership at once).
     for _ in range(5):
         train_one()
     assert loader.step == 6
@@ -133,26 +147,10 @@ def test_a_worker_declaring_another_optimizer_is_refused_naming_both(job):
     """The job's optimizer is its first worker's (AdamW here; the monitor is
     on its default, sgd): a later worker that declares SGD is refused, its
     error naming both, and the first trains on."""
-    job.run(shards=1, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
-                                    "--lease", "1.5", "--time-cap", "60"])
-    pt.init(job.monitor, handle_sigterm=False)
-    model = net()
-    model, opt = pt.distribute(model, adamw(model))
-    loader = pt.DataLoader(data())
-    batches = iter(loader)
-
-    def train_one():
-        x, y = next(batches)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step(loss=loss)
-
+    loader, train_one = first_worker(job, adamw)
     train_one()  # the job's model and optimizer are declared
     import pacer._core as core
-    names = [n for n, _ in model.named_parameters()]
-    sizes = [p.numel() for _, p in model.named_parameters()]
-    init = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()]).numpy()
+    names, sizes, init = declaration(net())
     t = core.Trainer(job.monitor, optimizer="sgd", optimizer_settings="lr=0.05,momentum=0.9",
                      start_timeout=10)
     with pytest.raises(Exception,
@@ -170,10 +168,7 @@ def test_a_job_whose_every_worker_is_refused_exits_non_zero(job):
     and a stop reason that says why."""
     job.run(shards=1, monitor_args=["--min-workers", "1", "--time-cap", "60"])
     import pacer._core as core
-    model = net()
-    names = [n for n, _ in model.named_parameters()]
-    sizes = [p.numel() for _, p in model.named_parameters()]
-    init = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()]).numpy()
+    names, sizes, init = declaration(net())
     t = core.Trainer(job.monitor, param_groups=["bad:0.bias:lr=-1"], start_timeout=10)
     with pytest.raises(Exception, match="parameter group 'bad'"):
         t.start(names, sizes, init, len(data()))
