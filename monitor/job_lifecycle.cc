@@ -37,8 +37,14 @@ void JobLifecycle::OnRefused(const std::string& reason) {
 }
 
 std::optional<std::string> JobLifecycle::DueStop() {
-  if (state_ == wire::JobState::Waiting && !taken_ &&
-      refused_ >= std::max<uint32_t>(1, options_.min_workers) && members_->LiveWorkers().empty()) {
+  const bool all_refused = state_ == wire::JobState::Waiting && !taken_ &&
+                           refused_ >= std::max<uint32_t>(1, options_.min_workers) &&
+                           members_->LiveWorkers().empty();
+  if (!all_refused) {
+    all_refused_since_.reset();
+  } else if (!all_refused_since_) {
+    all_refused_since_ = clock_->Now();
+  } else if (clock_->Now() - *all_refused_since_ >= options_.refused_grace) {
     failed_ = true;
     return fmt::format("every worker was refused ({} worker(s); the last: {})", refused_,
                        last_refusal_);

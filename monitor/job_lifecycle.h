@@ -28,6 +28,9 @@ class JobLifecycle {
     float target_accuracy = 0;
     Duration stop_grace = std::chrono::seconds(2);
     uint32_t min_workers = 1;
+    // How long every worker must have been refused (and none be left)
+    // before the job stops for it: a correct worker may yet come.
+    Duration refused_grace = std::chrono::seconds(3);
   };
   JobLifecycle(const Options& options, const Clock* clock, Membership* members,
                const DataFeed* data, Journal* journal, MonitorMetrics* metrics)
@@ -52,11 +55,13 @@ class JobLifecycle {
   // Why it should stop now (nullopt: not yet). While it runs: a cap, the
   // data stream's last epoch (which first holds the workers for a final
   // evaluation), every worker finished. Before it runs: as many workers as
-  // it needs (--min-workers) were refused, none was taken and none is left
-  // to declare, so nothing will train: it stops as a failure.
+  // it needs (--min-workers) were refused, none was taken and, for
+  // refused_grace, none was left to declare, so nothing will train: it
+  // stops as a failure.
   std::optional<std::string> DueStop();
 
-  // A worker's model declaration was taken, or refused (for `reason`).
+  // A worker's model declaration was taken, or a live worker's refused
+  // (for `reason`; once per worker: it leaves the membership).
   void OnDeclarationTaken() { taken_ = true; }
   void OnRefused(const std::string& reason);
 
@@ -104,6 +109,7 @@ class JobLifecycle {
   bool taken_ = false;
   uint32_t refused_ = 0;
   std::string last_refusal_;
+  std::optional<TimePoint> all_refused_since_;
   bool failed_ = false;
 };
 

@@ -70,8 +70,8 @@ class Membership {
   // change for a worker that joins, after it for one that leaves.
   //
   // A new worker `id` (from the job's one id counter) at the rank it asks
-  // for (`rank_hint`: pacer-run's launch index) when no live worker holds
-  // it, else at the lowest rank no live worker holds (a replacement takes
+  // for (`rank_hint`: pacer-run's launch index; the monitor passes only one
+  // below --min-workers) when no live worker holds it, else at the lowest rank no live worker holds (a replacement takes
   // the rank, and so the data, of one that died), starting at `start_clock`.
   const WorkerState& Join(uint32_t id, const std::string& token, const std::string& public_key,
                           TimePoint now, uint64_t start_clock,

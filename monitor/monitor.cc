@@ -42,7 +42,7 @@ MonitorCore::MonitorCore(const MonitorOptions& options, const Clock* clock)
       data_(&membership_, clock, &journal_),
       policy_(PolicyFor(options), clock, &membership_, &journal_, &metrics_),
       job_({options.epochs, options.time_cap_seconds, options.target_accuracy, options.stop_grace,
-            options.min_workers},
+            options.min_workers, options.lease},
            clock, &membership_, &data_, &journal_, &metrics_) {
   server_.SetIdentity(options_.job_id, 0, "monitor");
   metrics_.ShowReplicas(ranges_, options_.replicas, 0);  // before any range exists
@@ -248,8 +248,13 @@ void MonitorCore::OnWorkerRegister(const Frame& peer, const Decoded& d, std::vec
       start_clock = static_cast<uint64_t>(applied + 1);
     }
   }
+  // A rank asked for is given only below --min-workers: the workers the
+  // job starts with then hold ranks 0 .. min-workers - 1, so rank 0 (which
+  // sets the shards' model) is among them.
+  std::optional<uint32_t> hint = r.rank_hint;
+  if (hint && *hint >= std::max<uint32_t>(1, options_.min_workers)) hint.reset();
   const WorkerState& w =
-      membership_.Join(next_id_++, token, peer.peer_key(), clock_->Now(), start_clock, r.rank_hint);
+      membership_.Join(next_id_++, token, peer.peer_key(), clock_->Now(), start_clock, hint);
   out->push_back({peer, -1, EncodeMessage(server_.ReplyEnvelope(d.env), msg::RegisterReply{w.id, w.rank, Job()})});
 }
 
@@ -311,8 +316,9 @@ void MonitorCore::OnDeclare(const Frame& peer, const Decoded& d, std::vector<Out
   if (auto refused = model_.Declare(msg::Read<msg::DeclareModel>(d), d.env.sender)) {
     // A refused worker will not train: it leaves the membership now rather
     // than at its lease's end (a barrier would wait for it till then).
-    membership_.Remove(d.env.sender, "refused: " + refused->reason);
-    job_.OnRefused(refused->reason);
+    if (membership_.Remove(d.env.sender, "refused: " + refused->reason)) {
+      job_.OnRefused(refused->reason);
+    }
     return ReplyError(peer, d.env, refused->code, refused->reason, out);
   }
   job_.OnDeclarationTaken();

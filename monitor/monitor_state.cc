@@ -48,6 +48,7 @@ absl::Status MonitorCore::RestoreState(std::string_view bytes) {
   shards_.Restore(st, now);
   ranges_.Restore(st);
   job_.Restore(st);
+  if (model_.declared()) job_.OnDeclarationTaken();  // not a job of refused workers
   if (ranges_.built()) {
     for (uint32_t id : membership_.LiveWorkers()) {
       data_.SetPace(id, 0, membership_.at(id).batch);

@@ -188,6 +188,9 @@ class ShardCore {
   std::span<const float> Param(uint64_t key) const { return range_.table->Param(key); }
   // The parameter table (tests, benchmarks).
   const ParamTable& table() const { return *range_.table; }
+  // The job as this core runs it: the registration's, with the optimizer
+  // the monitor's declaration gave (the job's first worker's).
+  const ShardJob& job() const { return job_; }
 
   // The learning rates set by hand (pacerctl set-lr, from the monitor's
   // heartbeat replies), by group index: each wins over what pushes carry

@@ -453,7 +453,9 @@ void ShardServer::Promote(const PromoteConfig& config) {
     sopts.registry = registry_;
     sopts.metric_labels = {{"range", std::to_string(r.id)}};
     auto core = std::make_unique<ShardCore>(sopts, transport_->clock());
-    core->Configure(job_, r.id);
+    // The job as the own core runs it: its optimizer is the declared one,
+    // which the registration's (job_) may predate.
+    core->Configure(own().job(), r.id);
     if (absl::Status st = core->Restore(*snapshot); !st.ok()) {
       spdlog::error("shard {}: cannot serve shard {}'s range from its replica: {}", id_, r.id,
                     ErrorText(st));

@@ -222,7 +222,7 @@ class ShardServer {
   std::string address_;
   uint32_t id_ = 0;
   bool restored_ = false;
-  ShardJob job_;  // from registration
+  ShardJob job_;  // from registration (the optimizer: own().job()'s is the declared one)
   // The shard lease (the monitor's --shard-lease).
   Duration shard_lease_ = std::chrono::seconds(1);
   CheckpointPolicy checkpoint_policy_;

@@ -431,7 +431,8 @@ absl::Status ParamTable::Restore(const TableSnapshot& snap) {
     return absl::InvalidArgumentError(
         absl::StrCat("the checkpoint holds ", std::string(OptimizerName(snap.config.kind)),
                      " state; this job runs ", std::string(OptimizerName(config_.kind)),
-                     " (--optimizer): start the job with --optimizer ",
+                     " (as its first worker declared it, else pacer-monitor --optimizer): run "
+                     "the job with ",
                      std::string(OptimizerName(snap.config.kind)), ", or remove the checkpoint"));
   }
   TableConfig next = config_;

@@ -607,7 +607,8 @@ TEST_F(MonitorTest, AnOptimizerDeclaredAfterNoneMustBeTheMonitors) {
 
 // A refused worker leaves the membership at once. When as many workers as
 // the job needs (--min-workers, 2 here) were refused, none was taken and
-// none is left, nothing will train: the job stops, as a failure.
+// none was left for a lease, nothing will train: the job stops, as a
+// failure.
 TEST_F(MonitorTest, AJobWhoseEveryWorkerIsRefusedStopsAsAFailure) {
   Only(Register(100, wire::Role::Shard, "mem://shard0"), wire::Body::RegisterReply);
   const uint32_t a = RegisterWorker(200);
@@ -617,6 +618,10 @@ TEST_F(MonitorTest, AJobWhoseEveryWorkerIsRefusedStopsAsAFailure) {
   Tick();
   EXPECT_EQ(core_->state(), wire::JobState::Waiting);  // b may yet declare
   EXPECT_EQ(ErrorOf(Declare(b, {{1, 100}, {1, 100}})), wire::ErrorCode::Mismatch);
+  EXPECT_EQ(ErrorOf(Declare(b, {{1, 100}, {1, 100}})), wire::ErrorCode::Mismatch);  // counted once
+  Tick();
+  EXPECT_EQ(core_->state(), wire::JobState::Waiting);  // a correct worker may yet come
+  clock_.Advance(options_.lease);
   Tick();
   EXPECT_EQ(core_->state(), wire::JobState::Stopped);
   EXPECT_TRUE(core_->stop_failed());
@@ -627,8 +632,12 @@ TEST_F(MonitorTest, AJobWhoseEveryWorkerIsRefusedStopsAsAFailure) {
 }
 
 // A worker may ask for a rank (pacer-run: its launch index): it gets it
-// when no live worker holds it, else the lowest free one.
+// when it is below --min-workers (so the workers a job starts with hold
+// ranks 0 .. min-workers - 1) and no live worker holds it, else the lowest
+// free one.
 TEST_F(MonitorTest, AWorkerGetsTheRankItAsksForWhenNoLiveWorkerHoldsIt) {
+  options_.min_workers = 3;
+  core_ = std::make_unique<MonitorCore>(options_, &clock_);
   const auto rank_of = [&](uint64_t peer, std::optional<uint32_t> hint) {
     msg::Register r;
     r.role = wire::Role::Worker;
@@ -641,6 +650,7 @@ TEST_F(MonitorTest, AWorkerGetsTheRankItAsksForWhenNoLiveWorkerHoldsIt) {
   EXPECT_EQ(rank_of(201, 0), 0u);
   EXPECT_EQ(rank_of(202, 2), 1u);  // 2 is held: the lowest free
   EXPECT_EQ(rank_of(203, std::nullopt), 3u);
+  EXPECT_EQ(rank_of(204, 7), 4u);  // not below --min-workers: the lowest free
 }
 
 TEST_F(MonitorTest, FirstDeclarationWithDuplicateKeyIsMismatch) {

@@ -59,8 +59,11 @@ void EvaluationLoop(MonitorSession& s, const std::vector<wire::KeyLen>& keys, Sh
     if (applied.ok()) {
       absl::StatusOr<EvalResult> r = s.options.evaluate((*client)->params());
       if (!r.ok()) {
-        spdlog::error("worker {}: cannot evaluate: {}", s.id, ErrorText(r.status()));
-        return;
+        // That evaluation is skipped; the next one may succeed (a user's
+        // evaluation function that raised once, say).
+        spdlog::error("worker {}: cannot evaluate (skipped): {}", s.id, ErrorText(r.status()));
+        lock.Lock();
+        continue;
       }
       const msg::AccuracyReport report{static_cast<uint64_t>(std::max<int64_t>(0, *applied)),
                                        static_cast<float>(r->accuracy), static_cast<float>(r->loss),

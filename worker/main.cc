@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
       ->envname("PACER_WORKER_MAX_BATCH");
   int64_t rank_hint = -1;
   app.add_option("--rank", rank_hint,
-                 "The rank to ask the monitor for, given when no live worker holds it (else "
-                 "the lowest free one); pacer-run sets PACER_RANK to each worker's launch "
-                 "index; -1: any")
+                 "The rank to ask the monitor for, given when it is below the monitor's "
+                 "--min-workers and no live worker holds it (else the lowest free one); "
+                 "pacer-run sets PACER_RANK to each worker's launch index; -1: any")
       ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 20))
       ->envname("PACER_RANK");
   pacer::MetricsFlags metrics_flags;

@@ -84,8 +84,9 @@ struct TrainerOptions {
   // none declared (pacer-worker): the worker trains with the job's.
   std::optional<JobOptimizer> optimizer;
   // The rank this worker asks for (pacer-worker --rank, default PACER_RANK:
-  // pacer-run's launch index); the monitor gives it when no live worker
-  // holds it, else the lowest free rank. nullopt: any.
+  // pacer-run's launch index); the monitor gives it when it is below
+  // --min-workers and no live worker holds it, else the lowest free rank.
+  // nullopt: any.
   std::optional<uint32_t> rank_hint;
   // Overlap communication with compute (--overlap): each layer's gradient
   // is pushed as soon as the backward pass has finished it (a push in

@@ -176,13 +176,31 @@ cmd="$build/worker/${example//train.py/$script}"
 cmd=$(sed -E 's/--time-cap [0-9]+/--time-cap 12/' <<< "$cmd")
 echo "== $cmd"
 export PYTHONPATH="$build/python"
+# Every process it starts inherits the mark: none may be left at the end.
+mark="walkthrough-$$-$RANDOM"
+marked() {
+  local p
+  for p in /proc/[0-9]*; do
+    [ "$(awk '{ print $3 }' "$p/stat" 2>/dev/null)" != Z ] || continue
+    { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "PACER_TEST_MARK=$mark" && echo "${p#/proc/}"
+  done
+  return 0
+}
 rc=0
-eval "$cmd" > "$work/run.out" 2> "$work/run.err" || rc=$?
+(export PACER_TEST_MARK="$mark"; eval "$cmd") > "$work/run.out" 2> "$work/run.err" || rc=$?
 [ "$rc" -eq 0 ] || { tail -30 "$work/run.err" >&2; fail "the README's pacer-run command exited $rc"; }
+for _ in $(seq 1 50); do [ -z "$(marked)" ] && break; sleep 0.1; done
+[ -z "$(marked)" ] || fail "processes the README's pacer-run command started are left: $(marked)"
 [ "$(grep -o '^\[worker [0-9]* rank [0-9]*\]' "$work/run.err" | sort -u | wc -l)" -eq 3 ] ||
   fail "not three workers registered and trained"
 acc=$(cat "$work/run.out" "$work/run.err" | sed -n 's/.*final test accuracy: \([0-9.]*\).*/\1/p' | tail -n 1)
 awk -v a="${acc:-0}" 'BEGIN { exit !(a > 0.5) }' || fail "final test accuracy '${acc}', not above 0.5"
 grep -q '^\[pacer-run\] worker [0-9]* rank [0-9]* *0 ' "$work/run.err" ||
   fail "no row of a worker that exited 0 in pacer-run's table"
+# pacer.torch asked for the launch index as its rank too (PACER_RANK).
+rows=$(grep -A3 '^\[pacer-run\] worker *exit *mean batch' "$work/run.err" | tail -n 3)
+for i in 0 1 2; do
+  sed -n "$((i + 1))p" <<< "$rows" | grep -q "^\[pacer-run\] worker [0-9]* rank $i " ||
+    fail "the Python worker of launch index $i is not rank $i: $(sed -n "$((i + 1))p" <<< "$rows")"
+done
 echo "walkthrough: ok"

@@ -1,7 +1,7 @@
 """A pacer.torch worker with a linear lr warm-up (LambdaLR over --warmup
-steps), started at the job's step with --follow (pt.follow_job_step).
-Writes one line per push to --out: the batch's job step (loader.job_step)
-and the lr the push carries."""
+steps), started at the job's step with --follow (pt.follow_job_step), of
+SGD or (--optimizer adamw) AdamW. Writes one line per push to --out: the
+batch's job step (loader.job_step) and the lr the push carries."""
 
 import argparse
 
@@ -14,6 +14,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--warmup", type=int, default=100000)
     ap.add_argument("--follow", action="store_true")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -23,7 +24,11 @@ def main():
     data = torch.utils.data.TensorDataset(x, x[:, :4].argmax(dim=1))
     torch.manual_seed(11)
     net = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    model, opt = pt.distribute(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    if args.optimizer == "sgd":
+        inner = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    else:
+        inner = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    model, opt = pt.distribute(net, inner)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup))
     if args.follow:
         pt.follow_job_step(warmup)

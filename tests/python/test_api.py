@@ -67,3 +67,21 @@ def test_a_malformed_address_is_refused_at_init_as_the_tools_refuse_it(monkeypat
     with pytest.raises(ValueError, match=r"PACER_MONITOR\): expected tcp://HOST:PORT"):
         pt.init(handle_sigterm=False)
     pt.init("tcp://127.0.0.1:9", handle_sigterm=False)
+
+
+def test_a_rank_that_is_not_a_whole_number_is_refused_at_init(monkeypatch):
+    pt.shutdown()
+    monkeypatch.setenv("PACER_RANK", "first")
+    with pytest.raises(ValueError, match="PACER_RANK='first' is not a whole number"):
+        pt.init("tcp://127.0.0.1:9", handle_sigterm=False)
+    monkeypatch.delenv("PACER_RANK")
+    with pytest.raises(ValueError, match="rank must be a whole number >= 0"):
+        pt.init("tcp://127.0.0.1:9", rank=-1, handle_sigterm=False)
+    pt.init("tcp://127.0.0.1:9", handle_sigterm=False)
+
+
+def test_a_scheduler_on_a_metric_cannot_follow_the_job_step():
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="ReduceLROnPlateau steps on a metric"):
+        pt.follow_job_step(torch.optim.lr_scheduler.ReduceLROnPlateau(opt))

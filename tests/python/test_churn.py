@@ -3,10 +3,12 @@ another starts. By every worker's sample log (what each acknowledged push
 trained on), every sample of every partition is trained in each epoch,
 and the only samples trained twice are those of the killed worker's last
 batch. And a worker that joins a running job starts its lr warm-up at
-the job's step."""
+the job's step; a primary shard killed under replicas fails over with the
+optimizer the script declared."""
 
 import collections
 import os
+import re
 import time
 
 EXAMPLE = os.path.join("..", "..", "worker", "python", "examples", "train_fashion.py")
@@ -97,3 +99,40 @@ def test_a_joiners_warmup_starts_at_the_jobs_step(job):
     assert step in at, "worker-a pushed nothing at step %d" % step
     assert lr == at[step], ("worker-b's first push at step %d carried lr %g; worker-a's %g"
                             % (step, lr, at[step]))
+
+
+def test_a_range_fails_over_with_the_declared_optimizer(job):
+    """With replicas, the job's optimizer is the script's (AdamW; the
+    monitor is on its default, sgd): a killed primary's backup serves its
+    range with that optimizer's state, and training goes on."""
+    job.run(shards=3, monitor_args=["--min-workers", "1", "--mode", "bsp", "--global-batch", "32",
+                                    "--replicas", "1", "--shard-lease", "1", "--time-cap", "60"])
+    log = os.path.join(job.dir, "lr-a.log")
+    worker = job.worker("worker-a", "schedule_worker.py", "--optimizer", "adamw", "--out", log)
+    deadline = time.time() + 60
+
+    def replicated():
+        # Every range's backup holds its replica (a primary killed before
+        # that loses its range: that is replica-all-lost, not this test).
+        text = "".join(job.log("shard%d" % i) for i in range(3))
+        seeding = set(re.findall(r"shard (\d+): seeding backup", text))
+        return seeding and seeding <= set(re.findall(r"holds a replica of shard (\d+)'s", text))
+
+    while len(lines(log)) < 30 or not replicated():
+        assert time.time() < deadline, "worker-a trained nothing, or no replica is held:\n" + \
+            job.log("worker-a")[-2000:]
+        time.sleep(0.1)
+    # A primary of keys (it seeds a backup); procs[0] is the monitor.
+    primary = next(i for i in range(3) if "seeding backup" in job.log("shard%d" % i))
+    job.procs[1 + primary].kill()
+    others = [i for i in range(3) if i != primary]
+    trained = len(lines(log))
+    deadline = time.time() + 30
+    while len(lines(log)) < trained + 30:
+        shards = "".join(job.log("shard%d" % i) for i in others)
+        assert time.time() < deadline, "no training after the failover:\n" + shards[-3000:]
+        time.sleep(0.1)
+    worker.terminate()
+    worker.wait(timeout=30)
+    shards = "".join(job.log("shard%d" % i) for i in others)
+    assert "promoted: serves" in shards and "cannot serve" not in shards, shards[-3000:]

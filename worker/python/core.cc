@@ -316,6 +316,9 @@ class PyTrainer {
       py::gil_scoped_release release;
       r = trainer_->Finish();
     }
+    // The evaluation thread is joined: the function (which may hold the
+    // module, whose parameters hold this object's buffers) is let go.
+    evaluate_ = py::none();
     if (!r.ok()) Raise(r.status());
     py::dict d;
     d["id"] = r->id;

@@ -1,8 +1,6 @@
 """A CNN with BatchNorm and a learning-rate schedule, trained with Pacer.
 
-    pacer-monitor --listen tcp://127.0.0.1:7000 --min-workers 2 --optimizer sgd ... &
-    pacer-server --listen tcp://127.0.0.1:0 --monitor tcp://127.0.0.1:7000 &
-    PACER_MONITOR=tcp://127.0.0.1:7000 /usr/bin/python3 train_bn_scheduler.py
+    pacer-run --workers 2 -- /usr/bin/python3 train_bn_scheduler.py
 
 The scheduler (CosineAnnealingLR, which changes only lr)
 runs on the worker's side, and each push carries the lr it set; the shards

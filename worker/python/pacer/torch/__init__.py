@@ -4,14 +4,13 @@
     pt.init()                                   # PACER_MONITOR, or init("tcp://HOST:PORT")
     net = MyNet()
     model, opt = pt.distribute(net, torch.optim.AdamW(net.parameters(), lr=1e-3,
-                                                      weight_decay=0.01))
+                                                      weight_decay=0.01),
+                               evaluate=test_accuracy)  # on a side thread, when asked
     loader = pt.DataLoader(train_set)           # map-style Dataset
     while not loader.stopped:                   # until the job stops
         for x, y in loader:                     # one epoch of the job
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad(); loss.backward(); opt.step(loss=loss)
-            if pt.is_evaluator() and loader.step % 200 == 0:
-                pt.report(accuracy=evaluate(model))
     pt.shutdown()
 
 What Pacer does and what stays yours:

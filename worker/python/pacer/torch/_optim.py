@@ -5,6 +5,7 @@ whose ``step()`` pushes the gradient with each group's current lr."""
 import copy
 import math
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -133,7 +134,9 @@ class _SideEvaluation:
     module made now, and (accuracy, loss, samples) back."""
 
     def __init__(self, module, named, evaluate):
-        self.live = module
+        # Weakly: the module's parameters become views of the runtime's
+        # buffers, and the runtime holds this object.
+        self.live = weakref.ref(module)
         self.model = copy.deepcopy(module)
         own = dict(self.model.named_parameters())
         self.params = [own[n] for n, _ in named]
@@ -149,8 +152,10 @@ class _SideEvaluation:
                 offset += n
             # Buffers (BatchNorm's statistics) are the worker's own: the
             # training module's current ones.
-            for mine, live in zip(self.model.buffers(), self.live.buffers()):
-                mine.copy_(live)
+            live = self.live()
+            if live is not None:
+                for mine, theirs in zip(self.model.buffers(), live.buffers()):
+                    mine.copy_(theirs)
             self.model.eval()
             result = self.evaluate(self.model)
         if isinstance(result, torch.Tensor):

@@ -50,8 +50,9 @@ def init(monitor=None, *, block_floats=32768, request_timeout=60.0, start_timeou
     - ``sample_log``, ``ack_log``, ``step_log``: files for the samples each
       acknowledged push trained on, the acknowledgements, and per-step
       timings (empty: none);
-    - ``rank``: the rank to ask the monitor for, given when no live worker
-      holds it, else the lowest free one (default: the PACER_RANK variable,
+    - ``rank``: the rank to ask the monitor for, given when it is below the
+      monitor's --min-workers and no live worker holds it, else the lowest
+      free one (default: the PACER_RANK variable,
       which pacer-run sets to each worker's launch index; None: any);
     - ``handle_sigterm``: SIGTERM leaves the job cleanly (the loader ends
       after the current step)."""
@@ -177,6 +178,9 @@ def follow_job_step(*schedulers):
     OneCycleLR, ...); call it before the loop."""
     state = _require()
     for s in schedulers:
+        if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise TypeError("pacer.torch.follow_job_step: ReduceLROnPlateau steps on a metric, "
+                            "not once per step: it cannot be stepped to the job's step")
         if not hasattr(s, "last_epoch") or not callable(getattr(s, "step", None)):
             raise TypeError("pacer.torch.follow_job_step: %r is not an lr scheduler" % (s,))
     state.schedulers.extend(schedulers)
