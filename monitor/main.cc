@@ -41,9 +41,22 @@ int main(int argc, char** argv) {
                  "fixed when --mode is given")
       ->check(CLI::IsMember({"fixed", "adaptive-batch", "pacer"}))->capture_default_str();
   app.add_option("--mode", mode,
-                 "Consistency mode enforced by the shards: bsp, asp, ssp, dssp or backup "
+                 "Consistency mode enforced by the shards: bsp, asp, ssp, dssp, backup, or local "
+                 "(rounds of local steps: each worker trains with its own optimizer and pushes "
+                 "the change of its weights once per round; the shards' optimizer is the outer "
+                 "one, by default sgd with lr 0.7, momentum 0.9, nesterov) "
                  "(default: dssp for --policy pacer, else bsp)")
-      ->check(CLI::IsMember({"bsp", "asp", "ssp", "dssp", "backup"}));
+      ->check(CLI::IsMember({"bsp", "asp", "ssp", "dssp", "backup", "local"}));
+  CLI::Option* round_steps_flag =
+      app.add_option("--round-steps", opts.round_steps,
+                     "local: a worker's round ends after this many local steps")
+          ->check(CLI::Range(1u, 1000000u));
+  CLI::Option* round_seconds_flag =
+      app.add_option("--round-seconds", opts.round_seconds,
+                     "local: a worker's round ends at its first local step that ends this many "
+                     "seconds after the round's pull, so that a slower worker takes fewer "
+                     "steps (default 10, unless --round-steps is given)")
+          ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--staleness", staleness,
                  "ssp: the bound s; dssp: its lower bound s_L (default: 3 for ssp, 0 for dssp)")
       ->check(CLI::Range(0, 64));
@@ -255,6 +268,13 @@ int main(int argc, char** argv) {
     return pacer::kExitUsage;
   }
   opts.mode = *pacer::ParseMode(mode);  // CLI11 checked the name
+  if (opts.mode == pacer::wire::Mode::Local) {
+    if (round_steps_flag->count() == 0 && round_seconds_flag->count() == 0) opts.round_seconds = 10;
+  } else if (round_steps_flag->count() > 0 || round_seconds_flag->count() > 0) {
+    std::fprintf(stderr, "--round-steps and --round-seconds need --mode local (the mode is %s)\n",
+                 mode.c_str());
+    return pacer::kExitUsage;
+  }
   opts.policy.staleness = staleness >= 0 ? staleness : (mode == "ssp" ? 3 : 0);
   opts.policy.staleness_range = staleness_range >= 0 ? staleness_range : 4;
   opts.policy.interval = pacer::FromSeconds(policy_interval_s);
@@ -285,6 +305,11 @@ int main(int argc, char** argv) {
     // Each setting the command line (or config, or environment) gave wins
     // over the optimizer's default.
     pacer::OptimizerSettings settings = pacer::DefaultSettings(*kind);
+    if (opts.mode == pacer::wire::Mode::Local && *kind == pacer::OptimizerKind::kSgd) {
+      // The outer optimizer of local steps (DiLoCo's): Nesterov momentum.
+      settings.lr = 0.7f;
+      settings.nesterov = true;
+    }
     for (size_t i = 0; i < float_options.size(); ++i) {
       if (float_options[i]->count() > 0) settings.*kFloatFlags[i].field = given.*kFloatFlags[i].field;
     }

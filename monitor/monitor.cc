@@ -89,6 +89,8 @@ msg::JobConfig MonitorCore::Job() const {
   j.shard_lease_ms = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.shard_lease).count());
   j.data_stream = options_.data_stream;
+  j.round_steps = options_.round_steps;
+  j.round_seconds = options_.round_seconds;
   return j;
 }
 
@@ -240,6 +242,9 @@ void MonitorCore::OnWorkerRegister(const Frame& peer, const Decoded& d, std::vec
   if (job_.running()) {
     if (const auto min_clock = membership_.MinLiveClock()) {
       start_clock = *min_clock;
+      // Mode local: a clock is a round; a newcomer starts at the round
+      // after the one in progress, rather than hold that one up.
+      if (options_.mode == wire::Mode::Local) ++start_clock;
     } else {
       // Nobody trains (the whole cluster restarted): start past the
       // furthest clock any shard has applied.
@@ -519,6 +524,13 @@ DataStreamOptions MonitorCore::StreamOptions() const {
   so.samples = model_.data_samples();
   so.epochs = options_.epochs;
   so.chunk_samples = options_.chunk_samples;
+  if (options_.mode == wire::Mode::Local) {
+    // A round reads on without acknowledgements until its end: a worker
+    // holds a round's worth of chunks and one more, so that the data at
+    // hand, not a chunk's end, ends a round.
+    so.chunk_seconds = std::max(so.chunk_seconds, options_.round_seconds);
+    so.hold = 3;
+  }
   return so;
 }
 

@@ -55,6 +55,10 @@ struct MonitorOptions {
   wire::Mode mode = wire::Mode::Bsp;
   // k of mode backup (--backup-workers).
   uint32_t backup_workers = 1;
+  // Mode local: a round's end, by local steps (--round-steps) or by
+  // seconds (--round-seconds); 0: not by that measure.
+  uint32_t round_steps = 0;
+  double round_seconds = 0;
   // Weight a gradient that missed tau steps by 1 / (1 + tau) (--staleness-aware-lr).
   bool staleness_aware_lr = true;
   // The straggler policy (--policy and its flags). Its mode, global batch

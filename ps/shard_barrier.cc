@@ -58,7 +58,7 @@ bool ShardCore::PullReady(uint32_t worker, uint64_t clock) {
       metrics_.grants->Increment(r);
       return true;
     }
-    default:  // Bsp, Backup: the previous clock's step has been applied
+    default:  // Bsp, Backup, Local: the previous clock's step has been applied
       return static_cast<int64_t>(clock) <= range_.applied_clock + 1;
   }
 }
@@ -234,13 +234,16 @@ void ShardCore::Advance(std::vector<Outgoing>* out) {
       // also takes the clock's fraction of B (BlockStep::fraction), so that
       // the clocks of a worker left alone with batches of 1 at an epoch's
       // end do not each coast a full momentum step. Backup mode
-      // drops its last k pushes by design and keeps the plain mean.
+      // drops its last k pushes by design and keeps the plain mean; so
+      // does local mode, whose pushes are the workers' rounds (each the
+      // change of its weights over its own number of samples): one full
+      // outer step on their mean weighted by the samples each trained.
       if (options_.apply_updates && oc.batch_sum > 0 && oc.weight_sum > 0) {
         StepRecord step;
         step.grad = {{}, oc.acc, /*at_offsets=*/true};
         step.grad_scale = static_cast<float>(1.0 / oc.weight_sum);
         double samples = static_cast<double>(oc.batch_sum);
-        if (job_.mode != wire::Mode::Backup) {
+        if (job_.mode != wire::Mode::Backup && job_.mode != wire::Mode::Local) {
           samples = std::max(samples, static_cast<double>(job_.global_batch));
         }
         ScaleStep(oc.lrs, static_cast<float>(oc.weight_sum / samples),

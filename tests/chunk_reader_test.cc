@@ -84,6 +84,47 @@ TEST(ChunkReaderTest, ReadsTheOldestChunkFirstInTheEpochsOrder) {
   EXPECT_EQ(r.Plan(10)->chunk, 5u);
 }
 
+// Mode local: a round's batches stay in flight together, each read after
+// the last, and move the positions only at the round's ack; a step given
+// up is read again, and so is a whole round that was not taken.
+TEST(ChunkReaderTest, ARoundsBatchesStayInFlightUntilItsAck) {
+  ChunkReader r(7, 1000);
+  r.Sync({Chunk(1, 0, 100, 0, 0), Chunk(2, 100, 200, 100, 0)});
+  const std::vector<uint32_t> order = EpochOrder(7, 0, 1000);
+  const auto span = [&](size_t from, size_t to) {
+    return std::vector<uint32_t>(order.begin() + static_cast<long>(from),
+                                 order.begin() + static_cast<long>(to));
+  };
+  ASSERT_EQ(r.Plan(60)->samples, span(0, 60));
+  auto rest = r.Plan(60, /*add=*/true);
+  EXPECT_EQ(rest->chunk, 1u);
+  EXPECT_EQ(rest->samples, span(60, 100));  // the chunk's rest, none past its end
+  auto next = r.Plan(30, /*add=*/true);
+  EXPECT_EQ(next->chunk, 2u);
+  EXPECT_EQ(next->samples, span(100, 130));
+  // A step given up: its batch is read again.
+  r.Unplan();
+  EXPECT_EQ(r.Plan(30, /*add=*/true)->samples, span(100, 130));
+  // Nothing moved before the ack; a cut counts the whole round as read.
+  r.Sync({Chunk(1, 0, 100, 0, 0), Chunk(2, 100, 110, 100, 0)});
+  std::vector<wire::DataChunk> rep = r.Report();
+  ASSERT_EQ(rep.size(), 2u);
+  EXPECT_EQ(rep[0].pos(), 0u);
+  EXPECT_EQ(rep[1].pos(), 100u);
+  EXPECT_EQ(rep[1].end(), 130u);
+  r.Ack();
+  rep = r.Report();  // both trained to their ends
+  ASSERT_EQ(rep.size(), 2u);
+  EXPECT_EQ(rep[0].pos(), 100u);
+  EXPECT_EQ(rep[1].pos(), 130u);
+  // A round that was not taken: the next plan without `add` reads it again.
+  ChunkReader q(7, 1000);
+  q.Sync({Chunk(3, 200, 300, 200, 0)});
+  auto first = q.Plan(10);
+  ASSERT_TRUE(q.Plan(10, /*add=*/true).has_value());
+  EXPECT_EQ(q.Plan(10)->samples, first->samples);
+}
+
 TEST(ChunkReaderTest, ACutIsConfirmedWhereItStopsCountingTheBatchInFlight) {
   ChunkReader r(1, 1000);
   r.Sync({Chunk(1, 0, 500, 100, 0)});

@@ -303,6 +303,7 @@ const std::map<std::string, std::string> kFieldFlag = {
     {"TrainerOptions.safeguards", "--unsafe-disable"},
     {"TrainerOptions.param_groups", "--param-group"},  // repeatable, one group each
     {"TrainerOptions.rank_hint", "--rank"},
+    {"WorkerOptions.local_optimizer", "--local-optimizer"},  // and --local-settings
     {"LaunchOptions.role", "--serve"},  // and --join
     {"LaunchOptions.job_flags", "--mode"},  // and the job's other flags
     {"LaunchOptions.worker_args", "--worker-args-of"},
@@ -318,6 +319,7 @@ const std::map<std::string, std::string> kNoFlag = {
     // Set by the binary from other settings.
     {"ShardServerOptions.cancel", "SIGTERM while registering"},
     {"PolicyOptions.mode", "MonitorOptions.mode (--mode)"},
+    {"TrainerOptions.outer", "pacer.torch's distribute(outer=); pacer-worker's is the job's"},
     {"BatchOptions.global_batch", "MonitorOptions.global_batch (--global-batch)"},
     {"ShardOptions.registry", "made by the process; served by --metrics-addr"},
     {"ShardOptions.metric_labels", "set by the shard for a range served since a promotion"},

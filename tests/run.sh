@@ -70,10 +70,11 @@ fuzz=0
 
 # Their build (clang, build-fuzz/) runs beside the tests on the processor
 # time the tests leave idle: at the idle scheduling class (SCHED_IDLE), so a
-# test never waits for it. It is stopped if the script ends first.
+# test never waits for it, and one file at a time, so that it never shares
+# both cores with a test. It is stopped if the script ends first.
 prebuild=
 if [ "$fuzz" -eq 1 ]; then
-  setsid chrt --idle 0 nice -n 19 "$root/tests/fuzz/run.sh" --build-only \
+  setsid chrt --idle 0 nice -n 19 "$root/tests/fuzz/run.sh" --build-only --jobs 1 \
     > "$build/fuzz-prebuild.log" 2>&1 &
   prebuild=$!
   trap '[ -n "$prebuild" ] && kill -TERM -- "-$prebuild" 2>/dev/null; true' EXIT

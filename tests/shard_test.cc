@@ -1465,6 +1465,34 @@ TEST_F(ShardTest, BackupClosesTheClockWithoutTheLastKAndDropsItsPush) {
   ExpectNear(Params(), w1);
 }
 
+// Mode local: a clock is a round; each push is a worker's change over its
+// round, with the samples it trained. The clock closes when every live
+// worker pushed, with one full outer step on the sample-weighted mean
+// (here 3 samples in all, under the global batch of 4: a bsp clock would
+// take 3/4 of a step). A worker that dies before its round's push counts
+// for nothing: the round closes with the others'.
+TEST_F(ShardTest, LocalTakesOneOuterStepOnTheSampleWeightedMeanOfTheRounds) {
+  momentum_ = 0.0f;
+  Start(wire::Mode::Local);
+  const std::vector<float> ga = {1.0f, 2.0f, -4.0f};
+  const std::vector<float> gb = {3.0f, -2.0f, 4.0f};
+  EXPECT_TRUE(Pull(kWorkerA, 1).empty());  // round 1 reads round 0's step
+  ExpectPushReply(Push(kWorkerA, 0, 1, ga).at(0), 0);
+  EXPECT_EQ(shard_->applied_clock(), -1);
+  auto out = Push(kWorkerB, 0, 2, gb);
+  EXPECT_EQ(AnsweredPull(out, kWorkerA), std::optional<uint64_t>(1));
+  std::vector<float> w(3);
+  for (size_t i = 0; i < 3; ++i) w[i] = kW0[i] - kLr * (ga[i] + 2 * gb[i]) / 3;
+  ExpectNear(Params(), w);
+  // Round 1: B dies mid-round; its round never comes, A's alone steps.
+  ExpectPushReply(Push(kWorkerA, 1, 5, ga).at(0), 1);
+  EXPECT_EQ(shard_->applied_clock(), 0);
+  ExpectAck(Membership(2, {{kWorkerA, 0, 1}}));
+  EXPECT_EQ(shard_->applied_clock(), 1);
+  for (size_t i = 0; i < 3; ++i) w[i] -= kLr * ga[i];
+  ExpectNear(Params(), w);
+}
+
 TEST_F(ShardTest, ParkedReadReportsHowLongItWaited) {
   Start(wire::Mode::Bsp);
   EXPECT_TRUE(Pull(kWorkerA, 1).empty());

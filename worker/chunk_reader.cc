@@ -77,7 +77,8 @@ void ChunkReader::Sync(const std::vector<wire::DataChunk>& grants) {
     // comes down (a tail asked for another worker), never below what we
     // have read.
     Held& h = it->second;
-    const uint64_t read = h.pos + (inflight_chunk_ == g.id() ? inflight_n_ : 0);
+    auto in = inflight_.find(g.id());
+    const uint64_t read = h.pos + (in == inflight_.end() ? 0 : in->second);
     h.end = std::max(std::min(h.end, g.end()), read);
   }
   for (auto it = held_.begin(); it != held_.end();) {
@@ -102,11 +103,16 @@ const std::vector<uint32_t>& ChunkReader::Order(uint32_t epoch) {
   return it->second;
 }
 
-std::optional<ChunkReader::Span> ChunkReader::PlanPositions(size_t n) {
-  inflight_chunk_ = inflight_n_ = 0;
+uint64_t ChunkReader::Read(uint64_t chunk, const Held& h) const {
+  auto in = inflight_.find(chunk);
+  return std::min(h.end, h.pos + (in == inflight_.end() ? 0 : in->second));
+}
+
+std::optional<ChunkReader::Span> ChunkReader::PlanPositions(size_t n, bool add) {
+  if (!add) inflight_.clear();
   std::pair<const uint64_t, Held>* next = nullptr;
   for (auto& kv : held_) {
-    if (kv.second.pos >= kv.second.end) continue;
+    if (Read(kv.first, kv.second) >= kv.second.end) continue;
     if (next == nullptr || std::make_pair(kv.second.epoch, kv.first) <
                                std::make_pair(next->second.epoch, next->first)) {
       next = &kv;
@@ -114,14 +120,16 @@ std::optional<ChunkReader::Span> ChunkReader::PlanPositions(size_t n) {
   }
   if (next == nullptr || n == 0) return std::nullopt;
   const Held& h = next->second;
-  Span s{next->first, h.epoch, h.pos, std::min<uint64_t>(n, h.end - h.pos)};
-  inflight_chunk_ = s.chunk;
-  inflight_n_ = last_batch_ = s.count;
+  const uint64_t at = Read(next->first, h);
+  Span s{next->first, h.epoch, at, std::min<uint64_t>(n, h.end - at)};
+  inflight_[s.chunk] += s.count;
+  last_batch_ = s.count;
+  last_chunk_ = s.chunk;
   return s;
 }
 
-std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
-  const std::optional<Span> s = PlanPositions(n);
+std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n, bool add) {
+  const std::optional<Span> s = PlanPositions(n, add);
   if (!s) return std::nullopt;
   const std::vector<uint32_t>& order = Order(s->epoch);
   Batch b;
@@ -132,16 +140,25 @@ std::optional<ChunkReader::Batch> ChunkReader::Plan(size_t n) {
   return b;
 }
 
+void ChunkReader::Unplan() {
+  auto in = inflight_.find(last_chunk_);
+  if (in == inflight_.end()) return;
+  in->second -= std::min(in->second, last_batch_);
+  if (in->second == 0) inflight_.erase(in);
+  last_batch_ = 0;
+}
+
 void ChunkReader::Ack() {
-  auto it = held_.find(inflight_chunk_);
-  if (it != held_.end()) {
-    it->second.pos = std::min(it->second.end, it->second.pos + inflight_n_);
+  for (const auto& [chunk, n] : inflight_) {
+    auto it = held_.find(chunk);
+    if (it == held_.end()) continue;
+    it->second.pos = std::min(it->second.end, it->second.pos + n);
     if (it->second.pos >= it->second.end) {
       done_[it->first] = it->second;
       held_.erase(it);
     }
   }
-  inflight_chunk_ = inflight_n_ = 0;
+  inflight_.clear();
 }
 
 std::vector<wire::DataChunk> ChunkReader::Report() {
@@ -158,8 +175,9 @@ std::vector<wire::DataChunk> ChunkReader::Report() {
 }
 
 bool ChunkReader::has_data() const {
-  return std::any_of(held_.begin(), held_.end(),
-                     [](const auto& kv) { return kv.second.pos < kv.second.end; });
+  return std::any_of(held_.begin(), held_.end(), [this](const auto& kv) {
+    return Read(kv.first, kv.second) < kv.second.end;
+  });
 }
 
 }  // namespace pacer::worker

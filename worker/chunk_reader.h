@@ -71,14 +71,19 @@ class ChunkReader {
   // of a running job lists them).
   void Sync(const std::vector<wire::DataChunk>& grants);
   // The next batch of at most `n` samples, from the oldest chunk with
-  // samples left; it is in flight until Ack or the next Plan. nullopt:
-  // nothing to read.
-  std::optional<Batch> Plan(size_t n);
+  // samples left; it is in flight until Ack or the next Plan. With `add`
+  // (a round of local steps: mode local) the batches in flight stay so and
+  // this one is read after them, until Ack. nullopt: nothing to read.
+  std::optional<Batch> Plan(size_t n, bool add = false);
   // As Plan, the positions only (no epoch order is made: the cluster
   // simulator's workers read no data).
-  std::optional<Span> PlanPositions(size_t n);
-  // The planned batch's push was acknowledged: its chunk's position moves.
+  std::optional<Span> PlanPositions(size_t n, bool add = false);
+  // The planned batches' push was acknowledged: their chunks' positions
+  // move.
   void Ack();
+  // The last planned batch is not trained (a round's step given up): it
+  // is no longer in flight, and the next plan reads it again.
+  void Unplan();
   // The chunks for a heartbeat: those held, and those trained to their end
   // that no reply has shown taken.
   std::vector<wire::DataChunk> Report();
@@ -93,17 +98,21 @@ class ChunkReader {
     uint64_t begin = 0, end = 0, pos = 0;
   };
   const std::vector<uint32_t>& Order(uint32_t epoch);
+  // Where the next plan reads `chunk`: its position past what is in flight.
+  uint64_t Read(uint64_t chunk, const Held& h) const;
 
   const uint64_t seed_;
   const size_t samples_;
   const bool exact_positions_;
   uint64_t last_batch_ = 0;  // the size of the last batch planned
+  uint64_t last_chunk_ = 0;  // its chunk
   std::map<uint64_t, Held> held_;  // by chunk id
   // Trained to their end, with their final state; `reported_` those of
   // them the last Report carried (dropped once a reply does not list them).
   std::map<uint64_t, Held> done_;
   std::set<uint64_t> reported_;
-  uint64_t inflight_chunk_ = 0, inflight_n_ = 0;
+  // Samples planned past each chunk's position, not yet acknowledged.
+  std::map<uint64_t, uint64_t> inflight_;
   std::map<uint32_t, std::vector<uint32_t>> orders_;  // by epoch
 };
 

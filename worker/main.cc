@@ -68,6 +68,15 @@ int main(int argc, char** argv) {
                  "step with these torch.optim settings over the job's, e.g. "
                  "'no_decay:*.bias:weight_decay=0' or 'head:fc3.*:lr=0.01'; repeatable, the "
                  "first match wins");
+  std::string local_optimizer = "adamw", local_settings;
+  app.add_option("--local-optimizer", local_optimizer,
+                 "Mode local (pacer-monitor --mode local): the optimizer of this worker's local "
+                 "steps between a round's pull and its push: sgd, adam, adamw or adagrad, "
+                 "torch.optim's update; its state is kept across rounds")
+      ->capture_default_str();
+  app.add_option("--local-settings", local_settings,
+                 "Mode local: the local optimizer's torch.optim settings over its defaults, "
+                 "e.g. 'lr=0.001,weight_decay=0.01'");
   std::string overlap = "on";
   app.add_option("--overlap", overlap,
                  "on: push each layer's gradient as soon as the backward pass finishes it, and "
@@ -179,6 +188,19 @@ int main(int argc, char** argv) {
   if (model == "cnn") opts.model.kind = pacer::worker::ModelSpec::Kind::kCnn;
   opts.overlap = overlap == "on";
   if (rank_hint >= 0) opts.rank_hint = static_cast<uint32_t>(rank_hint);
+  {
+    auto kind = pacer::ParseOptimizerKind(local_optimizer);
+    auto given = pacer::ParseGroupSettings(local_settings);
+    absl::Status st = !kind.ok() ? kind.status() : given.status();
+    if (st.ok()) {
+      opts.local_optimizer = {*kind, pacer::Resolve(pacer::DefaultSettings(*kind), *given)};
+      st = pacer::ValidateSettings(*kind, opts.local_optimizer.settings, "--local-settings");
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "pacer-worker: --local-optimizer: %s\n", std::string(st.message()).c_str());
+      return pacer::kExitUsage;
+    }
+  }
   for (const std::string& spec : param_groups) {
     auto group = pacer::worker::ParseParamGroup(spec);
     if (!group.ok()) {

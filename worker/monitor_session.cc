@@ -48,6 +48,8 @@ absl::Status MonitorSession::Register(RpcChannel& monitor) {
         epochs = r.job->epochs;
         data_stream = r.job->data_stream;
         mode = r.job->mode;
+        round_steps = r.job->round_steps;
+        round_seconds = r.job->round_seconds;
         optimizer = r.job->optimizer;
         seed = r.job->seed;
         eval_interval = r.job->eval_interval_seconds;

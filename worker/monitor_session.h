@@ -107,6 +107,10 @@ class MonitorSession {
   uint32_t epochs = 0;
   bool data_stream = false;  // the job reads one data stream (chunks)
   wire::Mode mode = wire::Mode::Bsp;
+  // Mode local: a round ends after round_steps local steps, or at the first
+  // step that ends round_seconds after the round's pull (0: not by that).
+  uint32_t round_steps = 0;
+  double round_seconds = 0;
   uint64_t seed = 1;
   OptimizerKind optimizer = OptimizerKind::kSgd;
   double eval_interval = 1.0;

@@ -94,7 +94,7 @@ double PartitionReader::EpochProgress() const {
   return epoch_;
 }
 
-bool PartitionReader::Consumed(size_t n) {
+bool PartitionReader::Consumed(size_t n, bool publish) {
   if (current_ == nullptr) return false;
   Reader& r = *current_;
   r.offset += n;
@@ -102,6 +102,7 @@ bool PartitionReader::Consumed(size_t n) {
     ++r.epoch;
     r.offset = 0;
   }
+  if (!publish) return true;
   {
     MutexLock lock(session_->mu);
     session_->positions[current_index_] = {r.epoch, r.offset};
@@ -109,6 +110,25 @@ bool PartitionReader::Consumed(size_t n) {
   }
   session_->progress_cv.notify_all();
   return true;
+}
+
+void PartitionReader::Publish() {
+  {
+    MutexLock lock(session_->mu);
+    for (const auto& [index, r] : readers_) session_->positions[index] = {r.epoch, r.offset};
+    ++session_->progress;
+  }
+  session_->progress_cv.notify_all();
+}
+
+void PartitionReader::Rewind() {
+  MutexLock lock(session_->mu);
+  for (auto& [index, r] : readers_) {
+    auto it = session_->positions.find(index);
+    if (it == session_->positions.end()) continue;
+    r.epoch = it->second.first;
+    r.offset = it->second.second;
+  }
 }
 
 }  // namespace pacer::worker

@@ -47,8 +47,15 @@ class PartitionReader {
   bool reading() const { return current_ != nullptr; }
   // The last plan's `n` samples were consumed (their push acknowledged):
   // the partition's position moves, and the monitor hears of it. False
-  // when the plan read no partition.
-  bool Consumed(size_t n);
+  // when the plan read no partition. With `publish` false (a local step of
+  // a round, mode local) the position moves here only, and the monitor
+  // hears of it at Publish (the round's push acknowledged).
+  bool Consumed(size_t n, bool publish = true);
+  // Every owned partition's position as read here, to the monitor.
+  void Publish();
+  // Back to the positions the monitor holds from us (a round whose push
+  // was not taken: its samples are read again).
+  void Rewind();
 
  private:
   struct Reader {

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -79,6 +80,33 @@ struct Trainer::Impl : MonitorSession {
   std::optional<LayerPusher> pusher;
   bool layer_wise = false;
 
+  // Mode local: the round in progress, from its pull to its push. A local
+  // step's read positions move here only; the monitor hears of them (and
+  // its samples count as trained) once every shard took the round's push,
+  // so a worker that dies mid-round loses only its round.
+  struct Round {
+    struct Step {
+      std::string source;  // the partition, or the chunk (--sample-log)
+      uint32_t epoch = 0;
+      std::vector<uint32_t> samples;
+    };
+    bool open = false;
+    uint64_t clock = 0;
+    TimePoint began{};  // its pull answered
+    uint64_t samples = 0;
+    double compute = 0;
+    std::vector<float> start;  // the parameters its pull brought
+    std::vector<Step> steps;
+  } round;
+  bool local = false;  // mode local: rounds of local steps
+  // Mode local: one local step done (the caller stepped params()); the
+  // round's push when it is due.
+  absl::Status LocalStep(float loss, double compute_seconds);
+  bool RoundDue() const;
+  // The round's push (the change of the parameters since its pull), and on
+  // its acknowledgement its read positions and samples.
+  absl::Status EndRound();
+
   // The run's figures and progress.
   WorkerResult result;
   absl::Status failure;  // what ended training, when not the job's stop
@@ -92,13 +120,16 @@ struct Trainer::Impl : MonitorSession {
   // The acknowledged push's bookkeeping: logs, read position, metrics,
   // progress.
   void Acknowledged(double compute_seconds, double communication);
+  // --ack-log's line for the acknowledged push of `clock`.
+  void LogAck(uint64_t clock, size_t this_batch);
   // --sample-log: "SOURCE EPOCH INDEX..." for the plan's samples (SOURCE:
   // the partition, or with the data stream the chunk).
-  void LogSamples(const std::string& source) {
+  void LogSamples(const std::string& source) { LogSamples(source, plan.epoch, plan.samples); }
+  void LogSamples(const std::string& source, uint32_t epoch, std::span<const uint32_t> samples) {
     std::FILE* f = sample_log.get();
     if (f == nullptr) return;
-    std::string line = source + " " + std::to_string(plan.epoch);
-    for (uint32_t sample : plan.samples) {
+    std::string line = source + " " + std::to_string(epoch);
+    for (uint32_t sample : samples) {
       line += ' ';
       line += std::to_string(sample);
     }
@@ -161,6 +192,10 @@ std::span<float> Trainer::grads() {
 OptimizerKind Trainer::optimizer() const { return impl_->optimizer; }
 
 bool Trainer::data_stream() const { return impl_->data_stream; }
+bool Trainer::local_steps() const { return impl_->local; }
+bool Trainer::round_began() const {
+  return impl_->local && impl_->round.open && impl_->round.steps.empty();
+}
 
 void Trainer::SetLearningRates(std::vector<wire::GroupLr> lrs) {
   if (impl_->client) impl_->client->SetLearningRates(std::move(lrs));
@@ -199,12 +234,31 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   if (!monitor.ok()) return monitor.status();
   if (absl::Status s = w.Register(**monitor); !s.ok()) return s;
   spdlog::info("worker {}: registered as rank {} (job {})", w.id, w.rank, w.job_id);
+  w.local = w.mode == wire::Mode::Local;
+  if (w.local) {
+    // The shards run the outer optimizer: declare it, or none.
+    declaration = Declaration(model->tensors(), o.block_floats,
+                              o.outer ? o.outer->param_groups : std::vector<ParamGroupSpec>{});
+    if (!declaration.ok()) return declaration.status();
+    declaration->samples = samples;
+    declaration->optimizer = o.outer ? std::optional(o.outer->optimizer) : std::nullopt;
+    spdlog::info("worker {}: rounds of local steps ({}), the shards' optimizer the outer one", w.id,
+                 w.round_steps > 0 ? std::to_string(w.round_steps) + " steps"
+                                   : std::to_string(w.round_seconds) + " s");
+  } else if (o.outer) {
+    std::string mode = wire::EnumNameMode(w.mode);
+    for (char& c : mode) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return absl::FailedPreconditionError(
+        "this worker declares an outer optimizer (rounds of local steps), but the job runs "
+        "mode " + mode + ": start pacer-monitor with --mode local");
+  }
   if (o.on_registered) o.on_registered(w.id, w.rank);
   (*monitor)->options() = w.Rpc();
   {
     auto reply = (*monitor)->Call(*declaration, w.clock->Now() + std::chrono::seconds(5));
     if (!reply.ok()) return reply.status();
-    if (o.optimizer) w.optimizer = o.optimizer->kind;  // the monitor took it
+    // The monitor took it.
+    if (declaration->optimizer) w.optimizer = declaration->optimizer->kind;
   }
   if (o.registry) w.metrics.emplace(*o.registry, w.rank);
   if (w.data_stream) {
@@ -285,6 +339,11 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
 std::optional<BatchPlan> Trainer::NextBatch() {
   Impl& w = *impl_;
   const TrainerOptions& o = w.options;
+  if (w.planned && w.round.open && w.stream_batch) {
+    // A round's step planned and not trained: its batch is read again.
+    MutexLock lock(w.mu);
+    w.chunks->Unplan();
+  }
   w.planned = false;
   if (!w.client || w.Stopping() || !w.failure.ok()) return std::nullopt;
   std::vector<wire::PartitionPosition> owned;
@@ -307,10 +366,12 @@ std::optional<BatchPlan> Trainer::NextBatch() {
   }
   {
     // Held by the monitor (a shard move, pacerctl pause): wait here, between
-    // iterations, with every push acknowledged; heartbeats go on.
+    // iterations (in mode local: between rounds), with every push
+    // acknowledged; heartbeats go on.
     MutexLock lock(w.mu);
     bool logged = false;
-    while (w.view.pause_at != 0 && w.clock_next >= w.view.pause_at && !w.Stopping()) {
+    while (!w.round.open && w.view.pause_at != 0 && w.clock_next >= w.view.pause_at &&
+           !w.Stopping()) {
       if (!logged) {
         spdlog::info("worker {}: held at clock {}", w.id, w.clock_next);
         logged = true;
@@ -322,18 +383,29 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     w.paused = false;
     owned = w.view.partitions;
   }
+  // A round dies with the job's stop: its positions never moved.
   if (w.Stopping()) return std::nullopt;
   if (w.data_stream) {
     // The oldest chunk with samples left; the job stops when every epoch
     // is trained (the monitor says so), not when our chunks run out.
     BatchPlan& plan = w.plan;
-    plan.clock = w.clock_next;
+    plan.clock = w.round.open ? w.round.clock : w.clock_next;
     plan.assigned = static_cast<uint32_t>(w.batch);
     plan.partition = 0;
     plan.chunk = 0;
     plan.samples.clear();
     MutexLock lock(w.mu);
-    std::optional<ChunkReader::Batch> b = w.chunks->Plan(static_cast<size_t>(w.batch));
+    // In a round, after the batches of its earlier steps.
+    std::optional<ChunkReader::Batch> b =
+        w.chunks->Plan(static_cast<size_t>(w.batch), /*add=*/w.round.open);
+    if (!b && w.round.open) {
+      // Nothing more at hand: the round ends here, and the next one starts
+      // with what the next heartbeats bring.
+      lock.Unlock();
+      if (!w.EndRound().ok()) return std::nullopt;
+      lock.Lock();
+      plan.clock = w.clock_next;
+    }
     if (!b && w.mode == wire::Mode::Asp) {
       // Nothing at hand, and no clock of ours holds anyone back (asp): wait
       // for the next heartbeat's chunks rather than spin on empty pushes.
@@ -352,12 +424,20 @@ std::optional<BatchPlan> Trainer::NextBatch() {
     w.planned = true;
     return plan;
   }
-  w.partitions.Sync(owned);
+  // Partitions change hands between rounds only: a partition moving away
+  // is let go once the monitor holds its position.
+  if (!w.round.open) w.partitions.Sync(owned);
   BatchPlan& plan = w.plan;
-  plan.clock = w.clock_next;
+  plan.clock = w.round.open ? w.round.clock : w.clock_next;
   plan.assigned = static_cast<uint32_t>(w.batch);
-  const bool more = w.partitions.Plan(static_cast<size_t>(w.batch), w.epochs, w.seed, &plan);
+  bool more = w.partitions.Plan(static_cast<size_t>(w.batch), w.epochs, w.seed, &plan);
   w.epoch = w.partitions.epoch();
+  if (w.round.open && (!more || plan.samples.empty())) {
+    // Every partition ran its epochs (or none is ours): the round ends here.
+    if (!w.EndRound().ok()) return std::nullopt;
+    plan.clock = w.clock_next;
+    if (more) w.partitions.Sync(owned);
+  }
   if (!more) {
     w.done = true;  // every partition we own has run its epochs
     return std::nullopt;
@@ -370,6 +450,13 @@ absl::StatusOr<int64_t> Trainer::Pull(const std::function<void()>& while_in_flig
   Impl& w = *impl_;
   if (!w.planned) return absl::FailedPreconditionError("Pull before NextBatch");
   PsClient& client = *w.client;
+  if (w.local && w.round.open) {
+    // A local step of the round: params() is the caller's own.
+    w.compute_start = w.compute_begin = w.clock->Now();
+    w.positions_wait = Duration{};
+    if (while_in_flight) while_in_flight();
+    return w.pulled;
+  }
   w.pull_start = w.clock->Now();
   bool ran = false;
   absl::StatusOr<int64_t> pulled;
@@ -400,6 +487,17 @@ absl::StatusOr<int64_t> Trainer::Pull(const std::function<void()>& while_in_flig
   w.pull_seconds = ToSeconds(w.compute_start - w.pull_start);
   w.waited = std::min(w.pull_seconds, client.last_wait_seconds());
   w.positions_wait = Duration{};
+  if (w.local) {
+    // A round begins: the change of the parameters from here is its push.
+    Impl::Round& r = w.round;
+    r.open = true;
+    r.clock = w.plan.clock;
+    r.began = w.compute_start;
+    r.samples = 0;
+    r.compute = 0;
+    r.steps.clear();
+    r.start.assign(client.params().begin(), client.params().end());
+  }
   if (!ran && while_in_flight) while_in_flight();
   return pulled;
 }
@@ -407,7 +505,8 @@ absl::StatusOr<int64_t> Trainer::Pull(const std::function<void()>& while_in_flig
 GradientSink* Trainer::StartPush(double stretch) {
   Impl& w = *impl_;
   if (!w.planned || !w.client) return nullptr;
-  w.layer_wise = w.options.overlap && !w.plan.samples.empty();
+  // Mode local: a local step sends nothing.
+  w.layer_wise = w.options.overlap && !w.plan.samples.empty() && !w.local;
   if (w.layer_wise) {
     // The monitor must hold our read positions up to the previous batch
     // before this one is consumed: a replacement then repeats at most this
@@ -431,6 +530,11 @@ absl::Status Trainer::FinishPush(float loss) {
   PsClient& client = *w.client;
   if (!w.pusher) StartPush();
   LayerPusher& pusher = *w.pusher;
+  if (w.local) {
+    pusher.Finish();  // the compute, stretched for a straggler's emulation
+    w.pusher.reset();
+    return w.LocalStep(loss, ToSeconds(w.clock->Now() - w.compute_begin));
+  }
   const size_t this_batch = w.plan.samples.size();
   const uint64_t clock = w.plan.clock;
   const uint32_t push_batch = static_cast<uint32_t>(this_batch);
@@ -505,9 +609,140 @@ absl::Status Trainer::FinishPush(float loss) {
   return absl::OkStatus();
 }
 
-void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
-  const uint64_t clock = plan.clock;
+absl::Status Trainer::Impl::LocalStep(float loss, double compute_seconds) {
   const size_t this_batch = plan.samples.size();
+  if (this_batch == 0) loss = static_cast<float>(loss_ewma);
+  if (std::isnan(loss)) loss = static_cast<float>(loss_ewma);  // not told
+  loss_ewma = result.clocks == 0 && round.steps.empty() ? loss : 0.9 * loss_ewma + 0.1 * loss;
+  if (this_batch == static_cast<size_t>(batch)) {
+    // Timed for the policy, as a step of the other modes is (a short tail
+    // is not); a local step's communication is none.
+    MutexLock lock(mu);
+    ++window.iterations;
+    window.samples += this_batch;
+    window.compute += compute_seconds;
+    const double b = static_cast<double>(this_batch);
+    window.batch_squares += b * b;
+    window.batch_compute += b * compute_seconds;
+    window.AddRange(compute_seconds, compute_seconds);
+  }
+  if (std::FILE* f = step_log.get()) {
+    std::fprintf(f, "%.6f %lu %zu %.6f %.6f %.6f\n", ToSeconds(compute_start - t0),
+                 static_cast<unsigned long>(plan.clock), this_batch, compute_seconds, 0.0, 0.0);
+    std::fflush(f);
+  }
+  // The step's samples are the round's now; its read position moves here
+  // only (the stream's chunks keep it in flight until the round's ack).
+  if (partitions.reading()) {
+    round.steps.push_back({std::to_string(plan.partition), plan.epoch, plan.samples});
+    partitions.Consumed(this_batch, /*publish=*/false);
+  } else if (stream_batch) {
+    round.steps.push_back({std::to_string(plan.chunk), plan.epoch, plan.samples});
+  } else {
+    round.steps.push_back({});
+  }
+  round.samples += this_batch;
+  round.compute += compute_seconds;
+  if (metrics) {
+    metrics->compute->Observe(compute_seconds);
+    metrics->local_steps->Increment();
+  }
+  if (RoundDue()) return EndRound();
+  return absl::OkStatus();
+}
+
+bool Trainer::Impl::RoundDue() const {
+  if (round_steps > 0 && round.steps.size() >= round_steps) return true;
+  return round_seconds > 0 && ToSeconds(clock->Now() - round.began) >= round_seconds;
+}
+
+absl::Status Trainer::Impl::EndRound() {
+  PsClient& c = *client;
+  round.open = false;
+  std::span<float> params = c.params(), grads = c.grads();
+  // The round's push: the change of the parameters since its pull (start
+  // minus end, a gradient's sign), weighted at the shards by its samples.
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = round.start[i] - params[i];
+  const TimePoint push_start = clock->Now();
+  {
+    // The monitor holds the previous round's positions first: a
+    // replacement repeats at most this round.
+    MutexLock lock(mu);
+    WaitForReportedPositions(lock);
+  }
+  const uint32_t samples = static_cast<uint32_t>(round.samples);
+  absl::Status pushed = c.Push(round.clock, samples);
+  while (pushed.code() == absl::StatusCode::kAborted) {
+    pushed = RefreshMap(c);
+    if (pushed.ok()) pushed = c.Push(round.clock, samples, /*retry=*/true);
+  }
+  const double communication = pull_seconds - waited + ToSeconds(clock->Now() - push_start);
+  if (!pushed.ok()) {
+    // Not taken: the round's samples are read again.
+    partitions.Rewind();
+    if (Stopping()) return pushed;
+    if (WireCode(pushed) == wire::ErrorCode::Stale) {
+      // Our round closed without us: catch up, losing only this round.
+      auto latest = c.Pull(round.clock, /*latest=*/true);
+      if (latest.ok()) {
+        spdlog::info("worker {}: round {} already closed; moving to {}", id, round.clock,
+                     *latest + 1);
+        clock_next = static_cast<uint64_t>(*latest + 1);
+        return absl::OkStatus();
+      }
+    }
+    failure = pushed;
+    return pushed;
+  }
+  // Taken by every shard: the round's positions move, its samples count.
+  LogAck(round.clock, round.samples);
+  if (partitions.owned() > 0) partitions.Publish();
+  if (data_stream) {
+    MutexLock lock(mu);
+    chunks->Ack();
+    ++progress;
+  }
+  progress_cv.notify_all();
+  if (std::FILE* f = sample_log.get()) {
+    std::fprintf(f, "round %lu\n", static_cast<unsigned long>(round.clock));
+  }
+  for (const Round::Step& s : round.steps) {
+    if (!s.source.empty()) LogSamples(s.source, s.epoch, s.samples);
+    if (options.on_push_acked) options.on_push_acked(c.push_seq(), round.clock, s.samples);
+  }
+  if (metrics) {
+    metrics->communication->Observe(communication);
+    metrics->wait->Observe(waited);
+    metrics->rounds->Increment();
+    metrics->round_steps->Set(static_cast<double>(round.steps.size()));
+    metrics->iterations->Increment();
+    metrics->samples->Increment(static_cast<double>(round.samples));
+    metrics->clock->Set(static_cast<double>(round.clock + 1));
+    metrics->loss->Set(loss_ewma);
+    metrics->not_durable->Set(static_cast<double>(c.held_pushes()));
+  }
+  spdlog::debug("worker {}: round {}: {} local steps, {} samples, {:.3f} s computing", id,
+                round.clock, round.steps.size(), round.samples, round.compute);
+  result.compute_seconds += round.compute;
+  result.communication_seconds += communication;
+  result.wait_seconds += waited;
+  result.last_batch = static_cast<uint32_t>(batch);
+  clock_next = round.clock + 1;
+  ++result.clocks;
+  result.samples += round.samples;
+  window_samples += round.samples;
+  clock_now = clock_next;
+  if (eval_clocks > 0 && clock_next % eval_clocks == 0) {
+    MutexLock lock(mu);
+    cv.notify_all();
+  }
+  result.last_loss = loss_ewma;
+  round.steps.clear();
+  Progress();
+  return absl::OkStatus();
+}
+
+void Trainer::Impl::LogAck(uint64_t clock, size_t this_batch) {
   if (std::FILE* f = ack_log.get()) {
     // The moment the client reported the acknowledgement.
     const double now = UnixSeconds();
@@ -530,6 +765,12 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
     }
     std::fflush(f);
   }
+}
+
+void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
+  const uint64_t clock = plan.clock;
+  const size_t this_batch = plan.samples.size();
+  LogAck(clock, this_batch);
   if (partitions.reading()) {
     // Consumed: record it, move the partition's position, tell the monitor.
     LogSamples(std::to_string(plan.partition));

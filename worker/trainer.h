@@ -20,6 +20,14 @@
 //     if (!t.FinishPush(loss).ok()) break;     // acknowledged: positions move on
 //   }
 //   auto result = t.Finish();
+//
+// In mode local (pacer-monitor --mode local) the same loop runs rounds of
+// local steps: Pull fetches the parameters at a round's start only (later
+// steps keep params() as the caller left it); the caller steps params()
+// with its own optimizer before FinishPush, which ends a local step and,
+// once the round is due (--round-steps, --round-seconds), pushes the
+// change of params() since the round's pull. Read positions move and
+// samples count as trained only when that push is acknowledged.
 #ifndef PACER_WORKER_TRAINER_H_
 #define PACER_WORKER_TRAINER_H_
 
@@ -67,6 +75,12 @@ inline const std::vector<std::pair<std::string, std::string>> kUnsafeSwitches = 
      "with the data stream, each chunk's position is reported one batch past "
      "what was acknowledged, so a chunk a dead worker gives back skips samples"}};
 
+// Mode local: the outer optimizer a model declares, with its groups.
+struct OuterOptimizer {
+  JobOptimizer optimizer;
+  std::vector<ParamGroupSpec> param_groups;
+};
+
 struct TrainerOptions {
   // The monitor's address (--monitor). Required.
   std::string monitor;
@@ -83,6 +97,14 @@ struct TrainerOptions {
   // later worker that declares another is refused, both named. nullopt:
   // none declared (pacer-worker): the worker trains with the job's.
   std::optional<JobOptimizer> optimizer;
+  // Mode local (pacer-monitor --mode local: rounds of local steps, the
+  // shards' optimizer the outer one): the outer optimizer the model
+  // declares there instead of `optimizer` and `param_groups` (pacer.torch:
+  // distribute's outer=), with its own groups. nullopt: in mode local the
+  // model declares no optimizer and no groups (the job's: pacer-monitor's
+  // default outer sgd, lr 0.7, momentum 0.9, nesterov). Set in another mode:
+  // Start fails, naming the mode.
+  std::optional<OuterOptimizer> outer;
   // The rank this worker asks for (pacer-worker --rank, default PACER_RANK:
   // pacer-run's launch index); the monitor gives it when it is below
   // --min-workers and no live worker holds it, else the lowest free rank.
@@ -120,7 +142,9 @@ struct TrainerOptions {
 
   // Appends one line per acknowledged push (--sample-log): the partition
   // (with the data stream: the chunk), the epoch, and the training-set
-  // indices of the batch. Empty: none.
+  // indices of the batch; in mode local, when the round's push is
+  // acknowledged, "round CLOCK" and then a line per local step of it.
+  // Empty: none.
   std::string sample_log;
   // Appends one line per acknowledged push (--ack-log), written and flushed
   // the moment the client reports the acknowledgement: Unix time (ms), the
@@ -251,6 +275,12 @@ class Trainer {
   // declared (the monitor took it), else the job's when this worker
   // registered (the first declaration's, or pacer-monitor --optimizer).
   OptimizerKind optimizer() const;
+  // Whether the job runs rounds of local steps (mode local), known from
+  // Start.
+  bool local_steps() const;
+  // Mode local: whether the last Pull began a round (brought the shards'
+  // parameters; else params() holds the caller's own).
+  bool round_began() const;
   // Whether the job reads one data stream (pacer-monitor's default),
   // known from Start: then BatchPlan::epoch is the job's epoch over the
   // whole training set, and a program may end its epoch loop's iteration

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ps/model_file.h"
+#include "worker/local_optimizer.h"
 #include "spdlog/spdlog.h"
 #include "worker/builtin/builtin.h"
 #include "worker/builtin/device.h"
@@ -102,6 +103,7 @@ absl::StatusOr<WorkerResult> Worker::Run() {
   const TimePoint t0 = clock.Now();
   double last_factor = SlowdownAt(o.slowdown_schedule, o.slowdown, 0);
   Batch batch;
+  LocalOptimizer local(o.local_optimizer);
   while (auto plan = trainer_.NextBatch()) {
     if (o.before_iteration) o.before_iteration(plan->clock);
     if (trainer_.stopping()) break;
@@ -117,6 +119,8 @@ absl::StatusOr<WorkerResult> Worker::Run() {
     float loss = 0;
     if (!plan->samples.empty()) {
       loss = model.ComputeGradient(trainer_.params(), batch, trainer_.grads(), sink);
+      // Mode local: the step is ours.
+      if (trainer_.local_steps()) local.Step(trainer_.params(), trainer_.grads());
     }
     if (!trainer_.FinishPush(loss).ok()) break;
   }

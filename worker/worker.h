@@ -37,6 +37,10 @@ struct WorkerOptions : TrainerOptions {
   // factor, or to the schedule's factor by elapsed training second.
   double slowdown = 1.0;
   std::vector<SlowdownStep> slowdown_schedule;
+  // Mode local: the optimizer of the local steps (--local-optimizer,
+  // --local-settings; DiLoCo's inner AdamW by default), its state kept
+  // across rounds.
+  JobOptimizer local_optimizer = {OptimizerKind::kAdamW, DefaultSettings(OptimizerKind::kAdamW)};
   // Before each iteration, with the clock it is about to run; it may block
   // (a paused worker keeps heartbeating). A hook for programs that embed a
   // worker; it runs on the training thread.

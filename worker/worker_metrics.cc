@@ -83,6 +83,23 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, uint32_t rank) {
                          "--replicas), to send again to a new primary after a failover")
                      .Register(r)
                      .Add(l);
+  local_steps = &prometheus::BuildCounter()
+                     .Name("pacer_worker_local_steps_total")
+                     .Help(
+                         "Mode local: local steps this worker took (a round that is not taken "
+                         "loses its steps' samples, not this count)")
+                     .Register(r)
+                     .Add(l);
+  rounds = &prometheus::BuildCounter()
+                .Name("pacer_worker_rounds_total")
+                .Help("Mode local: rounds whose push every shard acknowledged")
+                .Register(r)
+                .Add(l);
+  round_steps = &prometheus::BuildGauge()
+                     .Name("pacer_worker_round_local_steps")
+                     .Help("Mode local: the local steps of this worker's last acknowledged round")
+                     .Register(r)
+                     .Add(l);
   loss = &prometheus::BuildGauge()
               .Name("pacer_training_loss")
               .Help("Training loss (cross-entropy, moving average over iterations)")

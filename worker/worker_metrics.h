@@ -18,6 +18,10 @@ struct WorkerMetrics {
   prometheus::Histogram *compute, *communication, *overlap, *wait, *staleness;
   prometheus::Counter *iterations, *samples;
   prometheus::Gauge *samples_per_second, *batch, *bound, *range, *clock, *loss, *not_durable;
+  // Mode local: local steps taken, rounds taken by every shard, and the
+  // local steps of the last one.
+  prometheus::Counter *local_steps, *rounds;
+  prometheus::Gauge* round_steps;
 };
 
 }  // namespace pacer::worker

@@ -108,7 +108,7 @@ flatbuffers::Offset<wire::JobConfig> Build(flatbuffers::FlatBufferBuilder& fbb, 
                                m.heartbeat_interval_ms, m.backup_workers, m.policy,
                                m.staleness_aware_lr, m.eval_interval_clocks,
                                WireKind(m.optimizer), settings, m.shard_lease_ms,
-                               m.data_stream);
+                               m.data_stream, m.round_steps, m.round_seconds);
 }
 JobConfig FromWire(const wire::JobConfig& t) {
   JobConfig m;
@@ -128,6 +128,8 @@ JobConfig FromWire(const wire::JobConfig& t) {
   m.eval_interval_clocks = t.eval_interval_clocks();
   m.shard_lease_ms = t.shard_lease_ms();
   m.data_stream = t.data_stream();
+  m.round_steps = t.round_steps();
+  m.round_seconds = t.round_seconds();
   return m;
 }
 

@@ -102,6 +102,10 @@ struct JobConfig {
   uint32_t eval_interval_clocks = 0;
   uint32_t shard_lease_ms = 1000;  // --shard-lease
   bool data_stream = false;        // The data stream: workers read chunks
+  // Mode local: a round's end, by local steps or by seconds (0: not by
+  // that measure; --round-steps, --round-seconds).
+  uint32_t round_steps = 0;
+  double round_seconds = 0;
 };
 
 struct ShardInfo {

@@ -160,14 +160,22 @@ void Runner::CheckOncePerEpoch() {
   size_t lines = 0;
   for (size_t w = 0; w < sample_logs_.size(); ++w) {
     std::ifstream log(sample_logs_[w]);
+    // Its last batch; in mode local, its last round (the lines after the
+    // last "round CLOCK").
     std::vector<std::pair<uint32_t, uint32_t>> last;
+    bool rounds = false;
     for (std::string line; std::getline(log, line);) {
+      if (line.rfind("round ", 0) == 0) {
+        rounds = true;
+        last.clear();
+        continue;
+      }
       std::istringstream in(line);
       uint64_t chunk = 0;
       uint32_t epoch = 0;
       if (!(in >> chunk >> epoch)) continue;
       ++lines;
-      last.clear();
+      if (!rounds) last.clear();
       std::vector<uint8_t>& c = counts[epoch];
       c.resize(samples);
       for (uint32_t i; in >> i;) {
@@ -181,7 +189,8 @@ void Runner::CheckOncePerEpoch() {
       }
     }
     // A worker killed, or frozen or cut off past its lease, is dead to the
-    // job: its last batch may be trained again (monitor/README.md: "Elastic workers").
+    // job: its last batch (mode local: round) may be trained again
+    // (monitor/README.md: "Elastic workers").
     if (w < workers_.size() &&
         (workers_[w]->killed_on_purpose || workers_[w]->lost_on_purpose)) {
       may_repeat.insert(last.begin(), last.end());

@@ -164,7 +164,9 @@ class PyTrainer {
             const std::string& optimizer_settings, double request_timeout,
             double start_timeout, double progress_interval, uint32_t max_batch,
             const std::string& sample_log, const std::string& ack_log,
-            const std::string& step_log, py::object evaluate, int64_t rank_hint) {
+            const std::string& step_log, py::object evaluate, int64_t rank_hint,
+            const std::string& outer, const std::string& outer_settings,
+            const std::vector<std::string>& outer_groups) {
     TrainerOptions o;
     o.monitor = monitor;
     o.block_floats = block_floats;
@@ -179,6 +181,21 @@ class PyTrainer {
       auto settings = ParseGroupSettings(optimizer_settings);
       if (!settings.ok()) Raise(settings.status());
       o.optimizer = JobOptimizer{*kind, Resolve(DefaultSettings(*kind), *settings)};
+    }
+    if (!outer.empty()) {
+      // Mode local: the outer optimizer, declared there instead.
+      auto kind = ParseOptimizerKind(outer);
+      if (!kind.ok()) Raise(kind.status());
+      auto settings = ParseGroupSettings(outer_settings);
+      if (!settings.ok()) Raise(settings.status());
+      OuterOptimizer out;
+      out.optimizer = JobOptimizer{*kind, Resolve(DefaultSettings(*kind), *settings)};
+      for (const std::string& spec : outer_groups) {
+        auto g = ParseParamGroup(spec);
+        if (!g.ok()) Raise(g.status());
+        out.param_groups.push_back(*std::move(g));
+      }
+      o.outer = std::move(out);
     }
     // The push is whole, after backward (no layer-wise hooks yet).
     o.overlap = false;
@@ -375,21 +392,25 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<const std::string&, size_t, const std::vector<std::string>&,
                     const std::string&, const std::string&, double, double, double, uint32_t,
                     const std::string&, const std::string&, const std::string&, py::object,
-                    int64_t>(),
+                    int64_t, const std::string&, const std::string&,
+                    const std::vector<std::string>&>(),
            py::arg("monitor"), py::arg("block_floats") = 32768,
            py::arg("param_groups") = std::vector<std::string>{}, py::arg("optimizer") = "",
            py::arg("optimizer_settings") = "", py::arg("request_timeout") = 60.0,
            py::arg("start_timeout") = 120.0, py::arg("progress_interval") = 1.0,
            py::arg("max_batch") = 0, py::arg("sample_log") = "", py::arg("ack_log") = "",
            py::arg("step_log") = "", py::arg("evaluate") = py::none(),
-           py::arg("rank_hint") = -1,
+           py::arg("rank_hint") = -1, py::arg("outer") = "", py::arg("outer_settings") = "",
+           py::arg("outer_groups") = std::vector<std::string>{},
            "A worker of the job at `monitor` (tcp://HOST:PORT). param_groups: "
            "'NAME:TENSOR,TENSOR:SETTINGS' (pacer-worker --param-group), group i+1 in order; "
            "optimizer: the kind it declares ('sgd', 'adam', 'adamw', 'adagrad'; '': none) "
            "with its default group's settings ('lr=0.001,betas=0.9:0.999'); evaluate: "
            "called on a side thread when the monitor asks this worker to evaluate, with a "
            "copy of the latest parameters (float32), returning (accuracy, loss, samples); "
-           "rank_hint: the rank to ask for (-1: any)")
+           "rank_hint: the rank to ask for (-1: any); outer, outer_settings, outer_groups: "
+           "in mode local, the outer optimizer declared instead of optimizer and param_groups "
+           "(outer '' there: none)")
       .def("start", &PyTrainer::Start, py::arg("names"), py::arg("sizes"), py::arg("init"),
            py::arg("samples"),
            "Registers, declares the tensors, waits for the run; the first worker sets the "
@@ -430,6 +451,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("evaluator",
                              [](PyTrainer& t) { return t.trainer().evaluator(); })
       .def_property_readonly("stopping", [](PyTrainer& t) { return t.trainer().stopping(); })
+      .def_property_readonly(
+          "local_steps", [](PyTrainer& t) { return t.trainer().local_steps(); },
+          "Whether the job runs rounds of local steps (pacer-monitor --mode local): push() "
+          "ends a local step the caller took on params, and pushes the round's change when "
+          "the round is due")
+      .def_property_readonly(
+          "round_began", [](PyTrainer& t) { return t.trainer().round_began(); },
+          "Mode local: whether the last pull began a round (params holds the shards' "
+          "parameters; else the caller's own)")
       .def_property_readonly("optimizer",
                              [](PyTrainer& t) {
                                return std::string(pacer::OptimizerName(t.trainer().optimizer()));

@@ -64,7 +64,10 @@ int main(int argc, char** argv) {
     std::string value;
   };
   JobFlag job[] = {
-      {"--mode", "The job's consistency mode: bsp, ssp, dssp, asp or backup", ""},
+      {"--mode",
+       "The job's consistency mode: bsp, ssp, dssp, asp, backup, or local (rounds of local "
+       "steps; their length: --monitor-args '--round-seconds S')",
+       ""},
       {"--policy", "The straggler policy: fixed, adaptive-batch or pacer", ""},
       {"--global-batch", "B: the sum of the workers' batches", ""},
       {"--time-cap", "Stop after this many seconds of training", ""},

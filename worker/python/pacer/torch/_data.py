@@ -160,8 +160,11 @@ class DataLoader:
                     self._stopped = True
                     return  # the job stopped while the pull waited
             clock, samples, assigned, _, _ = plan
+            # In a round of local steps only its first batch brings the
+            # shards' parameters; the others train on the device's own.
+            fresh = not trainer.local_steps or trainer.round_began
             for p, host_p, _ in state.views:
-                if p.data.data_ptr() != host_p.data_ptr():
+                if fresh and p.data.data_ptr() != host_p.data_ptr():
                     # Page-locked: asynchronous, ordered before the forward
                     # on the same stream; the next pull waits for it.
                     with torch.no_grad():

@@ -54,38 +54,22 @@ def _settings(kind, keys, group, what):
     return {k: group[k] for k in keys if k in group}
 
 
-def distribute(module, optimizer, evaluate=None):
-    """Hands ``module``'s parameters and ``optimizer``'s updates to the shards.
-    Returns (module, a DistributedOptimizer to call step() and zero_grad() on).
-    The module trains in place: its parameters become views of the runtime's
-    buffers once the DataLoader starts the run.
-
-    ``evaluate`` (optional): ``evaluate(model)`` returns the test accuracy
-    (a number), or ``(accuracy, loss)``, or ``(accuracy, loss, samples)``.
-    It runs on a side thread when the monitor asks this worker to evaluate
-    (every ``--eval-interval`` seconds, on the live worker of lowest rank),
-    on a copy of the module holding the latest parameters from the shards,
-    in eval mode and under ``torch.no_grad()``, while the loop trains on;
-    the monitor logs each result and stops the job at
-    ``--target-accuracy``. No evaluation inside the loop is needed."""
-    state = _require()
-    if evaluate is not None and not callable(evaluate):
-        raise TypeError("pacer.torch.distribute: evaluate must be a function of the model")
-    if state.pending is not None or state.started:
-        raise RuntimeError("pacer.torch.distribute: one model per worker process")
+def _declaration(optimizer, named, role):
+    """What the shards run for ``optimizer`` over the module's parameters
+    ``named``: (kind, the groups' specs, (pacer group, torch group, settings
+    but lr) per group, the default group's settings)."""
     entry = SUPPORTED_OPTIMIZERS.get(type(optimizer))
     if entry is None:
-        raise TypeError("pacer.torch.distribute: %s is not supported; the shards run %s"
-                        % (type(optimizer).__name__,
-                           ", ".join("torch.optim." + c.__name__ for c in SUPPORTED_OPTIMIZERS)))
+        raise TypeError("pacer.torch.distribute: %s%s is not supported; the shards run %s%s"
+                        % (role, type(optimizer).__name__,
+                           ", ".join("torch.optim." + c.__name__ for c in SUPPORTED_OPTIMIZERS),
+                           "" if role else " (in a job of local steps, pacer-monitor --mode "
+                           "local, any optimizer runs on the worker: pass outer=)"))
     kind, keys = entry
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    if not named:
-        raise ValueError("pacer.torch.distribute: the module has no trainable parameters")
     name_of = {id(p): n for n, p in named}
     groups, group_settings, seen = [], [], set()
     for i, g in enumerate(optimizer.param_groups):
-        what = "torch.optim.%s param_groups[%d]" % (type(optimizer).__name__, i)
+        what = "%storch.optim.%s param_groups[%d]" % (role, type(optimizer).__name__, i)
         settings = _settings(kind, keys, g, what)
         names = []
         for p in g["params"]:
@@ -103,8 +87,57 @@ def distribute(module, optimizer, evaluate=None):
         group_settings.append((len(groups), g, {k: v for k, v in settings.items() if k != "lr"}))
     missing = [n for n, p in named if id(p) not in seen]
     if missing:
-        raise ValueError("pacer.torch.distribute: the optimizer does not train %s; give it every "
-                         "trainable parameter (or set requires_grad=False)" % ", ".join(missing))
+        raise ValueError("pacer.torch.distribute: the %soptimizer does not train %s; give it "
+                         "every trainable parameter (or set requires_grad=False)"
+                         % (role, ", ".join(missing)))
+    # The job's optimizer: this one, with its defaults as the default
+    # group's settings (a setting torch leaves unset, as SGD's lr may be,
+    # takes the shards' default). The first worker's sets the job's.
+    defaults = {k: v for k, v in optimizer.defaults.items()
+                if k in keys and isinstance(v, (bool, int, float, tuple, list, torch.Tensor))}
+    default_spec = ",".join(_setting_text(k, v) for k, v in defaults.items())
+    return kind, groups, group_settings, default_spec
+
+
+def distribute(module, optimizer, evaluate=None, outer=None):
+    """Hands ``module``'s parameters and ``optimizer``'s updates to the shards.
+    Returns (module, a DistributedOptimizer to call step() and zero_grad() on).
+    The module trains in place: its parameters become views of the runtime's
+    buffers once the DataLoader starts the run.
+
+    ``evaluate`` (optional): ``evaluate(model)`` returns the test accuracy
+    (a number), or ``(accuracy, loss)``, or ``(accuracy, loss, samples)``.
+    It runs on a side thread when the monitor asks this worker to evaluate
+    (every ``--eval-interval`` seconds, on the live worker of lowest rank),
+    on a copy of the module holding the latest parameters from the shards,
+    in eval mode and under ``torch.no_grad()``, while the loop trains on;
+    the monitor logs each result and stops the job at
+    ``--target-accuracy``. No evaluation inside the loop is needed.
+
+    ``outer`` (optional; for a job of rounds of local steps, pacer-monitor
+    ``--mode local``): a torch optimizer over the same parameters that the
+    shards run on the rounds' changes, e.g. ``torch.optim.SGD(params,
+    lr=0.7, momentum=0.9, nesterov=True)`` (DiLoCo's; without ``outer`` the
+    job's: pacer-monitor's ``--optimizer``, by default that one). In that
+    mode ``optimizer`` runs here, on this worker's own copy of the
+    parameters, and with ``outer`` given may be any torch optimizer;
+    ``opt.step()`` steps it, and at a round's end pushes the change of the
+    parameters since the round began. ``outer`` given in another mode: the
+    run refuses to start."""
+    state = _require()
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError("pacer.torch.distribute: evaluate must be a function of the model")
+    if state.pending is not None or state.started:
+        raise RuntimeError("pacer.torch.distribute: one model per worker process")
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("pacer.torch.distribute: the module has no trainable parameters")
+    # What the shards run: the optimizer (a job of steps on the shards), or
+    # the outer one (a job of local steps, where the optimizer runs here).
+    kind, groups, group_settings, default_spec = None, [], [], ""
+    if outer is None:
+        kind, groups, group_settings, default_spec = _declaration(optimizer, named, "")
+    local = None if outer is None else _declaration(outer, named, "outer=")
     for n, p in named:
         if p.dtype != torch.float32:
             raise TypeError("pacer.torch.distribute: %s is %s; the shards hold float32"
@@ -115,16 +148,11 @@ def distribute(module, optimizer, evaluate=None):
                       stacklevel=2)
     init_values = np.concatenate(
         [p.detach().to("cpu").reshape(-1).numpy().astype(np.float32) for _, p in named])
-    # The job's optimizer: this one, with its defaults as the default
-    # group's settings (a setting torch leaves unset, as SGD's lr may be,
-    # takes the shards' default). The first worker's sets the job's.
-    defaults = {k: v for k, v in optimizer.defaults.items()
-                if k in keys and isinstance(v, (bool, int, float, tuple, list, torch.Tensor))}
-    default_spec = ",".join(_setting_text(k, v) for k, v in defaults.items())
     state.pending = ([n for n, _ in named], [p.numel() for _, p in named], init_values, named,
-                     groups, kind, default_spec)
+                     groups, kind or "", default_spec, local)
     state.evaluate = None if evaluate is None else _SideEvaluation(module, named, evaluate)
-    state.optimizer = DistributedOptimizer(optimizer, group_settings, kind)
+    state.optimizer = DistributedOptimizer(optimizer, group_settings, kind, outer,
+                                           local[2] if local else [])
     return module, state.optimizer
 
 
@@ -173,23 +201,49 @@ class _SideEvaluation:
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """The user's optimizer, stepped on the shards. ``param_groups`` are the
-    user's own (an lr_scheduler changes their lr, which each push carries)."""
+    user's own (an lr_scheduler changes their lr, which each push carries).
+    In a job of local steps (pacer-monitor --mode local) the user's
+    optimizer steps here, and ``outer`` (the shards') takes the rounds'
+    changes: its groups' lr is what each round's push carries."""
 
-    def __init__(self, inner, group_settings, kind):
+    def __init__(self, inner, group_settings, kind, outer=None, outer_settings=()):
         # Not Optimizer.__init__: the groups and defaults are the inner one's.
         self.inner = inner
         self.defaults = inner.defaults
         self.param_groups = inner.param_groups
         self.state = {}
         self.kind = kind
+        self.outer = outer
         self._declared = group_settings  # (pacer group, torch group, settings but lr)
+        self._outer_declared = list(outer_settings)
         self._hook_for_increment_step = None
 
     def __getstate__(self):
         return {"kind": self.kind}
 
     def __repr__(self):
+        if self.kind is None:
+            return "pacer.torch.DistributedOptimizer(%r here, %r on the shards)" % (
+                self.inner, self.outer)
         return "pacer.torch.DistributedOptimizer(%r on the shards)" % (self.inner,)
+
+    @staticmethod
+    def _lrs(declared):
+        """Each declared group's lr now, after checking that nothing else
+        the shards fixed at the start changed."""
+        lrs = []
+        for group_id, group, settings in declared:
+            for key, value in settings.items():
+                now = group.get(key)
+                if (tuple(now) if key == "betas" else now) != (tuple(value) if key == "betas"
+                                                               else value):
+                    raise RuntimeError(
+                        "pacer.torch: %s of a param_group changed from %r to %r while training "
+                        "(a scheduler?); the shards fix everything but lr at the start"
+                        % (key, value, now))
+            lr = group["lr"]
+            lrs.append((group_id, float(lr.item() if isinstance(lr, torch.Tensor) else lr)))
+        return lrs
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradient buffer the push sends (never sets it to None:
@@ -215,19 +269,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("pacer.torch: step() before the DataLoader's first batch")
         if not state.planned:
             raise RuntimeError("pacer.torch: step() once per batch the DataLoader yields")
-        lrs = []
-        for group_id, group, declared in self._declared:
-            for key, value in declared.items():
-                now = group.get(key)
-                if (tuple(now) if key == "betas" else now) != (tuple(value) if key == "betas"
-                                                               else value):
-                    raise RuntimeError(
-                        "pacer.torch: %s of a param_group changed from %r to %r while training "
-                        "(a scheduler?); the shards fix everything but lr at the start"
-                        % (key, value, now))
-            lr = group["lr"]
-            lrs.append((group_id, float(lr.item() if isinstance(lr, torch.Tensor) else lr)))
-        state.trainer.set_learning_rates(lrs)
+        if state.trainer.local_steps:
+            return self._local_step(state, loss)
+        state.trainer.set_learning_rates(self._lrs(self._declared))
         for p, host_p, _ in state.views:
             if p.shape != host_p.shape:
                 raise RuntimeError("pacer.torch: a parameter changed shape from %s to %s while "
@@ -253,5 +297,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if hasattr(self.inner, "_step_count"):
             self.inner._step_count += 1
         self.inner._opt_called = True  # what newer torch checks instead
+        state.trainer.push(float("nan") if loss is None else float(loss))
+        return None
+
+    def _local_step(self, state, loss):
+        """A local step (mode local): the user's optimizer steps the
+        parameters here; the runtime pushes the round's change when the
+        round is due, with the outer groups' lr."""
+        self.inner.step()
+        if state.pinned or any(p.data.data_ptr() != host_p.data_ptr()
+                               for p, host_p, _ in state.views):
+            # A device model: the round's change is taken from the runtime's
+            # buffer.
+            with torch.no_grad():
+                for p, host_p, _ in state.views:
+                    if p.data.data_ptr() != host_p.data_ptr():
+                        host_p.copy_(p.data)
+        state.trainer.set_learning_rates(self._lrs(self._outer_declared))
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().item()
+        state.planned = False
         state.trainer.push(float("nan") if loss is None else float(loss))
         return None

@@ -103,10 +103,11 @@ def _start(samples):
     if state.pending is None:
         raise RuntimeError("pacer.torch: call pacer.torch.distribute(model, optimizer) before "
                            "iterating a DataLoader")
-    names, sizes, init_values, named, groups, kind, default_spec = state.pending
+    names, sizes, init_values, named, groups, kind, default_spec, local = state.pending
+    outer = dict(outer=local[0], outer_settings=local[3], outer_groups=local[1]) if local else {}
     trainer = _core.Trainer(state.monitor, param_groups=groups, optimizer=kind,
                             optimizer_settings=default_spec, evaluate=state.evaluate,
-                            **state.options)
+                            **outer, **state.options)
     state.trainer = trainer
     trainer.start(names, sizes, init_values, samples)
     state.started = True
