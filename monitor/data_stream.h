@@ -18,7 +18,8 @@
 //    chunks are split finer; never below one of its batches.
 //  - Exactly once (Report, Release): a worker that leaves or dies gives its
 //    chunks back to the pool at their reported positions; only its last
-//    batch (trained, not yet reported) can be trained twice.
+//    batch (trained, not yet reported; in mode local its last round) can be
+//    trained twice.
 //  - The tail (Assign, Report): once an epoch's order is all handed out, a
 //    worker that asks for data may take over the unread tail of the holder
 //    that would end the epoch last, when that shortens the epoch by at

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 namespace pacer::worker {
 namespace {
@@ -123,6 +124,22 @@ TEST(ChunkReaderTest, ARoundsBatchesStayInFlightUntilItsAck) {
   auto first = q.Plan(10);
   ASSERT_TRUE(q.Plan(10, /*add=*/true).has_value());
   EXPECT_EQ(q.Plan(10)->samples, first->samples);
+  // ... and after Drop, also with `add` (a round that ended when the data
+  // at hand ran out, and was not taken).
+  ASSERT_TRUE(q.Plan(10, /*add=*/true).has_value());
+  q.Drop();
+  EXPECT_EQ(q.Plan(10, /*add=*/true)->samples, first->samples);
+  // A chunk the monitor takes back mid-round leaves the round: the ack
+  // moves only the others.
+  ChunkReader d(7, 1000);
+  d.Sync({Chunk(4, 0, 100, 0, 0), Chunk(5, 100, 200, 100, 0)});
+  ASSERT_EQ(d.Plan(100)->chunk, 4u);
+  ASSERT_EQ(d.Plan(10, /*add=*/true)->chunk, 5u);
+  d.Sync({Chunk(5, 100, 200, 100, 0)});
+  EXPECT_EQ(d.Ack(), std::set<uint64_t>{5});
+  rep = d.Report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].pos(), 110u);
 }
 
 TEST(ChunkReaderTest, ACutIsConfirmedWhereItStopsCountingTheBatchInFlight) {

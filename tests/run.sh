@@ -59,33 +59,14 @@ cd "$build"
 # wins.
 jobs=()
 [ "$mode" = release ] && jobs=(-j 3 --resource-spec-file "$root/tests/ctest_resources.json")
+ctest --output-on-failure --no-tests=error ${jobs[@]+"${jobs[@]}"} ${ctest_args[@]+"${ctest_args[@]}"}
 
 # The whole suite also runs the fuzz targets for a bounded time.
 seconds=${PACER_FUZZ_SECONDS:-10}
 case "$seconds" in
   ''|*[!0-9]*) echo "run.sh: PACER_FUZZ_SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;;
 esac
-fuzz=0
-[ "$mode" = release ] && [ ${#ctest_args[@]} -eq 0 ] && [ "$((10#$seconds))" -gt 0 ] && fuzz=1
-
-# Their build (clang, build-fuzz/) runs beside the tests on the processor
-# time the tests leave idle: at the idle scheduling class (SCHED_IDLE), so a
-# test never waits for it, and one file at a time, so that it never shares
-# both cores with a test. It is stopped if the script ends first.
-prebuild=
-if [ "$fuzz" -eq 1 ]; then
-  setsid chrt --idle 0 nice -n 19 "$root/tests/fuzz/run.sh" --build-only --jobs 1 \
-    > "$build/fuzz-prebuild.log" 2>&1 &
-  prebuild=$!
-  trap '[ -n "$prebuild" ] && kill -TERM -- "-$prebuild" 2>/dev/null; true' EXIT
-fi
-
-ctest --output-on-failure --no-tests=error ${jobs[@]+"${jobs[@]}"} ${ctest_args[@]+"${ctest_args[@]}"}
-
-if [ "$fuzz" -eq 1 ]; then
-  # A failed or skipped prebuild shows itself again in the run below.
-  wait "$prebuild" || true
-  prebuild=
+if [ "$mode" = release ] && [ ${#ctest_args[@]} -eq 0 ] && [ "$((10#$seconds))" -gt 0 ]; then
   status=0
   "$root/tests/fuzz/run.sh" --seconds "$((10#$seconds))" || status=$?
   if [ "$status" -eq 77 ]; then

@@ -82,7 +82,12 @@ void ChunkReader::Sync(const std::vector<wire::DataChunk>& grants) {
     h.end = std::max(std::min(h.end, g.end()), read);
   }
   for (auto it = held_.begin(); it != held_.end();) {
-    it = listed.count(it->first) ? std::next(it) : held_.erase(it);
+    if (listed.count(it->first)) {
+      ++it;
+      continue;
+    }
+    inflight_.erase(it->first);
+    it = held_.erase(it);
   }
   for (uint64_t id : reported_) {
     if (!listed.count(id)) done_.erase(id);
@@ -148,10 +153,12 @@ void ChunkReader::Unplan() {
   last_batch_ = 0;
 }
 
-void ChunkReader::Ack() {
+std::set<uint64_t> ChunkReader::Ack() {
+  std::set<uint64_t> acked;
   for (const auto& [chunk, n] : inflight_) {
     auto it = held_.find(chunk);
     if (it == held_.end()) continue;
+    acked.insert(chunk);
     it->second.pos = std::min(it->second.end, it->second.pos + n);
     if (it->second.pos >= it->second.end) {
       done_[it->first] = it->second;
@@ -159,6 +166,7 @@ void ChunkReader::Ack() {
     }
   }
   inflight_.clear();
+  return acked;
 }
 
 std::vector<wire::DataChunk> ChunkReader::Report() {

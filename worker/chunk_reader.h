@@ -12,7 +12,8 @@
 //    lowers a chunk's end (its tail is asked for another worker) is
 //    confirmed at that end, or past it by the batch in flight: the next
 //    report says where it stops.
-//  - A chunk the monitor no longer lists for this worker is dropped.
+//  - A chunk the monitor no longer lists for this worker is dropped, with
+//    what of it was in flight.
 //
 // Not thread-safe: the trainer calls it under its mutex.
 #ifndef PACER_WORKER_CHUNK_READER_H_
@@ -79,11 +80,15 @@ class ChunkReader {
   // simulator's workers read no data).
   std::optional<Span> PlanPositions(size_t n, bool add = false);
   // The planned batches' push was acknowledged: their chunks' positions
-  // move.
-  void Ack();
+  // move. Returns those chunks (a chunk the monitor took back meanwhile is
+  // not among them).
+  std::set<uint64_t> Ack();
   // The last planned batch is not trained (a round's step given up): it
   // is no longer in flight, and the next plan reads it again.
   void Unplan();
+  // Nothing planned is trained (a round whose push was not taken): the
+  // next plan reads it all again.
+  void Drop() { inflight_.clear(); }
   // The chunks for a heartbeat: those held, and those trained to their end
   // that no reply has shown taken.
   std::vector<wire::DataChunk> Report();

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -87,11 +88,13 @@ struct Trainer::Impl : MonitorSession {
   struct Round {
     struct Step {
       std::string source;  // the partition, or the chunk (--sample-log)
+      std::optional<uint64_t> chunk;  // the data stream's chunk
       uint32_t epoch = 0;
       std::vector<uint32_t> samples;
     };
     bool open = false;
     uint64_t clock = 0;
+    uint32_t trained_steps = 0;  // its steps with samples (--round-steps)
     TimePoint began{};  // its pull answered
     uint64_t samples = 0;
     double compute = 0;
@@ -237,6 +240,12 @@ absl::Status Trainer::Begin(Model* model, size_t samples) {
   w.local = w.mode == wire::Mode::Local;
   if (w.local) {
     // The shards run the outer optimizer: declare it, or none.
+    if (!o.outer && !o.param_groups.empty()) {
+      spdlog::warn("worker {}: the job runs rounds of local steps: its parameter groups "
+                   "(--param-group) are not declared; the shards run the job's outer optimizer "
+                   "over one group",
+                   w.id);
+    }
     declaration = Declaration(model->tensors(), o.block_floats,
                               o.outer ? o.outer->param_groups : std::vector<ParamGroupSpec>{});
     if (!declaration.ok()) return declaration.status();
@@ -400,11 +409,10 @@ std::optional<BatchPlan> Trainer::NextBatch() {
         w.chunks->Plan(static_cast<size_t>(w.batch), /*add=*/w.round.open);
     if (!b && w.round.open) {
       // Nothing more at hand: the round ends here, and the next one starts
-      // with what the next heartbeats bring.
+      // (past a hold, with what the next heartbeats bring).
       lock.Unlock();
       if (!w.EndRound().ok()) return std::nullopt;
-      lock.Lock();
-      plan.clock = w.clock_next;
+      return NextBatch();
     }
     if (!b && w.mode == wire::Mode::Asp) {
       // Nothing at hand, and no clock of ours holds anyone back (asp): wait
@@ -433,10 +441,11 @@ std::optional<BatchPlan> Trainer::NextBatch() {
   bool more = w.partitions.Plan(static_cast<size_t>(w.batch), w.epochs, w.seed, &plan);
   w.epoch = w.partitions.epoch();
   if (w.round.open && (!more || plan.samples.empty())) {
-    // Every partition ran its epochs (or none is ours): the round ends here.
+    // Every partition ran its epochs (or none is ours): the round ends
+    // here, and the next plan comes from where it left the positions (a
+    // round not taken rewound them).
     if (!w.EndRound().ok()) return std::nullopt;
-    plan.clock = w.clock_next;
-    if (more) w.partitions.Sync(owned);
+    return NextBatch();
   }
   if (!more) {
     w.done = true;  // every partition we own has run its epochs
@@ -495,6 +504,7 @@ absl::StatusOr<int64_t> Trainer::Pull(const std::function<void()>& while_in_flig
     r.began = w.compute_start;
     r.samples = 0;
     r.compute = 0;
+    r.trained_steps = 0;
     r.steps.clear();
     r.start.assign(client.params().begin(), client.params().end());
   }
@@ -634,13 +644,14 @@ absl::Status Trainer::Impl::LocalStep(float loss, double compute_seconds) {
   // The step's samples are the round's now; its read position moves here
   // only (the stream's chunks keep it in flight until the round's ack).
   if (partitions.reading()) {
-    round.steps.push_back({std::to_string(plan.partition), plan.epoch, plan.samples});
+    round.steps.push_back({std::to_string(plan.partition), std::nullopt, plan.epoch, plan.samples});
     partitions.Consumed(this_batch, /*publish=*/false);
   } else if (stream_batch) {
-    round.steps.push_back({std::to_string(plan.chunk), plan.epoch, plan.samples});
+    round.steps.push_back({std::to_string(plan.chunk), plan.chunk, plan.epoch, plan.samples});
   } else {
     round.steps.push_back({});
   }
+  if (this_batch > 0) ++round.trained_steps;
   round.samples += this_batch;
   round.compute += compute_seconds;
   if (metrics) {
@@ -652,7 +663,7 @@ absl::Status Trainer::Impl::LocalStep(float loss, double compute_seconds) {
 }
 
 bool Trainer::Impl::RoundDue() const {
-  if (round_steps > 0 && round.steps.size() >= round_steps) return true;
+  if (round_steps > 0 && round.trained_steps >= round_steps) return true;
   return round_seconds > 0 && ToSeconds(clock->Now() - round.began) >= round_seconds;
 }
 
@@ -680,6 +691,10 @@ absl::Status Trainer::Impl::EndRound() {
   if (!pushed.ok()) {
     // Not taken: the round's samples are read again.
     partitions.Rewind();
+    if (data_stream) {
+      MutexLock lock(mu);
+      chunks->Drop();
+    }
     if (Stopping()) return pushed;
     if (WireCode(pushed) == wire::ErrorCode::Stale) {
       // Our round closed without us: catch up, losing only this round.
@@ -697,9 +712,10 @@ absl::Status Trainer::Impl::EndRound() {
   // Taken by every shard: the round's positions move, its samples count.
   LogAck(round.clock, round.samples);
   if (partitions.owned() > 0) partitions.Publish();
+  std::set<uint64_t> acked;  // the chunks whose positions moved
   if (data_stream) {
     MutexLock lock(mu);
-    chunks->Ack();
+    acked = chunks->Ack();
     ++progress;
   }
   progress_cv.notify_all();
@@ -707,6 +723,9 @@ absl::Status Trainer::Impl::EndRound() {
     std::fprintf(f, "round %lu\n", static_cast<unsigned long>(round.clock));
   }
   for (const Round::Step& s : round.steps) {
+    // A chunk the monitor took back mid-round (this worker was past its
+    // lease) is read again elsewhere: its steps are not logged as trained.
+    if (s.chunk && !acked.count(*s.chunk)) continue;
     if (!s.source.empty()) LogSamples(s.source, s.epoch, s.samples);
     if (options.on_push_acked) options.on_push_acked(c.push_seq(), round.clock, s.samples);
   }
@@ -857,6 +876,19 @@ absl::StatusOr<WorkerResult> Trainer::Finish() {
   if (w.options.live_progress && w.client) std::fprintf(stderr, "\n");
   w.result.id = w.id;
   w.result.rank = w.rank;
+  if (w.local && w.round.open && w.round.trained_steps > 0 && w.client && w.failure.ok() &&
+      !w.Stopping()) {
+    // A loop that ended by itself (its own epochs, a break): its round's
+    // steps are pushed, not lost. (A stop or Cancel loses the round.)
+    if (w.planned && w.stream_batch) {
+      MutexLock lock(w.mu);
+      w.chunks->Unplan();
+    }
+    w.planned = false;
+    if (absl::Status s = w.EndRound(); !s.ok()) {
+      spdlog::warn("worker {}: its last round was not taken: {}", w.id, s.ToString());
+    }
+  }
   if (w.client) w.result.seconds = ToSeconds(w.clock->Now() - w.t0);
   if (!w.failure.ok() && !w.stop) {
     w.JoinThreads();

@@ -7,29 +7,22 @@
 # build-fuzz/fuzz-out/TARGET/. Exit 77 (skipped) without clang or
 # libclang-rt-14-dev.
 #
-#   tests/fuzz/run.sh [--seconds S] [--targets "T ..."] [--seeds] [--build-only] [--jobs N]
-#   --seeds       rewrite the seed corpus from valid inputs (make_seeds) first
-#   --build-only  build the targets and run none
-#   --jobs N      compile N files at a time (default 2)
+#   tests/fuzz/run.sh [--seconds S] [--targets "T ..."] [--seeds]
+#   --seeds  rewrite the seed corpus from valid inputs (make_seeds) first
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-seconds=10 seeds=0 build_only=0 jobs=2 targets="frame_fuzz checkpoint_fuzz scenario_fuzz config_fuzz"
+seconds=10 seeds=0 targets="frame_fuzz checkpoint_fuzz scenario_fuzz config_fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --targets) targets=$2; shift 2 ;;
     --seeds) seeds=1; shift ;;
-    --build-only) build_only=1; shift ;;
-    --jobs) jobs=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fuzz: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$seconds" in
   ''|*[!0-9]*|0*) echo "fuzz: --seconds needs a whole number above 0, not '$seconds'" >&2; exit 2 ;;
-esac
-case "$jobs" in
-  ''|*[!0-9]*|0*) echo "fuzz: --jobs needs a whole number above 0, not '$jobs'" >&2; exit 2 ;;
 esac
 # Skipped unless this clang++ links a fuzzer (its own libclang-rt).
 probe=$(mktemp -d)
@@ -50,10 +43,9 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPACER_BUILD_TESTS=OFF -DPACER_BUILD_BENCH=OFF -DPACER_ENABLE_CUDA=OFF > "$build.cmake.log" 2>&1 ||
   { cat "$build.cmake.log"; echo "fuzz: configuring build-fuzz failed" >&2; exit 1; }
 # shellcheck disable=SC2086  # the target list is word-split on purpose
-cmake --build "$build" -j "$jobs" --target $targets $([ "$seeds" -eq 1 ] && echo make_seeds) > "$build/fuzz-build.log" 2>&1 ||
+cmake --build "$build" -j 2 --target $targets $([ "$seeds" -eq 1 ] && echo make_seeds) > "$build/fuzz-build.log" 2>&1 ||
   { tail -40 "$build/fuzz-build.log"; echo "fuzz: building the targets failed" >&2; exit 1; }
 if [ "$seeds" -eq 1 ]; then "$build/tests/fuzz/make_seeds" "$root"; fi
-[ "$build_only" -eq 1 ] && exit 0
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0
