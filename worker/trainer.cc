@@ -125,6 +125,9 @@ struct Trainer::Impl : MonitorSession {
   void Acknowledged(double compute_seconds, double communication);
   // --ack-log's line for the acknowledged push of `clock`.
   void LogAck(uint64_t clock, size_t this_batch);
+  // A push of `clock` taken, with `samples` trained: the figures, the next
+  // clock, progress (an iteration's, or in mode local a round's).
+  void Trained(uint64_t clock, size_t samples, double compute_seconds, double communication);
   // --sample-log: "SOURCE EPOCH INDEX..." for the plan's samples (SOURCE:
   // the partition, or with the data stream the chunk).
   void LogSamples(const std::string& source) { LogSamples(source, plan.epoch, plan.samples); }
@@ -730,34 +733,13 @@ absl::Status Trainer::Impl::EndRound() {
     if (options.on_push_acked) options.on_push_acked(c.push_seq(), round.clock, s.samples);
   }
   if (metrics) {
-    metrics->communication->Observe(communication);
-    metrics->wait->Observe(waited);
     metrics->rounds->Increment();
     metrics->round_steps->Set(static_cast<double>(round.steps.size()));
-    metrics->iterations->Increment();
-    metrics->samples->Increment(static_cast<double>(round.samples));
-    metrics->clock->Set(static_cast<double>(round.clock + 1));
-    metrics->loss->Set(loss_ewma);
-    metrics->not_durable->Set(static_cast<double>(c.held_pushes()));
   }
   spdlog::debug("worker {}: round {}: {} local steps, {} samples, {:.3f} s computing", id,
                 round.clock, round.steps.size(), round.samples, round.compute);
-  result.compute_seconds += round.compute;
-  result.communication_seconds += communication;
-  result.wait_seconds += waited;
-  result.last_batch = static_cast<uint32_t>(batch);
-  clock_next = round.clock + 1;
-  ++result.clocks;
-  result.samples += round.samples;
-  window_samples += round.samples;
-  clock_now = clock_next;
-  if (eval_clocks > 0 && clock_next % eval_clocks == 0) {
-    MutexLock lock(mu);
-    cv.notify_all();
-  }
-  result.last_loss = loss_ewma;
   round.steps.clear();
-  Progress();
+  Trained(round.clock, round.samples, round.compute, communication);
   return absl::OkStatus();
 }
 
@@ -807,13 +789,20 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   if (options.on_push_acked) options.on_push_acked(client->push_seq(), clock, plan.samples);
   if (metrics) {
     metrics->compute->Observe(compute_seconds);
-    metrics->communication->Observe(communication);
-    metrics->wait->Observe(waited);
     // Fresh parameters for clock c have every clock before it applied.
     const int64_t behind = static_cast<int64_t>(clock) - 1 - pulled;
     metrics->staleness->Observe(static_cast<double>(std::max<int64_t>(0, behind)));
+  }
+  Trained(clock, this_batch, compute_seconds, communication);
+}
+
+void Trainer::Impl::Trained(uint64_t clock, size_t samples, double compute_seconds,
+                            double communication) {
+  if (metrics) {
+    metrics->communication->Observe(communication);
+    metrics->wait->Observe(waited);
     metrics->iterations->Increment();
-    metrics->samples->Increment(static_cast<double>(this_batch));
+    metrics->samples->Increment(static_cast<double>(samples));
     metrics->clock->Set(static_cast<double>(clock + 1));
     metrics->loss->Set(loss_ewma);
     metrics->not_durable->Set(static_cast<double>(client->held_pushes()));
@@ -824,8 +813,8 @@ void Trainer::Impl::Acknowledged(double compute_seconds, double communication) {
   result.last_batch = static_cast<uint32_t>(batch);  // the assignment, not a short tail
   clock_next = clock + 1;
   ++result.clocks;
-  result.samples += this_batch;
-  window_samples += this_batch;
+  result.samples += samples;
+  window_samples += samples;
   clock_now = clock_next;
   if (eval_clocks > 0 && clock_next % eval_clocks == 0) {
     // Under the lock, so that the evaluating thread cannot miss it.
